@@ -1,0 +1,258 @@
+//! The sliding window counter.
+//!
+//! Time is cut into windows aligned to multiples of `period` on the limiter's clock. A key
+//! keeps two counters: `cur`, admitted in the current window, and `prev`, admitted in the
+//! previous one. At `elapsed` nanoseconds into the current window a request of cost `n` is
+//! admitted iff the weighted estimate stays within the limit:
+//!
+//! ```text
+//! prev·(period − elapsed)/period + cur + n ≤ limit
+//! ```
+//!
+//! evaluated exactly, in integers, as `prev·(period − elapsed) + (cur + n)·period ≤
+//! limit·period`.
+//!
+//! **Bounds.** At most `limit` are admitted in any aligned window (the estimate is never
+//! below `cur`). Over an arbitrary interval of length `period`, fewer than `2·limit` are
+//! admitted: with `c` admitted in the earlier window, the later window's part of the
+//! interval can add at most `limit − c·(period − e)/period`, so the total is at most
+//! `limit + c·e/period < 2·limit`. The worst case is approached when a full window's worth
+//! arrives at the very end of one window and traffic then arrives steadily in the next.
+//!
+//! **State.** One `u64`: `cur` and `prev` in `C = bits(limit)` bits each and the low
+//! `64 − 2C ≥ 16` bits of the window index as a tag. A key untouched for a multiple of
+//! `2^(64−2C)` windows (exactly) would have its stale counts read as live: this can only
+//! deny more, never admit more, and lasts at most two windows. For `limit < 65,536` the tag
+//! has 32 bits, which is 136 years at a one-second period.
+
+use super::{Outcome, clamp_ns};
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+/// The largest limit the sliding window counter accepts: `2^24 − 1`, so that both counters
+/// and a tag of at least 16 bits fit one atomic word.
+pub const SLIDING_WINDOW_MAX_LIMIT: u64 = (1 << 24) - 1;
+
+/// Sliding window constants for one quota.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SlidingWindow {
+    limit: u64,
+    period: u64,
+    /// Bits per counter.
+    count_bits: u32,
+    /// Mask of the tag (window index) bits, after shifting.
+    tag_mask: u64,
+}
+
+/// A key's counters as seen at one instant.
+struct View {
+    /// The window the evaluation happens in.
+    window: u64,
+    /// Nanoseconds into that window.
+    elapsed: u64,
+    /// How far the evaluation instant lies ahead of the caller's `now` (non-zero only when
+    /// another thread has already stored state for the next window).
+    lead: u64,
+    prev: u64,
+    cur: u64,
+}
+
+impl SlidingWindow {
+    pub(crate) fn new(quota: Quota) -> Result<Self, ConfigError> {
+        let limit = quota.limit();
+        if limit > SLIDING_WINDOW_MAX_LIMIT {
+            return Err(ConfigError::LimitTooLarge {
+                algorithm: "the sliding window counter",
+                limit,
+                max: SLIDING_WINDOW_MAX_LIMIT,
+            });
+        }
+        let count_bits = u64::BITS - limit.leading_zeros();
+        Ok(Self {
+            limit,
+            period: quota.period_ns(),
+            count_bits,
+            tag_mask: u64::MAX >> (2 * count_bits),
+        })
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn pack(&self, window: u64, prev: u64, cur: u64) -> u64 {
+        ((window & self.tag_mask) << (2 * self.count_bits)) | (prev << self.count_bits) | cur
+    }
+
+    fn view(&self, word: u64, now: u64) -> View {
+        let count_mask = (1u64 << self.count_bits) - 1;
+        let tag = word >> (2 * self.count_bits);
+        let (prev, cur) = ((word >> self.count_bits) & count_mask, word & count_mask);
+        let window = now / self.period;
+        let at = |window: u64, lead: u64, prev: u64, cur: u64| View {
+            window,
+            elapsed: if lead == 0 { now % self.period } else { 0 },
+            lead,
+            prev,
+            cur,
+        };
+        if tag == window & self.tag_mask {
+            at(window, 0, prev, cur)
+        } else if tag == window.wrapping_sub(1) & self.tag_mask {
+            at(window, 0, cur, 0)
+        } else if tag == window.wrapping_add(1) & self.tag_mask {
+            // Another thread read a later clock and already rolled the key into the next
+            // window: evaluate at that window's start so no count is forgotten.
+            let start = window.saturating_add(1).saturating_mul(self.period);
+            at(window.saturating_add(1), start - now, prev, cur)
+        } else {
+            at(window, 0, 0, 0)
+        }
+    }
+
+    /// Time from the view's instant until the counters are both zero again.
+    fn reset_after(&self, v: &View, prev: u64, cur: u64) -> u128 {
+        let to_window_end = u128::from(self.period - v.elapsed);
+        if cur > 0 {
+            to_window_end + u128::from(self.period)
+        } else if prev > 0 {
+            to_window_end
+        } else {
+            0
+        }
+    }
+
+    /// Exact time from the view's instant until a request of `cost` fits. Only called on a
+    /// deny, with `cost ≤ limit`.
+    fn retry_after(&self, v: &View, cost: u64) -> u128 {
+        let p = u128::from(self.period);
+        let e = u128::from(v.elapsed);
+        if v.cur + cost <= self.limit {
+            // Fits later in this window, once prev's weight has decayed enough:
+            // prev·(p − x) ≤ r·p  ⇔  x ≥ p − ⌊r·p / prev⌋. Denied now, so prev > 0 and x > e.
+            let r = u128::from(self.limit - v.cur - cost);
+            let x = p - r * p / u128::from(v.prev);
+            x - e
+        } else {
+            // Needs the next window, where prev' = cur and cur' = 0; cur > 0 here since
+            // cost ≤ limit. cur·(p − y) ≤ (limit − cost)·p  ⇔  y ≥ p − ⌊(limit − cost)·p / cur⌋.
+            let y = p - u128::from(self.limit - cost) * p / u128::from(v.cur);
+            (p - e) + y
+        }
+    }
+
+    #[inline]
+    pub(crate) fn evaluate(&self, word: u64, now: u64, cost: u64) -> Outcome {
+        let v = self.view(word, now);
+        let p = u128::from(self.period);
+        let used = u128::from(v.prev) * u128::from(self.period - v.elapsed) + u128::from(v.cur) * p;
+        let capacity = u128::from(self.limit) * p;
+        let wanted = used + u128::from(cost) * p;
+        let lead = u128::from(v.lead);
+        if wanted <= capacity {
+            let cur = v.cur + cost;
+            let remaining = ((capacity - wanted) / p) as u64;
+            let reset = clamp_ns(self.reset_after(&v, v.prev, cur) + lead);
+            Outcome::Allow {
+                decision: Decision::allow(self.limit, remaining, reset),
+                state: self.pack(v.window, v.prev, cur),
+            }
+        } else {
+            let remaining = (capacity.saturating_sub(used) / p) as u64;
+            let reset = clamp_ns(self.reset_after(&v, v.prev, v.cur) + lead);
+            let retry = clamp_ns(self.retry_after(&v, cost) + lead);
+            Outcome::Deny(Decision::deny(self.limit, remaining, reset, retry))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::UNTOUCHED;
+    use std::time::Duration;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn window(limit: u64) -> SlidingWindow {
+        SlidingWindow::new(Quota::per_second(limit).unwrap()).unwrap()
+    }
+
+    fn run(w: &SlidingWindow, state: &mut u64, now: u64, cost: u64) -> Decision {
+        match w.evaluate(*state, now, cost) {
+            Outcome::Allow { decision, state: s } => {
+                *state = s;
+                decision
+            }
+            Outcome::Deny(d) => d,
+        }
+    }
+
+    #[test]
+    fn weighted_estimate_and_exact_retry() {
+        let w = window(10);
+        let mut s = UNTOUCHED;
+        // 10 in window 0: all pass, the 11th waits for window 1 ...
+        for i in 0..10 {
+            assert_eq!(run(&w, &mut s, SEC / 2, 1).remaining(), 9 - i);
+        }
+        let d = run(&w, &mut s, SEC / 2, 1);
+        assert!(!d.is_allowed());
+        assert_eq!(d.reset_after(), Duration::from_millis(1500));
+        // ... where prev = 10 weighs 10·(1 − e); one more fits once 10·(1 − e) ≤ 9: e = 0.1s.
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(600)));
+        assert!(!run(&w, &mut s, SEC + SEC / 10 - 1, 1).is_allowed());
+        let d = run(&w, &mut s, SEC + SEC / 10, 1);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 0);
+        // Two windows later everything has decayed.
+        let reset_at = |now| w.evaluate(s, now, 0).decision().reset_after();
+        assert_eq!(reset_at(3 * SEC), Duration::ZERO);
+        assert_eq!(reset_at(3 * SEC - 1), Duration::from_nanos(1));
+    }
+
+    #[test]
+    fn cost_above_what_is_left_in_window_waits_for_next_window() {
+        let w = window(10);
+        let mut s = UNTOUCHED;
+        assert!(run(&w, &mut s, 0, 8).is_allowed());
+        let d = run(&w, &mut s, SEC / 4, 3);
+        assert_eq!(d.remaining(), 2);
+        // Next window: prev = 8, need 8·(1 − y) ≤ 7: y = 0.125s.
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(750 + 125)));
+        // A full-limit cost needs prev to have fully decayed.
+        let d = run(&w, &mut s, SEC / 4, 10);
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(750 + 1000)));
+    }
+
+    #[test]
+    fn state_from_the_next_window_is_not_forgotten() {
+        let w = window(2);
+        let mut s = UNTOUCHED;
+        assert!(run(&w, &mut s, SEC, 2).is_allowed());
+        // A thread whose clock read was 1ns earlier sees state tagged with the next window.
+        let d = run(&w, &mut s, SEC - 1, 1);
+        assert!(!d.is_allowed());
+        assert_eq!(
+            d.retry_after(),
+            Some(Duration::from_nanos(SEC + SEC / 2 + 1))
+        );
+    }
+
+    #[test]
+    fn limit_cap_is_a_config_error() {
+        let q = Quota::per_minute(SLIDING_WINDOW_MAX_LIMIT + 1).unwrap();
+        assert!(matches!(
+            SlidingWindow::new(q),
+            Err(ConfigError::LimitTooLarge { .. })
+        ));
+        let q = Quota::per_minute(SLIDING_WINDOW_MAX_LIMIT).unwrap();
+        let w = SlidingWindow::new(q).unwrap();
+        let mut s = UNTOUCHED;
+        assert!(run(&w, &mut s, u64::MAX - 1, SLIDING_WINDOW_MAX_LIMIT).is_allowed());
+        let d = run(&w, &mut s, u64::MAX, 1);
+        assert!(!d.is_allowed());
+        assert!(d.retry_after().unwrap() > Duration::ZERO);
+    }
+}

@@ -1,0 +1,181 @@
+//! The token bucket, run as GCRA (the generic cell rate algorithm).
+//!
+//! The state is the theoretical arrival time `tat` in nanoseconds: the instant at which the
+//! bucket would be full again. With `T = ⌊period / limit⌋` and `τ = (burst − 1)·T`, a
+//! request of cost `n` at `now` is admitted iff
+//!
+//! ```text
+//! now ≥ tat + (n − 1)·T − τ
+//! ```
+//!
+//! and then `tat ← max(tat, now) + n·T`. This is the same rule, with the same integer
+//! arithmetic, as governor's GCRA, so both admit exactly the same requests.
+//!
+//! **Bound.** In any interval of length `t`, at most `burst + ⌊t / T⌋` unit requests are
+//! admitted (`≈ burst + t·limit/period`; equal when `limit` divides the period in ns).
+
+use super::{Outcome, clamp_ns};
+use crate::decision::Decision;
+use crate::quota::Quota;
+
+/// GCRA constants for one quota.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Gcra {
+    /// Emission interval `T`, ns. Never zero.
+    t: u64,
+    /// Tolerance `τ = (burst − 1)·T`, ns.
+    tau: u64,
+    /// Capacity.
+    burst: u64,
+}
+
+impl Gcra {
+    pub(crate) fn new(quota: Quota) -> Self {
+        let t = quota.emission_interval_ns();
+        // `Quota::with_burst` guarantees burst·T fits in u64.
+        Self {
+            t,
+            tau: t * (quota.burst() - 1),
+            burst: quota.burst(),
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.burst
+    }
+
+    /// Unit requests admissible at `now` when the bucket's TAT is `tat`.
+    fn remaining(&self, tat: u64, now: u64) -> u64 {
+        (self.tau + self.t).saturating_sub(tat.saturating_sub(now)) / self.t
+    }
+
+    #[inline]
+    pub(crate) fn evaluate(&self, tat: u64, now: u64, cost: u64) -> Outcome {
+        if cost == 0 {
+            let decision = Decision::allow(
+                self.burst,
+                self.remaining(tat, now),
+                tat.saturating_sub(now),
+            );
+            return Outcome::Allow {
+                decision,
+                state: tat,
+            };
+        }
+        // cost ≤ burst, so (cost − 1)·T ≤ τ cannot overflow.
+        let extra = self.t * (cost - 1);
+        let earliest = tat.saturating_add(extra).saturating_sub(self.tau);
+        if now < earliest {
+            return Outcome::Deny(Decision::deny(
+                self.burst,
+                self.remaining(tat, now),
+                tat.saturating_sub(now),
+                earliest - now,
+            ));
+        }
+        let next = tat.max(now).saturating_add(self.t + extra);
+        Outcome::Allow {
+            decision: Decision::allow(
+                self.burst,
+                self.remaining(next, now),
+                clamp_ns(u128::from(next - now)),
+            ),
+            state: next,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::UNTOUCHED;
+    use std::time::Duration;
+
+    fn gcra(limit: u64, period_ms: u64, burst: u64) -> Gcra {
+        let q = Quota::new(limit, Duration::from_millis(period_ms))
+            .unwrap()
+            .with_burst(burst)
+            .unwrap();
+        Gcra::new(q)
+    }
+
+    fn run(g: &Gcra, state: &mut u64, now: u64, cost: u64) -> Decision {
+        match g.evaluate(*state, now, cost) {
+            Outcome::Allow { decision, state: s } => {
+                *state = s;
+                decision
+            }
+            Outcome::Deny(d) => d,
+        }
+    }
+
+    #[test]
+    fn burst_then_one_per_interval() {
+        // 10 per second (T = 100ms), burst 3.
+        let g = gcra(10, 1000, 3);
+        let mut s = UNTOUCHED;
+        let now = 5_000_000_000;
+        let remaining: Vec<u64> = (0..3)
+            .map(|_| run(&g, &mut s, now, 1).remaining())
+            .collect();
+        assert_eq!(remaining, [2, 1, 0]);
+        let d = run(&g, &mut s, now, 1);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
+        assert_eq!(d.reset_after(), Duration::from_millis(300));
+        // One nanosecond early is still denied, and says 1ns.
+        let d = run(&g, &mut s, now + 99_999_999, 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_nanos(1)));
+        assert!(run(&g, &mut s, now + 100_000_000, 1).is_allowed());
+    }
+
+    #[test]
+    fn cost_n_waits_for_n_tokens() {
+        let g = gcra(10, 1000, 5);
+        let mut s = UNTOUCHED;
+        assert!(run(&g, &mut s, 0, 5).is_allowed());
+        let d = run(&g, &mut s, 0, 3);
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(300)));
+        assert_eq!(d.remaining(), 0);
+        let d = run(&g, &mut s, 300_000_000, 3);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(d.reset_after(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn a_deny_never_changes_state() {
+        let g = gcra(1, 1000, 1);
+        let s = g.t * 7;
+        assert!(matches!(g.evaluate(s, 0, 1), Outcome::Deny(_)));
+    }
+
+    #[test]
+    fn extreme_times_saturate_instead_of_overflowing() {
+        let g = gcra(1, 1000, 1);
+        let mut s = UNTOUCHED;
+        assert!(run(&g, &mut s, u64::MAX - 10, 1).is_allowed());
+        assert_eq!(s, u64::MAX, "the TAT saturates at the end of time");
+        let d = run(&g, &mut s, u64::MAX - 5, 1);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_nanos(5)));
+
+        // A huge burst at T = 1ns after 146 years of uptime stays exact.
+        let q = Quota::per_second(1_000_000_000)
+            .unwrap()
+            .with_burst(1 << 62)
+            .unwrap();
+        let g = Gcra::new(q);
+        let mut s = UNTOUCHED;
+        let now = 1 << 62;
+        assert!(run(&g, &mut s, now, 1 << 62).is_allowed());
+        let d = run(&g, &mut s, now, 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_nanos(1)));
+        assert_eq!(d.reset_after(), Duration::from_nanos(1 << 62));
+        // And the largest burst of all does not panic.
+        let g = Gcra::new(q.with_burst(u64::MAX).unwrap());
+        let mut s = UNTOUCHED;
+        assert!(run(&g, &mut s, u64::MAX, u64::MAX).is_allowed());
+        assert!(run(&g, &mut s, u64::MAX, 1).retry_after() != Some(Duration::ZERO));
+    }
+}

@@ -1,0 +1,119 @@
+//! Error types returned by tollgate's constructors and checks.
+
+use std::fmt;
+
+/// A limiter or quota was configured with values tollgate cannot honour.
+///
+/// Every variant's message says what to change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The quota's limit was zero: a limit must admit at least one request per period.
+    ZeroLimit,
+    /// The quota's period was zero.
+    ZeroPeriod,
+    /// The quota's period does not fit in 64-bit nanoseconds (about 584 years).
+    PeriodTooLong,
+    /// The quota's burst was zero.
+    ZeroBurst,
+    /// `period / limit` cannot be held in whole nanoseconds without changing the rate by
+    /// more than one part in 10,000 (for example 10^12 per second).
+    RateNotRepresentable {
+        /// The quota's limit.
+        limit: u64,
+        /// The quota's period in nanoseconds.
+        period_ns: u64,
+    },
+    /// `burst × (period / limit)` does not fit in 64-bit nanoseconds.
+    BurstTooLarge {
+        /// The burst that was asked for.
+        burst: u64,
+        /// The largest burst this rate allows.
+        max: u64,
+    },
+    /// The algorithm cannot hold a limit this large in its per-key state.
+    LimitTooLarge {
+        /// The algorithm's name.
+        algorithm: &'static str,
+        /// The limit that was asked for.
+        limit: u64,
+        /// The largest limit the algorithm supports.
+        max: u64,
+    },
+    /// The shard count was zero or not a power of two.
+    InvalidShards(usize),
+    /// `max_keys` was zero.
+    ZeroMaxKeys,
+    /// A quota string such as `"100/s burst 200"` could not be parsed.
+    InvalidQuotaString {
+        /// The string as given.
+        input: String,
+        /// Which part is wrong, and how to write it.
+        reason: String,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ZeroLimit => f.write_str("quota limit is 0: allow at least 1 request per period"),
+            Self::ZeroPeriod => f.write_str("quota period is 0: use a period of at least 1ns"),
+            Self::PeriodTooLong => {
+                f.write_str("quota period is longer than u64 nanoseconds (~584 years): shorten it")
+            }
+            Self::ZeroBurst => f.write_str("quota burst is 0: allow a burst of at least 1"),
+            Self::RateNotRepresentable { limit, period_ns } => write!(
+                f,
+                "rate {limit} per {period_ns}ns cannot be held as a whole-nanosecond interval \
+                 within 0.01%: lower the limit or lengthen the period"
+            ),
+            Self::BurstTooLarge { burst, max } => write!(
+                f,
+                "burst {burst} is too large for this rate: use a burst of at most {max}"
+            ),
+            Self::LimitTooLarge {
+                algorithm,
+                limit,
+                max,
+            } => write!(
+                f,
+                "limit {limit} is too large for {algorithm}: use at most {max} per period, \
+                 or another algorithm"
+            ),
+            Self::InvalidShards(n) => write!(
+                f,
+                "shard count {n} is invalid: use a power of two of at least 1 (for example 16)"
+            ),
+            Self::ZeroMaxKeys => f.write_str("max_keys is 0: allow at least 1 key"),
+            Self::InvalidQuotaString { input, reason } => {
+                write!(f, "invalid quota string {input:?}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A `check_n` asked for more than the quota could ever admit at once.
+///
+/// Waiting does not help: the request must be split or the quota raised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InsufficientCapacity {
+    /// The cost that was asked for.
+    pub requested: u64,
+    /// The most the quota can admit at once (the burst for the token bucket, the limit for
+    /// window algorithms).
+    pub capacity: u64,
+}
+
+impl fmt::Display for InsufficientCapacity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cost {} exceeds {}, the most this quota can ever admit at once: \
+             split the request or raise the quota",
+            self.requested, self.capacity
+        )
+    }
+}
+
+impl std::error::Error for InsufficientCapacity {}

@@ -1,0 +1,64 @@
+//! # tollgate
+//!
+//! An embedded, in-memory, sharded rate limiter for servers that check every request from
+//! many threads at once.
+//!
+//! - Per-key state is one packed `AtomicU64` in a sharded map; a check on an existing key
+//!   is a hash, one probe under a shard read lock and one CAS, with no heap allocation.
+//!   A denied check writes nothing.
+//! - Time is integer nanoseconds from a monotonic clock ([`clock::MonotonicClock`], on
+//!   quanta); there is no floating point on the check path.
+//! - Every [`Decision`] says whether the request passed, the limit, what remains, when the
+//!   key is back to full, and for a deny the exact, never-zero time to retry.
+//!
+//! ## Quick start
+//!
+//! ```
+//! use tollgate::{Algorithm, Quota, RateLimiter};
+//!
+//! // 100 requests per second per key, with bursts of up to 200.
+//! let limiter: RateLimiter<String> = RateLimiter::new(Quota::per_second(100)?.with_burst(200)?);
+//!
+//! let d = limiter.check("user_1024"); // &str lookup on a String-keyed limiter
+//! if d.is_allowed() {
+//!     // serve it; d.remaining() and d.reset_after() go in the response headers
+//! } else {
+//!     let _retry_after = d.retry_after(); // Some(exact wait), never zero
+//! }
+//!
+//! // The sliding window counter, from a quota string.
+//! let windows: RateLimiter<u64> = RateLimiter::builder("600/min".parse()?)
+//!     .algorithm(Algorithm::SlidingWindow)
+//!     .build()?;
+//! assert!(windows.check(&42).is_allowed());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Choosing an algorithm
+//!
+//! See [`Algorithm`] for each algorithm's guarantee as a formula. The token bucket
+//! ([`Algorithm::TokenBucket`], the default) allows short bursts and then a steady rate;
+//! its decisions equal governor's GCRA. The sliding window counter
+//! ([`Algorithm::SlidingWindow`]) smooths the classic fixed window's boundary burst.
+//!
+//! ## Testing with time
+//!
+//! Build the limiter with [`clock::ManualClock`] and move time by hand; nothing needs to
+//! sleep.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod algorithm;
+pub mod clock;
+mod decision;
+mod error;
+mod limiter;
+mod quota;
+mod store;
+
+pub use algorithm::{Algorithm, SLIDING_WINDOW_MAX_LIMIT};
+pub use decision::Decision;
+pub use error::{ConfigError, InsufficientCapacity};
+pub use limiter::{Builder, RateLimiter};
+pub use quota::Quota;
