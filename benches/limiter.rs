@@ -1,5 +1,8 @@
 //! The single criterion entry point: tollgate and its peers on the same workloads, in the
 //! same run. Figures are nanoseconds per check per thread; see benches/README.md.
+//!
+//! Run as `TOLLGATE_MEMORY_PROBE=<name>:<keys> <bench binary>`, the binary measures one
+//! contender's resident memory per key in a fresh process instead.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -9,6 +12,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, criterion_group};
 use governor::clock::DefaultClock;
 use governor::state::keyed::DefaultKeyedStateStore;
+use tollgate::{Algorithm, Quota, RateLimiter};
 
 /// Number of distinct keys in the keyed workloads.
 const KEYS: u64 = 10_000;
@@ -20,7 +24,7 @@ trait Check: Sync {
     fn check(&self, key: u64) -> bool;
 }
 
-struct Tollgate(tollgate::RateLimiter<u64>);
+struct Tollgate(RateLimiter<u64>);
 
 impl Check for Tollgate {
     #[inline]
@@ -38,41 +42,69 @@ impl Check for Governor {
     }
 }
 
-/// tollgate's two algorithms and governor, with rates so high that checks pass: T = 1ns
-/// and a burst of 10^9 for both GCRAs, 10^7 per second per key for the sliding window
-/// (whose limit is capped at 2^24 − 1).
-fn contenders() -> Vec<(&'static str, Box<dyn Check>)> {
-    let ours = |algorithm: tollgate::Algorithm| {
-        let quota = match algorithm {
-            tollgate::Algorithm::SlidingWindow => tollgate::Quota::per_second(10_000_000),
-            _ => {
-                tollgate::Quota::per_second(1_000_000_000).and_then(|q| q.with_burst(1_000_000_000))
-            }
-        }
-        .expect("valid quota");
-        let limiter = tollgate::RateLimiter::builder(quota)
-            .algorithm(algorithm)
-            .build()
-            .expect("valid limiter");
-        (
-            algorithm.name(),
-            Box::new(Tollgate(limiter)) as Box<dyn Check>,
-        )
-    };
-    let gov_quota = governor::Quota::with_period(Duration::from_nanos(1))
-        .expect("non-zero period")
-        .allow_burst(NonZeroU32::new(1_000_000_000).expect("non-zero"));
-    vec![
-        ours(tollgate::Algorithm::TokenBucket),
-        ours(tollgate::Algorithm::SlidingWindow),
-        (
-            "governor",
-            Box::new(Governor(governor::RateLimiter::keyed(gov_quota))),
-        ),
-    ]
+/// A tollgate check preceded by what publishing the configuration through a
+/// crossbeam-epoch pointer would add: pinning the thread and loading the pointer.
+struct EpochPublished {
+    limiter: RateLimiter<u64>,
+    config: crossbeam_epoch::Atomic<Quota>,
 }
 
-/// Uniformly random keys in `0..KEYS` (xorshift64*, fixed seed: both contenders see the
+impl Check for EpochPublished {
+    #[inline]
+    fn check(&self, key: u64) -> bool {
+        let guard = crossbeam_epoch::pin();
+        let config = self
+            .config
+            .load(std::sync::atomic::Ordering::Acquire, &guard);
+        black_box(config);
+        self.limiter.check(&key).is_allowed()
+    }
+}
+
+/// A quota so high that checks pass, for each algorithm within its limit cap: T = 1ns and
+/// a burst of 10^9 for the buckets, 10^7 per second for the window counters, and 4,096 per
+/// second (its cap; 32 KiB per key) for the sliding log.
+fn generous(algorithm: Algorithm) -> Quota {
+    match algorithm {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            Quota::per_second(1_000_000_000).and_then(|q| q.with_burst(1_000_000_000))
+        }
+        Algorithm::SlidingWindow | Algorithm::FixedWindow => Quota::per_second(10_000_000),
+        Algorithm::SlidingLog => Quota::per_second(4_096),
+    }
+    .expect("valid quota")
+}
+
+fn tollgate(algorithm: Algorithm, quota: Quota) -> RateLimiter<u64> {
+    RateLimiter::builder(quota)
+        .algorithm(algorithm)
+        .build()
+        .expect("valid limiter")
+}
+
+fn governor() -> Governor {
+    let quota = governor::Quota::with_period(Duration::from_nanos(1))
+        .expect("non-zero period")
+        .allow_burst(NonZeroU32::new(1_000_000_000).expect("non-zero"));
+    Governor(governor::RateLimiter::keyed(quota))
+}
+
+/// Every tollgate algorithm, then governor, each built by `quota`.
+fn contenders(quota: fn(Algorithm) -> Quota) -> Vec<(&'static str, Box<dyn Check>)> {
+    let mut all: Vec<(&'static str, Box<dyn Check>)> = Algorithm::ALL
+        .into_iter()
+        .map(|a| {
+            (
+                a.name(),
+                Box::new(Tollgate(tollgate(a, quota(a)))) as Box<dyn Check>,
+            )
+        })
+        .collect();
+    all.push(("governor", Box::new(governor())));
+    all
+}
+
+/// Uniformly random keys in `0..KEYS` (xorshift64*, fixed seed: every contender sees the
 /// same sequence).
 fn key_sequence(seed: u64) -> Vec<u64> {
     let mut x = seed | 1;
@@ -113,18 +145,70 @@ fn run_threads(limiter: &dyn Check, threads: usize, iters: u64, keys: &[Vec<u64>
     })
 }
 
+fn key_sequences() -> Vec<Vec<u64>> {
+    (1..=2).map(|t| key_sequence(0x9e37_79b9 * t)).collect()
+}
+
+/// Benches `limiter` on `threads` threads over the shared key sequences, after touching
+/// every key once.
+fn bench_keyed(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    id: BenchmarkId,
+    limiter: &dyn Check,
+    threads: usize,
+    keys: &[Vec<u64>],
+) {
+    for key in 0..KEYS {
+        limiter.check(key);
+    }
+    group.bench_function(id, |b| {
+        b.iter_custom(|iters| run_threads(limiter, threads, iters, keys))
+    });
+}
+
+/// 10k `u64` keys, uniformly random, on 1 and 2 threads: every algorithm and governor.
 fn keyed_10k(c: &mut Criterion) {
-    let keys: Vec<Vec<u64>> = (1..=2).map(|t| key_sequence(0x9e37_79b9 * t)).collect();
+    let keys = key_sequences();
     let mut group = c.benchmark_group("keyed_10k_u64");
     for threads in [1, 2] {
-        for (name, limiter) in contenders() {
-            for key in 0..KEYS {
-                limiter.check(key);
-            }
-            group.bench_function(BenchmarkId::new(name, format!("{threads}_thread")), |b| {
-                b.iter_custom(|iters| run_threads(&*limiter, threads, iters, &keys))
-            });
+        for (name, limiter) in contenders(generous) {
+            let id = BenchmarkId::new(name, format!("{threads}_thread"));
+            bench_keyed(&mut group, id, &*limiter, threads, &keys);
         }
+    }
+    group.finish();
+}
+
+/// What per-key quotas and live reconfiguration cost a check: the token bucket as is,
+/// with 1,000 keys holding their own quota (so every shard has overrides to look up), and
+/// with a crossbeam-epoch pin and pointer load added, as an epoch-published configuration
+/// would need.
+fn config_read(c: &mut Criterion) {
+    let keys = key_sequences();
+    let quota = generous(Algorithm::TokenBucket);
+    let mut group = c.benchmark_group("config_read");
+    let plain = tollgate(Algorithm::TokenBucket, quota);
+    let with_overrides = tollgate(Algorithm::TokenBucket, quota);
+    for key in (0..KEYS).step_by(10) {
+        with_overrides.set_quota(&key, quota).expect("valid quota");
+    }
+    let epoch = EpochPublished {
+        limiter: tollgate(Algorithm::TokenBucket, quota),
+        config: crossbeam_epoch::Atomic::new(quota),
+    };
+    let variants: [(&str, &dyn Check); 3] = [
+        ("shard_policy", &Tollgate(plain)),
+        ("shard_policy_with_overrides", &Tollgate(with_overrides)),
+        ("plus_epoch_pin", &epoch),
+    ];
+    for (name, limiter) in variants {
+        bench_keyed(
+            &mut group,
+            BenchmarkId::new(name, "1_thread"),
+            limiter,
+            1,
+            &keys,
+        );
     }
     group.finish();
 }
@@ -140,12 +224,18 @@ fn resident_bytes() -> Option<u64> {
 /// Environment variable that turns a run of this binary into one memory probe.
 const PROBE: &str = "TOLLGATE_MEMORY_PROBE";
 
+/// The quota of the memory probes: a typical "100/s". Only the sliding log's memory
+/// depends on it (8 bytes per unit of limit).
+fn typical(_: Algorithm) -> Quota {
+    Quota::per_second(100).expect("valid quota")
+}
+
 /// In a fresh process: builds `name`'s limiter, touches `keys` distinct keys, and prints
 /// the growth of resident memory per key.
 fn memory_probe(spec: &str) {
     let (name, keys) = spec.split_once(':').expect("PROBE is name:keys");
     let keys: u64 = keys.parse().expect("key count");
-    let limiter = contenders()
+    let limiter = contenders(typical)
         .into_iter()
         .find(|(n, _)| *n == name)
         .map(|(_, l)| l)
@@ -166,8 +256,8 @@ fn memory_per_key(quick: bool) {
         &[600_000, 1_000_000, 1_500_000]
     };
     let exe = std::env::current_exe().expect("bench binary path");
-    println!("\nmemory: resident bytes per u64 key (fresh process per count)");
-    for (name, _) in contenders() {
+    println!("\nmemory: resident bytes per u64 key at 100/s (fresh process per count)");
+    for (name, _) in contenders(typical) {
         let per_key: Vec<f64> = counts
             .iter()
             .map(|keys| {
@@ -184,7 +274,7 @@ fn memory_per_key(quick: bool) {
         let mean = per_key.iter().sum::<f64>() / per_key.len() as f64;
         let each: Vec<String> = per_key.iter().map(|b| format!("{b:.1}")).collect();
         println!(
-            "memory/{name:<15} mean {mean:6.1} B/key   [{}] at {counts:?} keys",
+            "memory/{name:<15} mean {mean:7.1} B/key   [{}] at {counts:?} keys",
             each.join(", ")
         );
     }
@@ -195,7 +285,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k
+    targets = keyed_10k, config_read
 }
 
 fn main() {

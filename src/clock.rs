@@ -108,6 +108,39 @@ impl Clock for ManualClock {
     }
 }
 
+/// Tokio's clock (cargo feature `tokio`): time as tokio's timer sees it, so that under
+/// `tokio::time::pause()` a limiter and its waiters share one virtual time and tests of
+/// the waiting API never really sleep.
+#[cfg(feature = "tokio")]
+#[derive(Clone, Copy, Debug)]
+pub struct TokioClock {
+    origin: tokio::time::Instant,
+}
+
+#[cfg(feature = "tokio")]
+impl TokioClock {
+    /// A clock whose origin is tokio's now.
+    pub fn new() -> Self {
+        Self {
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Clock for TokioClock {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

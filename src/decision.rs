@@ -12,6 +12,7 @@ pub struct Decision {
     remaining: u64,
     reset_after_ns: u64,
     retry_after_ns: u64,
+    delay_ns: u64,
 }
 
 impl Decision {
@@ -23,7 +24,13 @@ impl Decision {
             remaining,
             reset_after_ns,
             retry_after_ns: 0,
+            delay_ns: 0,
         }
+    }
+
+    /// The same decision, admitted into a slot `delay_ns` from now.
+    pub(crate) fn with_delay(self, delay_ns: u64) -> Self {
+        Self { delay_ns, ..self }
     }
 
     /// A denying decision; `retry_after_ns` is raised to at least 1ns.
@@ -39,7 +46,20 @@ impl Decision {
             remaining,
             reset_after_ns,
             retry_after_ns: retry_after_ns.max(1),
+            delay_ns: 0,
         }
+    }
+
+    /// For an admitted request of the [`LeakyBucket`](crate::Algorithm::LeakyBucket): how
+    /// long it should wait for its slot in the queue before being served (the waiting API
+    /// sleeps this long). Zero for every other algorithm, and for denies.
+    pub fn delay(&self) -> Duration {
+        Duration::from_nanos(self.delay_ns)
+    }
+
+    /// `delay` in nanoseconds.
+    pub(crate) fn delay_ns(&self) -> u64 {
+        self.delay_ns
     }
 
     /// `reset_after` in nanoseconds.

@@ -43,6 +43,15 @@ pub enum ConfigError {
     InvalidShards(usize),
     /// `max_keys` was zero.
     ZeroMaxKeys,
+    /// A jitter whose minimum exceeds its maximum.
+    InvalidJitter {
+        /// The minimum asked for.
+        min: std::time::Duration,
+        /// The maximum asked for.
+        max: std::time::Duration,
+    },
+    /// An algorithm name that is not one of [`Algorithm::name`](crate::Algorithm::name)'s.
+    UnknownAlgorithm(String),
     /// A quota string such as `"100/s burst 200"` could not be parsed.
     InvalidQuotaString {
         /// The string as given.
@@ -84,6 +93,15 @@ impl fmt::Display for ConfigError {
                 "shard count {n} is invalid: use a power of two of at least 1 (for example 16)"
             ),
             Self::ZeroMaxKeys => f.write_str("max_keys is 0: allow at least 1 key"),
+            Self::InvalidJitter { min, max } => write!(
+                f,
+                "jitter minimum {min:?} exceeds its maximum {max:?}: swap them"
+            ),
+            Self::UnknownAlgorithm(name) => write!(
+                f,
+                "unknown algorithm {name:?}: use token-bucket, sliding-window, fixed-window, \
+                 sliding-log or leaky-bucket"
+            ),
             Self::InvalidQuotaString { input, reason } => {
                 write!(f, "invalid quota string {input:?}: {reason}")
             }

@@ -39,7 +39,21 @@
 //! See [`Algorithm`] for each algorithm's guarantee as a formula. The token bucket
 //! ([`Algorithm::TokenBucket`], the default) allows short bursts and then a steady rate;
 //! its decisions equal governor's GCRA. The sliding window counter
-//! ([`Algorithm::SlidingWindow`]) smooths the classic fixed window's boundary burst.
+//! ([`Algorithm::SlidingWindow`]) smooths the fixed window's boundary burst in 8 bytes of
+//! state; the sliding log is exact at 8 bytes per unit of limit; the leaky bucket shapes
+//! traffic to a constant rate.
+//!
+//! ## Per-key quotas and live changes
+//!
+//! [`RateLimiter::set_quota`] gives one key its own quota and
+//! [`RateLimiter::set_default_quota`] changes everyone else's while checks go on; a key's
+//! consumed units carry over, so no change refills a key.
+//!
+//! ## Waiting instead of rejecting
+//!
+//! With the `tokio` feature, `until_ready`, `until_ready_n`, `until_ready_with_jitter`
+//! and `acquire_timeout` wait for admission (and, for the leaky bucket, for the
+//! request's slot) instead of rejecting.
 //!
 //! ## Testing with time
 //!
@@ -56,9 +70,15 @@ mod error;
 mod limiter;
 mod quota;
 mod store;
+#[cfg(feature = "tokio")]
+mod wait;
 
-pub use algorithm::{Algorithm, SLIDING_WINDOW_MAX_LIMIT};
+pub use algorithm::{
+    Algorithm, FIXED_WINDOW_MAX_LIMIT, SLIDING_LOG_MAX_LIMIT, SLIDING_WINDOW_MAX_LIMIT,
+};
 pub use decision::Decision;
 pub use error::{ConfigError, InsufficientCapacity};
 pub use limiter::{Builder, RateLimiter};
 pub use quota::Quota;
+#[cfg(feature = "tokio")]
+pub use wait::{AcquireError, Jitter};

@@ -5,14 +5,15 @@ use std::fmt;
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
-use crate::algorithm::{Algorithm, Outcome, Policy, UNTOUCHED};
+use crate::algorithm::{Algorithm, Plan, Policy, WordPolicy};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
-use crate::store::{Access, Store};
+use crate::store::Store;
+use crate::store::state::LogCell;
 
 /// A keyed rate limiter: every key has its own quota state.
 ///
@@ -33,14 +34,44 @@ use crate::store::{Access, Store};
 /// assert!(limiter.check("bob").is_allowed());
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
+///
+/// # Per-key quotas and live changes
+///
+/// [`set_quota`](Self::set_quota) gives one key its own quota and
+/// [`set_default_quota`](Self::set_default_quota) changes everyone else's, while checks
+/// go on. Each shard keeps its policy next to its keys, so a check reads its key's quota
+/// under the shard read lock it takes anyway: no extra lock and no extra atomic on the
+/// check path. A change takes each affected shard's write lock in turn and converts the
+/// state of its keys, so no check ever pairs a new quota with unconverted state.
+///
+/// What a change does to a key's state: **the units it has consumed carry over, capped
+/// at the new quota's capacity**, so a change never refills a key. A token bucket with
+/// 100 of 100 used half (50 consumed) that grows to 1000 has 950 left; one that shrinks to
+/// a burst of 10 is empty and refills at the new rate. Window counters keep their counts
+/// (capped at the new limit); if the period changes, the weighted estimate becomes the
+/// count of the window `now` falls in. The sliding log keeps its newest timestamps.
 pub struct RateLimiter<K, C = MonotonicClock> {
     inner: Arc<Inner<K, C>>,
 }
 
+/// The store, typed by the state its algorithm keeps per key.
+enum Engine<K> {
+    Word(Store<K, AtomicU64>),
+    Log(Store<K, LogCell>),
+}
+
+/// Runs the same expression on whichever store an engine holds.
+macro_rules! on_store {
+    ($engine:expr, $store:ident => $body:expr) => {
+        match $engine {
+            Engine::Word($store) => $body,
+            Engine::Log($store) => $body,
+        }
+    };
+}
+
 struct Inner<K, C> {
-    store: Store<K>,
-    policy: Policy,
-    quota: Quota,
+    engine: Engine<K>,
     algorithm: Algorithm,
     clock: C,
 }
@@ -53,11 +84,12 @@ impl<K, C> Clone for RateLimiter<K, C> {
     }
 }
 
-impl<K, C> fmt::Debug for RateLimiter<K, C> {
+impl<K: Hash + Eq, C> fmt::Debug for RateLimiter<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("quota", &self.inner.quota)
+            .field("quota", &self.quota())
             .field("algorithm", &self.inner.algorithm)
+            .field("keys", &self.len())
             .finish_non_exhaustive()
     }
 }
@@ -65,7 +97,12 @@ impl<K, C> fmt::Debug for RateLimiter<K, C> {
 impl<K: Hash + Eq> RateLimiter<K> {
     /// A token-bucket limiter with the default clock, shard count and no key cap.
     pub fn new(quota: Quota) -> Self {
-        Builder::new(quota).assemble(Policy::token_bucket(quota))
+        let engine = Engine::Word(Store::new(
+            default_shards(),
+            usize::MAX,
+            WordPolicy::token_bucket(quota),
+        ));
+        Builder::new(quota).assemble(engine)
     }
 
     /// A builder to choose the algorithm, clock, shard count and key cap.
@@ -74,101 +111,10 @@ impl<K: Hash + Eq> RateLimiter<K> {
     }
 }
 
-impl<K: Hash + Eq, C: Clock> RateLimiter<K, C> {
-    /// Checks one request for `key` and consumes one unit if it is admitted.
-    ///
-    /// # Locking behaviour
-    /// Takes the read lock of the key's shard; a key seen for the first time takes that
-    /// shard's write lock to insert it. Never holds more than one lock.
-    #[inline]
-    pub fn check<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.decide(key, 1)
-    }
-
-    /// Checks a request of cost `n` for `key`: all `n` units are admitted together, or
-    /// none. A cost of 0 is always admitted and consumes nothing.
-    ///
-    /// # Errors
-    /// [`InsufficientCapacity`] when `n` exceeds what the quota can ever admit at once
-    /// (the burst for the token bucket, the limit for window algorithms): no wait would
-    /// let it pass.
-    ///
-    /// # Locking behaviour
-    /// As [`check`](Self::check).
-    pub fn check_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let capacity = self.inner.policy.capacity();
-        if n > capacity {
-            return Err(InsufficientCapacity {
-                requested: n,
-                capacity,
-            });
-        }
-        if n == 0 {
-            let state = self.inner.store.get(key).unwrap_or(UNTOUCHED);
-            return Ok(self.inner.policy.snapshot(state, self.inner.clock.now_ns()));
-        }
-        Ok(self.decide(key, n))
-    }
-
-    #[inline]
-    fn decide<Q>(&self, key: &Q, cost: u64) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let inner = &*self.inner;
-        let now = inner.clock.now_ns();
-        let policy = &inner.policy;
-        match inner.store.access(
-            key,
-            |s| policy.reset_after_ns(s, now),
-            |cell| apply(policy, cell, now, cost),
-        ) {
-            Access::Done(decision) => decision,
-            Access::Full { retry_after_ns } => {
-                Decision::deny(policy.capacity(), 0, 0, retry_after_ns)
-            }
-        }
-    }
-
-    /// The decision a unit request for `key` would get now, without consuming anything
-    /// and without storing a new key. `remaining` and `reset_after` describe the state as
-    /// it stands.
-    ///
-    /// # Locking behaviour
-    /// Takes the read lock of the key's shard.
-    pub fn peek<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let state = self.inner.store.get(key).unwrap_or(UNTOUCHED);
-        self.inner.policy.peek(state, self.inner.clock.now_ns())
-    }
-
-    /// Forgets `key`: its next request sees a full, untouched quota.
-    ///
-    /// # Locking behaviour
-    /// Takes the write lock of the key's shard.
-    pub fn reset<Q>(&self, key: &Q)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.inner.store.remove(key);
-    }
-
+impl<K: Hash + Eq, C> RateLimiter<K, C> {
     /// How many keys hold state.
     pub fn len(&self) -> usize {
-        self.inner.store.len()
+        on_store!(&self.inner.engine, s => s.len())
     }
 
     /// Whether no key holds state.
@@ -179,12 +125,15 @@ impl<K: Hash + Eq, C: Clock> RateLimiter<K, C> {
     /// How many untouched keys were dropped to make room under
     /// [`max_keys`](Builder::max_keys). Dropping them changed no decision.
     pub fn evicted(&self) -> u64 {
-        self.inner.store.evicted()
+        on_store!(&self.inner.engine, s => s.evicted())
     }
 
-    /// The quota every key is limited by.
+    /// The default quota: the one every key without its own quota is limited by.
+    ///
+    /// # Locking behaviour
+    /// Takes the first shard's read lock.
     pub fn quota(&self) -> Quota {
-        self.inner.quota
+        on_store!(&self.inner.engine, s => s.default_policy().quota())
     }
 
     /// The algorithm this limiter runs.
@@ -194,7 +143,7 @@ impl<K: Hash + Eq, C: Clock> RateLimiter<K, C> {
 
     /// The number of shards of the key map.
     pub fn shards(&self) -> usize {
-        self.inner.store.shard_count()
+        on_store!(&self.inner.engine, s => s.shard_count())
     }
 
     /// The limiter's clock.
@@ -203,27 +152,179 @@ impl<K: Hash + Eq, C: Clock> RateLimiter<K, C> {
     }
 }
 
-/// Runs `policy` on one key's state word: a CAS loop that writes only when a request is
-/// admitted and the state changes. A deny returns without writing.
-#[inline]
-fn apply(policy: &Policy, cell: &AtomicU64, now: u64, cost: u64) -> Decision {
-    let mut state = cell.load(Ordering::Acquire);
-    loop {
-        match policy.evaluate(state, now, cost) {
-            Outcome::Deny(decision) => return decision,
-            Outcome::Allow {
-                decision,
-                state: next,
-            } => {
-                if next == state {
-                    return decision;
-                }
-                match cell.compare_exchange_weak(state, next, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return decision,
-                    Err(actual) => state = actual,
-                }
+impl<K: Hash + Eq, C: Clock> RateLimiter<K, C> {
+    /// Checks one request for `key` and consumes one unit if it is admitted.
+    ///
+    /// # Locking behaviour
+    /// Takes the read lock of the key's shard; a key seen for the first time takes that
+    /// shard's write lock to insert it. The sliding log also takes the key's own mutex.
+    /// Never holds more than one shard lock.
+    #[inline]
+    pub fn check<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.inner.clock.now_ns();
+        let decided = on_store!(&self.inner.engine, s => s.check(key, now, 1, u64::MAX));
+        // Every quota admits at least one unit at once, so a cost of 1 always fits.
+        decided.unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+    }
+
+    /// Checks a request of cost `n` for `key`: all `n` units are admitted together, or
+    /// none. A cost of 0 is always admitted, consumes nothing and stores no key.
+    ///
+    /// # Errors
+    /// [`InsufficientCapacity`] when `n` exceeds what the key's quota can ever admit at
+    /// once (the burst for the token and leaky buckets, the limit for the others): no
+    /// wait would let it pass.
+    ///
+    /// # Locking behaviour
+    /// As [`check`](Self::check).
+    pub fn check_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check_within(key, n, u64::MAX)
+    }
+
+    /// [`check_n`](Self::check_n), refusing (as a deny, consuming nothing) an admission
+    /// whose slot would be more than `max_delay` ns away.
+    pub(crate) fn check_within<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.inner.clock.now_ns();
+        on_store!(&self.inner.engine, s => s.check(key, now, n, max_delay))
+    }
+
+    /// The decision a unit request for `key` would get now, without consuming anything
+    /// and without storing a new key. `remaining` and `reset_after` describe the state as
+    /// it stands.
+    ///
+    /// # Locking behaviour
+    /// Takes the read lock of the key's shard (and, for the sliding log, the key's mutex).
+    pub fn peek<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.peek_n(key, 1)
+            .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+    }
+
+    /// [`peek`](Self::peek) for a request of cost `n`.
+    ///
+    /// # Errors
+    /// [`InsufficientCapacity`], as [`check_n`](Self::check_n).
+    pub fn peek_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.peek_at(key, n, self.inner.clock.now_ns())
+    }
+
+    /// [`peek_n`](Self::peek_n) at the instant `now` of the limiter's clock.
+    pub(crate) fn peek_at<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+        now: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        on_store!(&self.inner.engine, s => s.peek(key, now, n))
+    }
+
+    /// Forgets `key`'s state: its next request sees a full, untouched quota. A quota set
+    /// with [`set_quota`](Self::set_quota) stays.
+    ///
+    /// # Locking behaviour
+    /// Takes the write lock of the key's shard.
+    pub fn reset<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        on_store!(&self.inner.engine, s => s.remove(key));
+    }
+
+    /// Gives `key` its own quota (a paid tier, say), with the limiter's algorithm. The
+    /// key's consumed units carry over (see [the type's docs](Self)). The quota stays
+    /// until [`remove_quota`](Self::remove_quota), whether or not the key holds state.
+    ///
+    /// # Errors
+    /// [`ConfigError::LimitTooLarge`] when the algorithm cannot hold the quota's limit.
+    ///
+    /// # Locking behaviour
+    /// Takes the write lock of the key's shard.
+    pub fn set_quota<Q>(&self, key: &Q, quota: Quota) -> Result<(), ConfigError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.inner.clock.now_ns();
+        match &self.inner.engine {
+            Engine::Word(s) => {
+                let policy = s.default_policy().with_quota(quota)?;
+                s.set_override(key.to_owned(), Some(policy), now);
+            }
+            Engine::Log(s) => {
+                let policy = s.default_policy().with_quota(quota)?;
+                s.set_override(key.to_owned(), Some(policy), now);
             }
         }
+        Ok(())
+    }
+
+    /// Returns `key` to the default quota, carrying its consumed units over.
+    ///
+    /// # Locking behaviour
+    /// Takes the write lock of the key's shard.
+    pub fn remove_quota<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.inner.clock.now_ns();
+        on_store!(&self.inner.engine, s => s.set_override(key.to_owned(), None, now));
+    }
+
+    /// The quota `key` is limited by: its own, or the default.
+    ///
+    /// # Locking behaviour
+    /// Takes the read lock of the key's shard.
+    pub fn quota_for<Q>(&self, key: &Q) -> Quota
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        on_store!(&self.inner.engine, s => s.policy_of(key).quota())
+    }
+
+    /// Changes the default quota while the limiter serves. Every key without its own
+    /// quota has its consumed units carried over (see [the type's docs](Self)).
+    ///
+    /// # Errors
+    /// [`ConfigError::LimitTooLarge`] when the algorithm cannot hold the quota's limit;
+    /// nothing changes then.
+    ///
+    /// # Locking behaviour
+    /// Takes each shard's write lock in turn, for as long as converting its keys takes;
+    /// checks on the other shards go on meanwhile. Concurrent calls are serialised.
+    pub fn set_default_quota(&self, quota: Quota) -> Result<(), ConfigError> {
+        let now = || self.inner.clock.now_ns();
+        on_store!(&self.inner.engine, s => s.set_default_quota(quota, now))
     }
 }
 
@@ -320,26 +421,27 @@ impl<K: Hash + Eq, C: Clock> Builder<K, C> {
     /// [`ConfigError::ZeroMaxKeys`], or [`ConfigError::LimitTooLarge`] when the algorithm
     /// cannot hold the quota's limit.
     pub fn build(self) -> Result<RateLimiter<K, C>, ConfigError> {
-        if let Some(n) = self.shards {
-            if !n.is_power_of_two() {
-                return Err(ConfigError::InvalidShards(n));
-            }
-        }
-        if self.max_keys == Some(0) {
-            return Err(ConfigError::ZeroMaxKeys);
-        }
-        let policy = Policy::new(self.algorithm, self.quota)?;
-        Ok(self.assemble(policy))
+        let shards = match self.shards {
+            Some(n) if !n.is_power_of_two() => return Err(ConfigError::InvalidShards(n)),
+            Some(n) => n,
+            None => default_shards(),
+        };
+        let max_keys = match self.max_keys {
+            Some(0) => return Err(ConfigError::ZeroMaxKeys),
+            Some(n) => n,
+            None => usize::MAX,
+        };
+        let engine = match Plan::new(self.algorithm, self.quota)? {
+            Plan::Word(policy) => Engine::Word(Store::new(shards, max_keys, policy)),
+            Plan::Log(policy) => Engine::Log(Store::new(shards, max_keys, policy)),
+        };
+        Ok(self.assemble(engine))
     }
 
-    /// Builds from validated parts.
-    fn assemble(self, policy: Policy) -> RateLimiter<K, C> {
-        let shards = self.shards.unwrap_or_else(default_shards);
+    fn assemble(self, engine: Engine<K>) -> RateLimiter<K, C> {
         RateLimiter {
             inner: Arc::new(Inner {
-                store: Store::new(shards, self.max_keys.unwrap_or(usize::MAX)),
-                policy,
-                quota: self.quota,
+                engine,
                 algorithm: self.algorithm,
                 clock: self.clock,
             }),

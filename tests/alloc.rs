@@ -65,7 +65,7 @@ fn allocations_in(f: impl FnOnce()) -> usize {
 
 #[test]
 fn checks_on_existing_keys_do_not_allocate() {
-    for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindow] {
+    for algorithm in Algorithm::ALL {
         let limiter: RateLimiter<String> = RateLimiter::builder(Quota::per_second(50).unwrap())
             .algorithm(algorithm)
             .build()

@@ -42,37 +42,31 @@ fn hammer(
 }
 
 #[test]
-fn token_bucket_admits_exactly_the_burst() {
-    for threads in [4, 8] {
-        let limiter = frozen(
-            Algorithm::TokenBucket,
-            Quota::per_second(10).unwrap().with_burst(5_000).unwrap(),
-        );
-        assert_eq!(
-            hammer(&limiter, threads, 5_000, "hot", 1),
-            5_000,
-            "{threads} threads"
-        );
-        assert!(!limiter.check("hot").is_allowed());
+fn every_algorithm_admits_exactly_its_capacity() {
+    for algorithm in Algorithm::ALL {
+        for threads in [4, 8] {
+            // Capacity 4,000 (the burst for the buckets, the limit for the others).
+            let limiter = frozen(algorithm, Quota::per_second(4_000).unwrap());
+            let admitted = hammer(&limiter, threads, 4_000, "hot", 1);
+            assert_eq!(admitted, 4_000, "{algorithm:?}, {threads} threads");
+            assert!(!limiter.check("hot").is_allowed(), "{algorithm:?}");
+            assert_eq!(limiter.peek("hot").remaining(), 0, "{algorithm:?}");
+        }
     }
 }
 
 #[test]
-fn sliding_window_admits_exactly_the_limit() {
-    for threads in [4, 8] {
-        let limiter = frozen(Algorithm::SlidingWindow, Quota::per_second(5_000).unwrap());
-        assert_eq!(
-            hammer(&limiter, threads, 5_000, "hot", 1),
-            5_000,
-            "{threads} threads"
-        );
-        assert_eq!(limiter.peek("hot").remaining(), 0);
+fn a_small_burst_is_exact_too() {
+    let quota = Quota::per_second(10).unwrap().with_burst(3).unwrap();
+    for algorithm in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+        let limiter = frozen(algorithm, quota);
+        assert_eq!(hammer(&limiter, 8, 1_000, "hot", 1), 3, "{algorithm:?}");
     }
 }
 
 #[test]
 fn weighted_checks_never_overspend() {
-    for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindow] {
+    for algorithm in Algorithm::ALL {
         // Cost 3 into a capacity of 3,001: exactly 1,000 fit, the last unit is left over.
         let limiter = frozen(algorithm, Quota::per_second(3_001).unwrap());
         assert_eq!(hammer(&limiter, 4, 1_000, "hot", 3), 3_000, "{algorithm:?}");

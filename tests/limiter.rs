@@ -3,20 +3,13 @@
 
 use std::time::Duration;
 
+mod common;
+
+use common::manual;
 use tollgate::clock::ManualClock;
 use tollgate::{Algorithm, ConfigError, InsufficientCapacity, Quota, RateLimiter};
 
-const ALGORITHMS: [Algorithm; 2] = [Algorithm::TokenBucket, Algorithm::SlidingWindow];
-
-fn manual(algorithm: Algorithm, quota: &str) -> (RateLimiter<String, ManualClock>, ManualClock) {
-    let clock = ManualClock::new();
-    let limiter = RateLimiter::builder(quota.parse().unwrap())
-        .algorithm(algorithm)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    (limiter, clock)
-}
+const ALGORITHMS: [Algorithm; 5] = Algorithm::ALL;
 
 #[test]
 fn limiter_is_send_sync_and_clones_share_state() {
@@ -155,6 +148,56 @@ fn builder_rejects_bad_configuration() {
         RateLimiter::<u64>::builder(huge).build().is_ok(),
         "the token bucket has no such cap"
     );
+    for (algorithm, max) in [
+        (Algorithm::SlidingLog, tollgate::SLIDING_LOG_MAX_LIMIT),
+        (Algorithm::FixedWindow, tollgate::FIXED_WINDOW_MAX_LIMIT),
+        (Algorithm::SlidingWindow, tollgate::SLIDING_WINDOW_MAX_LIMIT),
+    ] {
+        let at_cap = Quota::new(max, Duration::from_secs(86_400)).unwrap();
+        assert!(
+            RateLimiter::<u64>::builder(at_cap)
+                .algorithm(algorithm)
+                .build()
+                .is_ok()
+        );
+        let over = Quota::new(max + 1, Duration::from_secs(86_400)).unwrap();
+        let err = RateLimiter::<u64>::builder(over)
+            .algorithm(algorithm)
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains(&format!("at most {max}")), "{err}");
+    }
+}
+
+#[test]
+fn algorithm_names_round_trip() {
+    for algorithm in Algorithm::ALL {
+        assert_eq!(algorithm.name().parse::<Algorithm>(), Ok(algorithm));
+        assert_eq!(algorithm.to_string(), algorithm.name());
+    }
+    let err = "gcra".parse::<Algorithm>().unwrap_err();
+    assert!(
+        err.to_string().contains("use token-bucket, sliding-window"),
+        "{err}"
+    );
+}
+
+#[test]
+fn only_the_leaky_bucket_delays_admissions() {
+    for algorithm in ALGORITHMS {
+        let (l, _) = manual(algorithm, "10/s burst 3");
+        let delays: Vec<Duration> = (0..3).map(|_| l.check("k").delay()).collect();
+        let expected = if algorithm == Algorithm::LeakyBucket {
+            vec![
+                Duration::ZERO,
+                Duration::from_millis(100),
+                Duration::from_millis(200),
+            ]
+        } else {
+            vec![Duration::ZERO; 3]
+        };
+        assert_eq!(delays, expected, "{algorithm:?}");
+    }
 }
 
 #[test]

@@ -1,21 +1,30 @@
-//! The rate-limiting algorithms, as pure functions over one packed `u64` of per-key state.
+//! The rate-limiting algorithms, as pure functions over per-key state.
 //!
-//! Each algorithm turns `(state, now, cost)` into an [`Outcome`]: a [`Decision`] and, when
-//! the request is admitted, the state to store. Nothing here touches a map, a clock or a
+//! Four algorithms keep one packed `u64` per key and turn `(state, now, cost)` into an
+//! [`Outcome`]: a [`Decision`] and, when the request is admitted, the state to store. The
+//! sliding log keeps a ring of timestamps instead. Nothing here touches a map, a clock or a
 //! thread, so every formula is tested directly.
 //!
-//! State `0` ([`UNTOUCHED`]) means "never seen / back to full" for every algorithm, so a
-//! new key needs no initialisation and an untouched key can be dropped without changing
-//! any future decision.
+//! Word state `0` ([`UNTOUCHED`]) means "never seen / back to full" for every word
+//! algorithm, so a new key needs no initialisation.
 
+mod fixed_window;
+mod leaky_bucket;
+mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
+pub use fixed_window::FIXED_WINDOW_MAX_LIMIT;
+pub use sliding_log::SLIDING_LOG_MAX_LIMIT;
 pub use sliding_window::SLIDING_WINDOW_MAX_LIMIT;
+
+pub(crate) use sliding_log::{Log, SlidingLog};
 
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::Quota;
+use fixed_window::FixedWindow;
+use leaky_bucket::LeakyBucket;
 use sliding_window::SlidingWindow;
 use token_bucket::Gcra;
 
@@ -24,10 +33,16 @@ pub(crate) const UNTOUCHED: u64 = 0;
 
 /// Which rate-limiting algorithm a limiter runs.
 ///
+/// `T = ⌊period / limit⌋`. Every guarantee below is asserted by a proptest over arbitrary
+/// request timelines.
+///
 /// | algorithm | state per key | burst | guarantee |
 /// |---|---|---|---|
-/// | [`TokenBucket`](Self::TokenBucket) | one `u64` | up to `burst` at once | at most `burst + ⌊t / T⌋` in any interval of length `t`, `T = ⌊period / limit⌋` |
-/// | [`SlidingWindow`](Self::SlidingWindow) | one `u64` | up to `limit` per window | at most `limit` per aligned window; fewer than `2·limit` in any interval of length `period` |
+/// | [`TokenBucket`](Self::TokenBucket) | one `u64` | up to `burst` at once | at most `burst + ⌊t / T⌋` in any interval of length `t` |
+/// | [`LeakyBucket`](Self::LeakyBucket) | one `u64` | queues up to `burst`, served one per `T` | as the token bucket; admitted requests' slots are `≥ cost·T` apart |
+/// | [`FixedWindow`](Self::FixedWindow) | one `u64` | `limit` per aligned window; `2·limit` across a boundary | at most `limit` per aligned window |
+/// | [`SlidingWindow`](Self::SlidingWindow) | one `u64` | `limit` per aligned window, decaying | at most `limit` per aligned window; fewer than `2·limit` in any interval of length `period` |
+/// | [`SlidingLog`](Self::SlidingLog) | `limit` timestamps | none beyond `limit` | at most `limit` in any interval of length `period` |
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// The token bucket, run as GCRA: capacity `burst`, refilled continuously at
@@ -39,15 +54,58 @@ pub enum Algorithm {
     /// `period`. The quota's burst is not used. Limits above
     /// [`SLIDING_WINDOW_MAX_LIMIT`] are refused.
     SlidingWindow,
+    /// One counter per aligned window of `period`. Cheapest, but admits up to `2·limit`
+    /// across a window boundary. The quota's burst is not used. Limits above
+    /// [`FIXED_WINDOW_MAX_LIMIT`] are refused.
+    FixedWindow,
+    /// Exact: at most `limit` in any interval of length `period`, keeping one timestamp
+    /// per admitted unit (`8·limit` bytes per key). The quota's burst is not used. Limits
+    /// above [`SLIDING_LOG_MAX_LIMIT`] are refused.
+    SlidingLog,
+    /// A meter with constant outflow (nginx `limit_req`): requests are spaced one every
+    /// `T`, with a queue of depth `burst`. `check` denies when the queue is full and
+    /// reports each admitted request's slot as [`Decision::delay`]; the waiting API sleeps
+    /// until that slot.
+    LeakyBucket,
 }
 
 impl Algorithm {
+    /// Every algorithm, in the order of this enum.
+    pub const ALL: [Algorithm; 5] = [
+        Self::TokenBucket,
+        Self::SlidingWindow,
+        Self::FixedWindow,
+        Self::SlidingLog,
+        Self::LeakyBucket,
+    ];
+
     /// The algorithm's name, as the example server's `--algorithm` flag spells it.
     pub fn name(&self) -> &'static str {
         match self {
             Self::TokenBucket => "token-bucket",
             Self::SlidingWindow => "sliding-window",
+            Self::FixedWindow => "fixed-window",
+            Self::SlidingLog => "sliding-log",
+            Self::LeakyBucket => "leaky-bucket",
         }
+    }
+}
+
+impl std::str::FromStr for Algorithm {
+    type Err = ConfigError;
+
+    /// Parses a name as [`Algorithm::name`] writes it.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| ConfigError::UnknownAlgorithm(s.to_owned()))
+    }
+}
+
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -68,44 +126,82 @@ impl Outcome {
     }
 }
 
-/// An algorithm with its quota's constants precomputed.
+/// A quota's limits, precomputed for one algorithm.
+pub(crate) trait Policy: Copy + Send + Sync + 'static {
+    /// The quota this policy enforces.
+    fn quota(&self) -> Quota;
+    /// The same algorithm for another quota.
+    fn with_quota(&self, quota: Quota) -> Result<Self, ConfigError>;
+    /// The largest cost a single request may ever have.
+    fn capacity(&self) -> u64;
+}
+
+/// The word algorithms with their constants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Policy {
+enum WordKind {
     TokenBucket(Gcra),
+    LeakyBucket(LeakyBucket),
+    FixedWindow(FixedWindow),
     SlidingWindow(SlidingWindow),
 }
 
-impl Policy {
-    /// The token bucket for `quota`: valid for every quota.
-    pub(crate) fn token_bucket(quota: Quota) -> Self {
-        Self::TokenBucket(Gcra::new(quota))
-    }
+/// A policy for the algorithms whose per-key state is one `u64`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WordPolicy {
+    quota: Quota,
+    kind: WordKind,
+}
 
+/// A policy for the sliding log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LogPolicy {
+    quota: Quota,
+    pub(crate) log: SlidingLog,
+}
+
+/// What a limiter for one algorithm is built from.
+pub(crate) enum Plan {
+    Word(WordPolicy),
+    Log(LogPolicy),
+}
+
+impl Plan {
     /// Precomputes `algorithm` for `quota`.
     ///
     /// # Errors
     /// [`ConfigError::LimitTooLarge`] when the algorithm cannot hold the quota's limit.
     pub(crate) fn new(algorithm: Algorithm, quota: Quota) -> Result<Self, ConfigError> {
-        Ok(match algorithm {
-            Algorithm::TokenBucket => Self::token_bucket(quota),
-            Algorithm::SlidingWindow => Self::SlidingWindow(SlidingWindow::new(quota)?),
-        })
+        let word = |kind| Ok(Self::Word(WordPolicy { quota, kind }));
+        match algorithm {
+            Algorithm::TokenBucket => word(WordKind::TokenBucket(Gcra::new(quota))),
+            Algorithm::LeakyBucket => word(WordKind::LeakyBucket(LeakyBucket::new(quota))),
+            Algorithm::FixedWindow => word(WordKind::FixedWindow(FixedWindow::new(quota)?)),
+            Algorithm::SlidingWindow => word(WordKind::SlidingWindow(SlidingWindow::new(quota)?)),
+            Algorithm::SlidingLog => Ok(Self::Log(LogPolicy {
+                quota,
+                log: SlidingLog::new(quota)?,
+            })),
+        }
     }
+}
 
-    /// The largest cost a single request may ever have.
-    pub(crate) fn capacity(&self) -> u64 {
-        match self {
-            Self::TokenBucket(g) => g.capacity(),
-            Self::SlidingWindow(w) => w.capacity(),
+impl WordPolicy {
+    /// The token bucket for `quota`: valid for every quota.
+    pub(crate) fn token_bucket(quota: Quota) -> Self {
+        Self {
+            quota,
+            kind: WordKind::TokenBucket(Gcra::new(quota)),
         }
     }
 
-    /// Decides a request of `cost` (at most [`capacity`](Self::capacity)) at `now`.
+    /// Decides a request of `cost` (at most [`Policy::capacity`]) at `now`.
     #[inline]
     pub(crate) fn evaluate(&self, state: u64, now: u64, cost: u64) -> Outcome {
-        match self {
-            Self::TokenBucket(g) => g.evaluate(state, now, cost),
-            Self::SlidingWindow(w) => w.evaluate(state, now, cost),
+        match &self.kind {
+            WordKind::TokenBucket(g) => g.evaluate(state, now, cost),
+            WordKind::LeakyBucket(l) => l.evaluate(state, now, cost),
+            WordKind::FixedWindow(f) => f.evaluate(state, now, cost),
+            WordKind::SlidingWindow(w) => w.evaluate(state, now, cost),
         }
     }
 
@@ -114,12 +210,20 @@ impl Policy {
         self.evaluate(state, now, 0).decision()
     }
 
-    /// The decision a request of cost 1 would get, with `remaining` and `reset_after` as
+    /// The decision a request of `cost` would get, with `remaining` and `reset_after` as
     /// the state stands (nothing consumed).
-    pub(crate) fn peek(&self, state: u64, now: u64) -> Decision {
-        match self.evaluate(state, now, 1) {
+    pub(crate) fn peek(&self, state: u64, now: u64, cost: u64) -> Decision {
+        match self.evaluate(state, now, cost) {
             Outcome::Deny(decision) => decision,
-            Outcome::Allow { .. } => self.snapshot(state, now),
+            Outcome::Allow { decision, .. } => {
+                let snapshot = self.snapshot(state, now);
+                Decision::allow(
+                    snapshot.limit(),
+                    snapshot.remaining(),
+                    snapshot.reset_after_ns(),
+                )
+                .with_delay(decision.delay_ns())
+            }
         }
     }
 
@@ -128,6 +232,80 @@ impl Policy {
     pub(crate) fn reset_after_ns(&self, state: u64, now: u64) -> u64 {
         self.snapshot(state, now).reset_after_ns()
     }
+
+    /// This policy's state for a key whose state was `state` under `from` (the same
+    /// algorithm with another quota). Consumed units carry over, capped at this quota's
+    /// capacity: a change never refills a key. See each algorithm for the details.
+    pub(crate) fn convert(&self, state: u64, now: u64, from: &WordPolicy) -> u64 {
+        match (&self.kind, &from.kind) {
+            (WordKind::TokenBucket(to), WordKind::TokenBucket(from))
+            | (WordKind::LeakyBucket(LeakyBucket(to)), WordKind::LeakyBucket(LeakyBucket(from))) => {
+                to.convert_from(state, now, from)
+            }
+            (WordKind::FixedWindow(to), WordKind::FixedWindow(from)) => {
+                to.convert_from(state, now, from)
+            }
+            (WordKind::SlidingWindow(to), WordKind::SlidingWindow(from)) => {
+                to.convert_from(state, now, from)
+            }
+            // A limiter's algorithm never changes, so the kinds always match.
+            _ => state,
+        }
+    }
+}
+
+impl Policy for WordPolicy {
+    fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    fn with_quota(&self, quota: Quota) -> Result<Self, ConfigError> {
+        let kind = match self.kind {
+            WordKind::TokenBucket(_) => WordKind::TokenBucket(Gcra::new(quota)),
+            WordKind::LeakyBucket(_) => WordKind::LeakyBucket(LeakyBucket::new(quota)),
+            WordKind::FixedWindow(_) => WordKind::FixedWindow(FixedWindow::new(quota)?),
+            WordKind::SlidingWindow(_) => WordKind::SlidingWindow(SlidingWindow::new(quota)?),
+        };
+        Ok(Self { quota, kind })
+    }
+
+    fn capacity(&self) -> u64 {
+        match &self.kind {
+            WordKind::TokenBucket(g) | WordKind::LeakyBucket(LeakyBucket(g)) => g.capacity(),
+            WordKind::FixedWindow(f) => f.capacity(),
+            WordKind::SlidingWindow(w) => w.capacity(),
+        }
+    }
+}
+
+impl Policy for LogPolicy {
+    fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    fn with_quota(&self, quota: Quota) -> Result<Self, ConfigError> {
+        Ok(Self {
+            quota,
+            log: SlidingLog::new(quota)?,
+        })
+    }
+
+    fn capacity(&self) -> u64 {
+        self.log.capacity()
+    }
+}
+
+/// The quota's limit, if `algorithm` can hold it (at most `max`).
+fn capped_limit(quota: Quota, max: u64, algorithm: &'static str) -> Result<u64, ConfigError> {
+    let limit = quota.limit();
+    if limit > max {
+        return Err(ConfigError::LimitTooLarge {
+            algorithm,
+            limit,
+            max,
+        });
+    }
+    Ok(limit)
 }
 
 /// Clamps a `u128` nanosecond count to `u64`.

@@ -25,7 +25,7 @@
 //! deny more, never admit more, and lasts at most two windows. For `limit < 65,536` the tag
 //! has 32 bits, which is 136 years at a one-second period.
 
-use super::{Outcome, clamp_ns};
+use super::{Outcome, capped_limit, clamp_ns};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::Quota;
@@ -60,14 +60,11 @@ struct View {
 
 impl SlidingWindow {
     pub(crate) fn new(quota: Quota) -> Result<Self, ConfigError> {
-        let limit = quota.limit();
-        if limit > SLIDING_WINDOW_MAX_LIMIT {
-            return Err(ConfigError::LimitTooLarge {
-                algorithm: "the sliding window counter",
-                limit,
-                max: SLIDING_WINDOW_MAX_LIMIT,
-            });
-        }
+        let limit = capped_limit(
+            quota,
+            SLIDING_WINDOW_MAX_LIMIT,
+            "the sliding window counter",
+        )?;
         let count_bits = u64::BITS - limit.leading_zeros();
         Ok(Self {
             limit,
@@ -109,6 +106,22 @@ impl SlidingWindow {
         } else {
             at(window, 0, 0, 0)
         }
+    }
+
+    /// This quota's state for a key whose state was `word` under `from`. With the same
+    /// period, both counters carry over (capped at the new limit), so the previous window
+    /// keeps decaying on schedule. With a different period the windows no longer line up:
+    /// the weighted estimate under `from` (rounded up, capped at the new limit) becomes the
+    /// current window's count. Either way no key is refilled by a change.
+    pub(crate) fn convert_from(&self, word: u64, now: u64, from: &SlidingWindow) -> u64 {
+        let v = from.view(word, now);
+        if from.period == self.period {
+            return self.pack(v.window, v.prev.min(self.limit), v.cur.min(self.limit));
+        }
+        let p = u128::from(from.period);
+        let weighted = (u128::from(v.prev) * u128::from(from.period - v.elapsed)).div_ceil(p);
+        let used = (weighted + u128::from(v.cur)).min(u128::from(self.limit)) as u64;
+        self.pack(now / self.period, 0, used)
     }
 
     /// Time from the view's instant until the counters are both zero again.

@@ -44,6 +44,21 @@ impl Gcra {
         self.burst
     }
 
+    /// This quota's state for a key whose state was `tat` under `from`: the units it had
+    /// consumed (its debt `tat − now` divided by `from`'s `T`, fractions kept) carry over,
+    /// rounded up and capped at this quota's burst. A quota change therefore never refills
+    /// a key, and never leaves it deeper in debt than an empty bucket.
+    pub(crate) fn convert_from(&self, tat: u64, now: u64, from: &Gcra) -> u64 {
+        let debt = u128::from(tat.saturating_sub(now));
+        if debt == 0 {
+            return tat;
+        }
+        let t = u128::from(self.t);
+        let scaled = (debt * t).div_ceil(u128::from(from.t));
+        let capped = scaled.min(u128::from(self.tau) + t);
+        now.saturating_add(clamp_ns(capped))
+    }
+
     /// Unit requests admissible at `now` when the bucket's TAT is `tat`.
     fn remaining(&self, tat: u64, now: u64) -> u64 {
         (self.tau + self.t).saturating_sub(tat.saturating_sub(now)) / self.t

@@ -1,0 +1,152 @@
+//! Per-key state: what a store keeps for each key, and how it applies a policy.
+//!
+//! The word algorithms keep one [`AtomicU64`], changed by a CAS loop that writes only when
+//! a request is admitted. The sliding log keeps its ring of timestamps behind a per-key
+//! mutex.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::algorithm::{Log, LogPolicy, Outcome, Policy, UNTOUCHED, WordPolicy};
+use crate::decision::Decision;
+
+/// The state a store keeps for one key, for the policy type `Policy`.
+pub(crate) trait State: Send + Sync + Sized + 'static {
+    /// The policy this state is decided by.
+    type Policy: Policy;
+
+    /// The state of a key first seen under `policy`. May allocate (once per key).
+    fn fresh(policy: &Self::Policy) -> Self;
+
+    /// Decides a request of cost `1..=capacity` at `now`, recording it if admitted. An
+    /// admission whose [`Decision::delay`] would exceed `max_delay` ns is not recorded and
+    /// comes back as a deny with `retry_after` = the excess.
+    fn check(&self, policy: &Self::Policy, now: u64, cost: u64, max_delay: u64) -> Decision;
+
+    /// The decision a request of `cost` would get at `now`, consuming nothing; an
+    /// admitting decision reports `remaining` and `reset_after` as the state stands. A
+    /// cost of 0 reports the state.
+    fn peek(&self, policy: &Self::Policy, now: u64, cost: u64) -> Decision;
+
+    /// [`peek`](Self::peek) for a key that holds no state. Never allocates.
+    fn peek_vacant(policy: &Self::Policy, now: u64, cost: u64) -> Decision;
+
+    /// Nanoseconds until the state is back to untouched; 0 when dropping it changes no
+    /// decision.
+    fn reset_after_ns(&self, policy: &Self::Policy, now: u64) -> u64;
+
+    /// Re-expresses the state, made under `from`, for `to`. Called with the key's shard
+    /// write lock held, so no check runs on this key meanwhile.
+    fn convert(&self, now: u64, from: &Self::Policy, to: &Self::Policy);
+}
+
+impl State for AtomicU64 {
+    type Policy = WordPolicy;
+
+    fn fresh(_: &WordPolicy) -> Self {
+        AtomicU64::new(UNTOUCHED)
+    }
+
+    /// A CAS loop: a deny returns without writing; an admission writes only if the state
+    /// changes.
+    #[inline]
+    fn check(&self, policy: &WordPolicy, now: u64, cost: u64, max_delay: u64) -> Decision {
+        let mut state = self.load(Ordering::Acquire);
+        loop {
+            match policy.evaluate(state, now, cost) {
+                Outcome::Deny(decision) => return decision,
+                Outcome::Allow { decision, .. } if decision.delay_ns() > max_delay => {
+                    return Decision::deny(
+                        decision.limit(),
+                        decision.remaining(),
+                        decision.reset_after_ns(),
+                        decision.delay_ns() - max_delay,
+                    );
+                }
+                Outcome::Allow {
+                    decision,
+                    state: next,
+                } => {
+                    if next == state {
+                        return decision;
+                    }
+                    match self.compare_exchange_weak(
+                        state,
+                        next,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => return decision,
+                        Err(actual) => state = actual,
+                    }
+                }
+            }
+        }
+    }
+
+    fn peek(&self, policy: &WordPolicy, now: u64, cost: u64) -> Decision {
+        policy.peek(self.load(Ordering::Acquire), now, cost)
+    }
+
+    fn peek_vacant(policy: &WordPolicy, now: u64, cost: u64) -> Decision {
+        policy.peek(UNTOUCHED, now, cost)
+    }
+
+    fn reset_after_ns(&self, policy: &WordPolicy, now: u64) -> u64 {
+        policy.reset_after_ns(self.load(Ordering::Acquire), now)
+    }
+
+    fn convert(&self, now: u64, from: &WordPolicy, to: &WordPolicy) {
+        let state = self.load(Ordering::Acquire);
+        self.store(to.convert(state, now, from), Ordering::Release);
+    }
+}
+
+/// The sliding log's per-key state: a ring of timestamps behind a mutex.
+#[derive(Debug, Default)]
+pub(crate) struct LogCell(Mutex<Log>);
+
+impl LogCell {
+    fn peek_log(log: &mut Log, policy: &LogPolicy, now: u64, cost: u64) -> Decision {
+        let decision = policy.log.decide(log, now, cost, false);
+        if decision.is_allowed() && cost > 0 {
+            let state = policy.log.decide(log, now, 0, false);
+            Decision::allow(state.limit(), state.remaining(), state.reset_after_ns())
+        } else {
+            decision
+        }
+    }
+}
+
+impl State for LogCell {
+    type Policy = LogPolicy;
+
+    fn fresh(policy: &LogPolicy) -> Self {
+        LogCell(Mutex::new(Log::with_capacity(policy.capacity())))
+    }
+
+    fn check(&self, policy: &LogPolicy, now: u64, cost: u64, _max_delay: u64) -> Decision {
+        // The sliding log never delays an admission.
+        policy.log.decide(&mut self.0.lock(), now, cost, true)
+    }
+
+    fn peek(&self, policy: &LogPolicy, now: u64, cost: u64) -> Decision {
+        Self::peek_log(&mut self.0.lock(), policy, now, cost)
+    }
+
+    fn peek_vacant(policy: &LogPolicy, now: u64, cost: u64) -> Decision {
+        Self::peek_log(&mut Log::default(), policy, now, cost)
+    }
+
+    fn reset_after_ns(&self, policy: &LogPolicy, now: u64) -> u64 {
+        policy.log.reset_after(&self.0.lock(), now)
+    }
+
+    fn convert(&self, _now: u64, from: &LogPolicy, to: &LogPolicy) {
+        // Timestamps are absolute, so only the ring's size depends on the quota.
+        if from.capacity() != to.capacity() {
+            self.0.lock().resize(to.capacity());
+        }
+    }
+}
