@@ -104,34 +104,40 @@ fn contenders(quota: fn(Algorithm) -> Quota) -> Vec<(&'static str, Box<dyn Check
     all
 }
 
-/// Uniformly random keys in `0..KEYS` (xorshift64*, fixed seed: every contender sees the
-/// same sequence).
-fn key_sequence(seed: u64) -> Vec<u64> {
+/// `SEQUENCE` keys drawn uniformly from `0..keys` (xorshift64*, fixed seed: every
+/// contender sees the same sequence).
+fn key_sequence(seed: u64, keys: u64) -> Vec<u64> {
     let mut x = seed | 1;
     (0..SEQUENCE)
         .map(|_| {
             x ^= x >> 12;
             x ^= x << 25;
             x ^= x >> 27;
-            x.wrapping_mul(0x2545_f491_4f6c_dd1d) % KEYS
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d) % keys
         })
         .collect()
 }
 
-/// Runs `iters` checks over `keys` on `threads` threads at once; returns the slowest
-/// thread's time, so the figure is time per check per thread.
-fn run_threads(limiter: &dyn Check, threads: usize, iters: u64, keys: &[Vec<u64>]) -> Duration {
+/// A check as a workload sees it: `(thread, iteration) -> allowed`.
+type CheckFn<'a> = dyn Fn(usize, usize) -> bool + Sync + 'a;
+
+/// Runs `iters` calls of `check(thread, i)` on each of `threads` threads at once; returns
+/// the slowest thread's time, so the figure is time per check per thread.
+fn run_threads(
+    threads: usize,
+    iters: u64,
+    check: &(dyn Fn(usize, usize) -> bool + Sync),
+) -> Duration {
     let start = Barrier::new(threads);
     std::thread::scope(|s| {
-        let handles: Vec<_> = keys[..threads]
-            .iter()
-            .map(|keys| {
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
                 let start = &start;
                 s.spawn(move || {
                     start.wait();
                     let t0 = Instant::now();
                     for i in 0..iters as usize {
-                        black_box(limiter.check(keys[i & (SEQUENCE - 1)]));
+                        black_box(check(thread, i));
                     }
                     t0.elapsed()
                 })
@@ -146,13 +152,17 @@ fn run_threads(limiter: &dyn Check, threads: usize, iters: u64, keys: &[Vec<u64>
 }
 
 fn key_sequences() -> Vec<Vec<u64>> {
-    (1..=2).map(|t| key_sequence(0x9e37_79b9 * t)).collect()
+    (1..=2)
+        .map(|t| key_sequence(0x9e37_79b9 * t, KEYS))
+        .collect()
 }
+
+type Group<'a> = criterion::BenchmarkGroup<'a, criterion::measurement::WallTime>;
 
 /// Benches `limiter` on `threads` threads over the shared key sequences, after touching
 /// every key once.
 fn bench_keyed(
-    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    group: &mut Group<'_>,
     id: BenchmarkId,
     limiter: &dyn Check,
     threads: usize,
@@ -161,8 +171,9 @@ fn bench_keyed(
     for key in 0..KEYS {
         limiter.check(key);
     }
+    let check = |thread: usize, i: usize| limiter.check(keys[thread][i & (SEQUENCE - 1)]);
     group.bench_function(id, |b| {
-        b.iter_custom(|iters| run_threads(limiter, threads, iters, keys))
+        b.iter_custom(|iters| run_threads(threads, iters, &check))
     });
 }
 
@@ -209,6 +220,88 @@ fn config_read(c: &mut Criterion) {
             1,
             &keys,
         );
+    }
+    group.finish();
+}
+
+/// Two threads hammering one key limited to 100/s: an abusive client, ≥ 99% denied.
+fn hot_key_denied(c: &mut Criterion) {
+    let mut group = c.benchmark_group("hot_key_denied");
+    let ours = tollgate(
+        Algorithm::TokenBucket,
+        Quota::per_second(100).expect("valid quota"),
+    );
+    let gov = governor::RateLimiter::keyed(governor::Quota::per_second(
+        NonZeroU32::new(100).expect("non-zero"),
+    ));
+    let contenders: [(&str, &CheckFn<'_>); 2] = [
+        ("token-bucket", &|_, _| ours.check(&7).is_allowed()),
+        ("governor", &|_, _| gov.check_key(&7u64).is_ok()),
+    ];
+    for (name, check) in contenders {
+        group.bench_function(BenchmarkId::new(name, "2_thread"), |b| {
+            b.iter_custom(|iters| run_threads(2, iters, check))
+        });
+    }
+    group.finish();
+}
+
+/// One thread, 10k `String` keys of 24 bytes; tollgate looks them up by `&str`.
+fn string_keys(c: &mut Criterion) {
+    let names: Vec<String> = (0..KEYS)
+        .map(|i| format!("tenant-{i:05}-abcdefghijk"))
+        .collect();
+    assert!(names.iter().all(|n| n.len() == 24));
+    let order = key_sequence(0x5eed, KEYS);
+    let quota = generous(Algorithm::TokenBucket);
+    let ours: RateLimiter<String> = RateLimiter::builder(quota).build().expect("valid limiter");
+    let gov_quota = governor::Quota::with_period(Duration::from_nanos(1))
+        .expect("non-zero period")
+        .allow_burst(NonZeroU32::new(1_000_000_000).expect("non-zero"));
+    let gov: governor::RateLimiter<String, DefaultKeyedStateStore<String>, DefaultClock> =
+        governor::RateLimiter::keyed(gov_quota);
+    for name in &names {
+        ours.check(name.as_str());
+        let _ = gov.check_key(name);
+    }
+    let mut group = c.benchmark_group("keyed_10k_string24");
+    let contenders: [(&str, &CheckFn<'_>); 2] = [
+        ("token-bucket", &|_, i| {
+            ours.check(names[order[i & (SEQUENCE - 1)] as usize].as_str())
+                .is_allowed()
+        }),
+        ("governor", &|_, i| {
+            gov.check_key(&names[order[i & (SEQUENCE - 1)] as usize])
+                .is_ok()
+        }),
+    ];
+    for (name, check) in contenders {
+        group.bench_function(BenchmarkId::new(name, "1_thread"), |b| {
+            b.iter_custom(|iters| run_threads(1, iters, check))
+        });
+    }
+    group.finish();
+}
+
+/// One thread, 1M `u64` keys: every check misses the caches.
+fn keyed_1m(c: &mut Criterion) {
+    const MILLION: u64 = 1_000_000;
+    let keys = key_sequence(0xfeed, MILLION);
+    let ours = Tollgate(tollgate(
+        Algorithm::TokenBucket,
+        generous(Algorithm::TokenBucket),
+    ));
+    let gov = governor();
+    let mut group = c.benchmark_group("keyed_1m_u64");
+    group.sample_size(20);
+    for (name, limiter) in [("token-bucket", &ours as &dyn Check), ("governor", &gov)] {
+        for key in 0..MILLION {
+            limiter.check(key);
+        }
+        let check = |_: usize, i: usize| limiter.check(keys[i & (SEQUENCE - 1)]);
+        group.bench_function(BenchmarkId::new(name, "1_thread"), |b| {
+            b.iter_custom(|iters| run_threads(1, iters, &check))
+        });
     }
     group.finish();
 }
@@ -285,7 +378,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, config_read
+    targets = keyed_10k, hot_key_denied, string_keys, keyed_1m, config_read
 }
 
 fn main() {

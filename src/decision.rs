@@ -2,35 +2,40 @@
 
 use std::time::Duration;
 
+/// What kind of answer a [`Decision`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Admitted; `wait_ns` is the slot delay (leaky bucket), else 0.
+    Allowed,
+    /// Denied by the key's quota; `wait_ns` is the retry-after.
+    Denied,
+    /// Denied because the store was full; `wait_ns` is the retry-after.
+    NoRoom,
+}
+
 /// The outcome of a check: whether it passed, and what the caller needs to tell the client.
 ///
 /// All durations are exact integer nanoseconds from the instant of the check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decision {
-    allowed: bool,
+    verdict: Verdict,
     limit: u64,
     remaining: u64,
     reset_after_ns: u64,
-    retry_after_ns: u64,
-    delay_ns: u64,
+    /// The retry-after of a deny, or the slot delay of an admission.
+    wait_ns: u64,
 }
 
 impl Decision {
     /// An admitting decision.
     pub(crate) fn allow(limit: u64, remaining: u64, reset_after_ns: u64) -> Self {
         Self {
-            allowed: true,
+            verdict: Verdict::Allowed,
             limit,
             remaining,
             reset_after_ns,
-            retry_after_ns: 0,
-            delay_ns: 0,
+            wait_ns: 0,
         }
-    }
-
-    /// The same decision, admitted into a slot `delay_ns` from now.
-    pub(crate) fn with_delay(self, delay_ns: u64) -> Self {
-        Self { delay_ns, ..self }
     }
 
     /// A denying decision; `retry_after_ns` is raised to at least 1ns.
@@ -41,39 +46,47 @@ impl Decision {
         retry_after_ns: u64,
     ) -> Self {
         Self {
-            allowed: false,
+            verdict: Verdict::Denied,
             limit,
             remaining,
             reset_after_ns,
-            retry_after_ns: retry_after_ns.max(1),
-            delay_ns: 0,
+            wait_ns: retry_after_ns.max(1),
         }
     }
 
-    /// For an admitted request of the [`LeakyBucket`](crate::Algorithm::LeakyBucket): how
-    /// long it should wait for its slot in the queue before being served (the waiting API
-    /// sleeps this long). Zero for every other algorithm, and for denies.
-    pub fn delay(&self) -> Duration {
-        Duration::from_nanos(self.delay_ns)
+    /// A deny because the limiter holds `max_keys` keys and none could make room for this
+    /// new one.
+    pub(crate) fn capacity_deny(limit: u64, retry_after_ns: u64) -> Self {
+        Self {
+            verdict: Verdict::NoRoom,
+            ..Self::deny(limit, 0, 0, retry_after_ns)
+        }
     }
 
-    /// `delay` in nanoseconds.
-    pub(crate) fn delay_ns(&self) -> u64 {
-        self.delay_ns
-    }
-
-    /// `reset_after` in nanoseconds.
-    pub(crate) fn reset_after_ns(&self) -> u64 {
-        self.reset_after_ns
+    /// The same admission, into a slot `delay_ns` from now.
+    pub(crate) fn with_delay(self, delay_ns: u64) -> Self {
+        match self.verdict {
+            Verdict::Allowed => Self {
+                wait_ns: delay_ns,
+                ..self
+            },
+            _ => self,
+        }
     }
 
     /// Whether the request was admitted (and, for a check, consumed quota).
     pub fn is_allowed(&self) -> bool {
-        self.allowed
+        self.verdict == Verdict::Allowed
     }
 
-    /// The most the key can be admitted at once: the burst for the token bucket, the
-    /// quota's limit for window algorithms.
+    /// Whether this deny came from the key cap ([`Builder::max_keys`](crate::Builder::max_keys))
+    /// rather than from the key's quota: the key holds no state yet.
+    pub fn is_capacity_deny(&self) -> bool {
+        self.verdict == Verdict::NoRoom
+    }
+
+    /// The most the key can be admitted at once: the burst for the token and leaky
+    /// buckets, the quota's limit for the window algorithms.
     pub fn limit(&self) -> u64 {
         self.limit
     }
@@ -91,6 +104,23 @@ impl Decision {
     /// `None` when allowed. When denied, the exact time after which the same request would
     /// be allowed if nothing else consumes: rounded up to whole nanoseconds, never zero.
     pub fn retry_after(&self) -> Option<Duration> {
-        (!self.allowed).then(|| Duration::from_nanos(self.retry_after_ns))
+        (!self.is_allowed()).then(|| Duration::from_nanos(self.wait_ns))
+    }
+
+    /// For an admitted request of the [`LeakyBucket`](crate::Algorithm::LeakyBucket): how
+    /// long it should wait for its slot in the queue before being served (the waiting API
+    /// sleeps this long). Zero for every other algorithm, and for denies.
+    pub fn delay(&self) -> Duration {
+        Duration::from_nanos(self.delay_ns())
+    }
+
+    /// `delay` in nanoseconds.
+    pub(crate) fn delay_ns(&self) -> u64 {
+        if self.is_allowed() { self.wait_ns } else { 0 }
+    }
+
+    /// `reset_after` in nanoseconds.
+    pub(crate) fn reset_after_ns(&self) -> u64 {
+        self.reset_after_ns
     }
 }

@@ -80,5 +80,6 @@ pub use decision::Decision;
 pub use error::{ConfigError, InsufficientCapacity};
 pub use limiter::{Builder, RateLimiter};
 pub use quota::Quota;
+pub use store::{StoreStats, WhenFull};
 #[cfg(feature = "tokio")]
 pub use wait::{AcquireError, Jitter};

@@ -12,8 +12,8 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
-use crate::store::Store;
 use crate::store::state::LogCell;
+use crate::store::{Limits, Store, StoreStats, WhenFull};
 
 /// A keyed rate limiter: every key has its own quota state.
 ///
@@ -97,9 +97,9 @@ impl<K: Hash + Eq, C> fmt::Debug for RateLimiter<K, C> {
 impl<K: Hash + Eq> RateLimiter<K> {
     /// A token-bucket limiter with the default clock, shard count and no key cap.
     pub fn new(quota: Quota) -> Self {
+        let builder: Builder<K> = Builder::new(quota);
         let engine = Engine::Word(Store::new(
-            default_shards(),
-            usize::MAX,
+            builder.limits(default_shards()),
             WordPolicy::token_bucket(quota),
         ));
         Builder::new(quota).assemble(engine)
@@ -122,10 +122,11 @@ impl<K: Hash + Eq, C> RateLimiter<K, C> {
         self.len() == 0
     }
 
-    /// How many untouched keys were dropped to make room under
-    /// [`max_keys`](Builder::max_keys). Dropping them changed no decision.
-    pub fn evicted(&self) -> u64 {
-        on_store!(&self.inner.engine, s => s.evicted())
+    /// Counters for monitoring: keys held, keys dropped because they were untouched
+    /// (which changed no decision), live keys evicted and new keys refused under
+    /// [`max_keys`](Builder::max_keys).
+    pub fn stats(&self) -> StoreStats {
+        on_store!(&self.inner.engine, s => s.stats())
     }
 
     /// The default quota: the one every key without its own quota is limited by.
@@ -349,6 +350,8 @@ pub struct Builder<K, C = MonotonicClock> {
     clock: C,
     shards: Option<usize>,
     max_keys: Option<usize>,
+    when_full: WhenFull,
+    sweep: bool,
     key: PhantomData<fn() -> K>,
 }
 
@@ -360,7 +363,20 @@ impl<K> Builder<K> {
             clock: MonotonicClock::new(),
             shards: None,
             max_keys: None,
+            when_full: WhenFull::default(),
+            sweep: true,
             key: PhantomData,
+        }
+    }
+}
+
+impl<K, C> Builder<K, C> {
+    fn limits(&self, shards: usize) -> Limits {
+        Limits {
+            shards,
+            max_keys: self.max_keys.unwrap_or(usize::MAX),
+            when_full: self.when_full,
+            sweep: self.sweep,
         }
     }
 }
@@ -372,6 +388,8 @@ impl<K, C> fmt::Debug for Builder<K, C> {
             .field("algorithm", &self.algorithm)
             .field("shards", &self.shards)
             .field("max_keys", &self.max_keys)
+            .field("when_full", &self.when_full)
+            .field("sweep_untouched", &self.sweep)
             .finish_non_exhaustive()
     }
 }
@@ -392,6 +410,8 @@ impl<K: Hash + Eq, C: Clock> Builder<K, C> {
             clock,
             shards: self.shards,
             max_keys: self.max_keys,
+            when_full: self.when_full,
+            sweep: self.sweep,
             key: PhantomData,
         }
     }
@@ -405,12 +425,31 @@ impl<K: Hash + Eq, C: Clock> Builder<K, C> {
 
     /// The most keys the limiter holds at once; unbounded by default.
     ///
-    /// When it is full, a new key first makes room by dropping keys of its shard whose
-    /// state is back to untouched (which changes no decision). If none is, the new key's
-    /// request is denied, with `retry_after` set to when the first key of that shard will
-    /// be untouched. Keys already stored are never affected.
+    /// When it is full, a new key first makes room by dropping a key of its shard whose
+    /// state is back to untouched (which changes no decision), then follows
+    /// [`when_full`](Self::when_full). The cap is global; room is made in the new key's
+    /// shard, so for caps of a few keys use [`shards(1)`](Self::shards).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// What a full limiter does with a new key when no untouched key can make room;
+    /// [`WhenFull::EvictLeastActive`] by default.
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.when_full = when_full;
+        self
+    }
+
+    /// Whether keys whose state is back to untouched are dropped as the limiter goes:
+    /// every new key moves its shard's eviction hand over two entries and drops those
+    /// untouched for at least one period of their quota, so memory follows the number of
+    /// active keys at O(1) cost per insert. Dropping an untouched key changes no decision;
+    /// the period of grace keeps keys that come back soon from being dropped and
+    /// re-inserted over and over. On by default; turn it off only to keep every key until
+    /// [`reset`](RateLimiter::reset) or `max_keys`.
+    pub fn sweep_untouched(mut self, sweep: bool) -> Self {
+        self.sweep = sweep;
         self
     }
 
@@ -426,14 +465,13 @@ impl<K: Hash + Eq, C: Clock> Builder<K, C> {
             Some(n) => n,
             None => default_shards(),
         };
-        let max_keys = match self.max_keys {
-            Some(0) => return Err(ConfigError::ZeroMaxKeys),
-            Some(n) => n,
-            None => usize::MAX,
-        };
+        if self.max_keys == Some(0) {
+            return Err(ConfigError::ZeroMaxKeys);
+        }
+        let limits = self.limits(shards);
         let engine = match Plan::new(self.algorithm, self.quota)? {
-            Plan::Word(policy) => Engine::Word(Store::new(shards, max_keys, policy)),
-            Plan::Log(policy) => Engine::Log(Store::new(shards, max_keys, policy)),
+            Plan::Word(policy) => Engine::Word(Store::new(limits, policy)),
+            Plan::Log(policy) => Engine::Log(Store::new(limits, policy)),
         };
         Ok(self.assemble(engine))
     }

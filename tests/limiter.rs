@@ -7,7 +7,7 @@ mod common;
 
 use common::manual;
 use tollgate::clock::ManualClock;
-use tollgate::{Algorithm, ConfigError, InsufficientCapacity, Quota, RateLimiter};
+use tollgate::{Algorithm, ConfigError, InsufficientCapacity, Quota, RateLimiter, WhenFull};
 
 const ALGORITHMS: [Algorithm; 5] = Algorithm::ALL;
 
@@ -201,7 +201,7 @@ fn only_the_leaky_bucket_delays_admissions() {
 }
 
 #[test]
-fn max_keys_is_a_hard_cap_that_only_drops_untouched_keys() {
+fn max_keys_is_a_hard_cap_that_first_drops_untouched_keys() {
     for algorithm in ALGORITHMS {
         let clock = ManualClock::new();
         let limiter: RateLimiter<u64, ManualClock> = RateLimiter::builder("1/s".parse().unwrap())
@@ -209,6 +209,7 @@ fn max_keys_is_a_hard_cap_that_only_drops_untouched_keys() {
             .clock(clock.clone())
             .shards(1)
             .max_keys(3)
+            .when_full(WhenFull::DenyNewKeys)
             .build()
             .unwrap();
         for key in 0..3 {
@@ -216,24 +217,63 @@ fn max_keys_is_a_hard_cap_that_only_drops_untouched_keys() {
         }
         // Full, and every key is busy: a new key is refused until the first one resets.
         let d = limiter.check(&99);
-        assert!(!d.is_allowed(), "{algorithm:?}");
+        assert!(!d.is_allowed() && d.is_capacity_deny(), "{algorithm:?}");
         let wait = d.retry_after().unwrap();
         assert!(
             wait > Duration::ZERO && wait <= Duration::from_secs(2),
             "{algorithm:?}: {wait:?}"
         );
         assert_eq!(limiter.len(), 3);
-        assert_eq!(limiter.evicted(), 0);
+        assert_eq!(limiter.stats().refused_new_keys, 1);
         // Known keys are still served (and still limited).
-        assert!(!limiter.check(&0).is_allowed());
+        let known = limiter.check(&0);
+        assert!(!known.is_allowed() && !known.is_capacity_deny());
 
         clock.advance(wait);
         assert!(
             limiter.check(&99).is_allowed(),
             "{algorithm:?}: not admitted at retry_after"
         );
-        assert!(limiter.len() <= 3);
-        assert!(limiter.evicted() >= 1);
+        let stats = limiter.stats();
+        assert!(stats.keys <= 3, "{algorithm:?}");
+        assert_eq!(
+            stats.evicted_active, 0,
+            "{algorithm:?}: a live key was evicted"
+        );
+        assert!(stats.evicted_untouched >= 1);
+    }
+}
+
+#[test]
+fn a_full_limiter_can_evict_the_least_active_key_instead() {
+    for algorithm in ALGORITHMS {
+        let clock = ManualClock::new();
+        let limiter: RateLimiter<u64, ManualClock> = RateLimiter::builder("10/s".parse().unwrap())
+            .algorithm(algorithm)
+            .clock(clock.clone())
+            .shards(1)
+            .max_keys(2)
+            .build()
+            .unwrap();
+        // Key 0 is in deep debt (an abuser); key 1 used one unit, a little later.
+        for _ in 0..20 {
+            limiter.check(&0);
+        }
+        clock.advance(Duration::from_millis(1));
+        limiter.check(&1);
+        // A new key evicts key 1, the one nearest to untouched; the abuser keeps its debt.
+        assert!(limiter.check(&2).is_allowed(), "{algorithm:?}");
+        assert_eq!(limiter.stats().evicted_active, 1, "{algorithm:?}");
+        assert_eq!(limiter.len(), 2);
+        assert!(
+            !limiter.check(&0).is_allowed(),
+            "{algorithm:?}: the abuser was reset"
+        );
+        assert_eq!(
+            limiter.peek(&1).remaining(),
+            limiter.peek(&1).limit(),
+            "{algorithm:?}"
+        );
     }
 }
 

@@ -25,7 +25,7 @@
 //! deny more, never admit more, and lasts at most two windows. For `limit < 65,536` the tag
 //! has 32 bits, which is 136 years at a one-second period.
 
-use super::{Outcome, capped_limit, clamp_ns};
+use super::{Divisor, Outcome, capped_limit, clamp_ns};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::Quota;
@@ -43,6 +43,8 @@ pub(crate) struct SlidingWindow {
     count_bits: u32,
     /// Mask of the tag (window index) bits, after shifting.
     tag_mask: u64,
+    /// The period, for fast division.
+    per_window: Divisor,
 }
 
 /// A key's counters as seen at one instant.
@@ -71,6 +73,7 @@ impl SlidingWindow {
             period: quota.period_ns(),
             count_bits,
             tag_mask: u64::MAX >> (2 * count_bits),
+            per_window: Divisor::new(quota.period_ns()),
         })
     }
 
@@ -158,21 +161,25 @@ impl SlidingWindow {
     #[inline]
     pub(crate) fn evaluate(&self, word: u64, now: u64, cost: u64) -> Outcome {
         let v = self.view(word, now);
-        let p = u128::from(self.period);
-        let used = u128::from(v.prev) * u128::from(self.period - v.elapsed) + u128::from(v.cur) * p;
-        let capacity = u128::from(self.limit) * p;
-        let wanted = used + u128::from(cost) * p;
+        // The previous window's weight, `prev·(period − elapsed)`, in units of ns·request.
+        let weight = u128::from(v.prev) * u128::from(self.period - v.elapsed);
+        // ⌈weight / period⌉ ≤ prev, so it fits u64.
+        let weighted = self.per_window.div_ceil_wide(weight) as u64;
         let lead = u128::from(v.lead);
-        if wanted <= capacity {
+        // prev·(period − elapsed) + (cur + cost)·period ≤ limit·period, split so that the
+        // common case needs one multiplication and no 128-bit division.
+        let fits = v.cur + cost <= self.limit
+            && weight <= u128::from(self.limit - v.cur - cost) * u128::from(self.period);
+        if fits {
             let cur = v.cur + cost;
-            let remaining = ((capacity - wanted) / p) as u64;
+            let remaining = self.limit - cur - weighted;
             let reset = clamp_ns(self.reset_after(&v, v.prev, cur) + lead);
             Outcome::Allow {
                 decision: Decision::allow(self.limit, remaining, reset),
                 state: self.pack(v.window, v.prev, cur),
             }
         } else {
-            let remaining = (capacity.saturating_sub(used) / p) as u64;
+            let remaining = (self.limit - v.cur).saturating_sub(weighted);
             let reset = clamp_ns(self.reset_after(&v, v.prev, v.cur) + lead);
             let retry = clamp_ns(self.retry_after(&v, cost) + lead);
             Outcome::Deny(Decision::deny(self.limit, remaining, reset, retry))

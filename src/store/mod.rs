@@ -1,92 +1,158 @@
 //! The sharded map that holds each key's state, and its policy.
 //!
 //! Keys are spread over a power-of-two number of shards, each a cache-padded
-//! [`parking_lot::RwLock`] around a [`Shard`]. A key is hashed once, with ahash: the hash
-//! picks the shard from the bits just below the top seven (hashbrown uses the top seven as
-//! its control tags and the low bits as the bucket index, so neither is narrowed by
-//! sharding) and is reused for the probe.
+//! [`parking_lot::RwLock`] around a [`Shard`]. A key is hashed once, with ahash: the top
+//! bits pick the shard, the rest place it in the shard's compact table (see
+//! [`table`]).
 //!
 //! An existing key is served under its shard's read lock, and its state changes by CAS
 //! (or, for the sliding log, under a per-key mutex), so checks on different keys of one
-//! shard run in parallel. Only a new key, a quota change or a removal takes the write lock.
+//! shard run in parallel. Only a new key, a quota change or a removal takes the write
+//! lock. A unit request denied recently is answered from a per-thread cache without
+//! touching the shard at all (see [`deny_cache`]).
+//!
+//! Memory stays bounded without losing decisions: every insert moves its shard's
+//! eviction hand over a couple of entries and drops those back to untouched, and
+//! `max_keys` caps the total (see [`WhenFull`]).
 
+mod deny_cache;
 mod shard;
 pub(crate) mod state;
+mod table;
 
 use std::borrow::Borrow;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 
 use crate::algorithm::Policy;
 use crate::decision::Decision;
-use crate::error::InsufficientCapacity;
+use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
-use shard::{Shard, Slot};
+use shard::{Room, Shard};
 use state::State;
+use table::Entry;
+
+/// What a limiter at [`max_keys`](crate::Builder::max_keys) does with a new key once no
+/// untouched key can make room for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WhenFull {
+    /// Evict a live key: of 8 keys sampled at random in the new key's shard, the one
+    /// whose eviction loses the least — the fewest units consumed, then the soonest to be
+    /// untouched (for the token bucket, the least recently admitted). A client that has
+    /// used up its quota (an abuser being limited) is the last to go, so flooding new keys
+    /// cannot reset it. The evicted key's next request starts fresh. (Denies write
+    /// nothing, so a key's activity is what it was admitted, not what it asked.)
+    #[default]
+    EvictLeastActive,
+    /// Deny the new key's request; keys already stored are unaffected. Its
+    /// `retry_after` is when the soonest key the eviction hand examined will be untouched,
+    /// an estimate, since other shards may free room sooner.
+    DenyNewKeys,
+}
+
+/// Counters for monitoring a limiter's key store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Keys holding state now.
+    pub keys: usize,
+    /// Keys dropped because their state was back to untouched (no decision changed).
+    pub evicted_untouched: u64,
+    /// Live keys evicted to make room under [`WhenFull::EvictLeastActive`].
+    pub evicted_active: u64,
+    /// Requests of new keys denied because the store was full.
+    pub refused_new_keys: u64,
+}
 
 /// One shard behind its lock, padded to its own cache lines.
 type Locked<K, S> = CachePadded<RwLock<Shard<K, S>>>;
+
+/// Hands out store identities for the deny cache (0 means "no store").
+static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// How the store is configured.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub(crate) shards: usize,
+    pub(crate) max_keys: usize,
+    pub(crate) when_full: WhenFull,
+    /// Whether inserts sweep untouched keys away.
+    pub(crate) sweep: bool,
+}
 
 /// A sharded, capped map from keys to state, with per-shard policies.
 pub(crate) struct Store<K, S: State> {
     shards: Box<[Locked<K, S>]>,
     hasher: ahash::RandomState,
+    /// An independent hash confirming deny-cache hits.
+    checker: ahash::RandomState,
     /// `log2(shards.len())`.
     shard_bits: u32,
+    limits: Limits,
     len: CachePadded<AtomicUsize>,
-    max_keys: usize,
-    evicted: AtomicU64,
+    id: u64,
+    /// Bumped by everything that can admit a cached-denied key early.
+    generation: AtomicU64,
+    /// Whether any deny was ever cached (until then the cache is not consulted).
+    deny_cache_live: AtomicBool,
+    evicted_untouched: AtomicU64,
+    evicted_active: AtomicU64,
+    refused: AtomicU64,
     /// Serialises default-policy changes, so all shards end on the same one.
     reconfigure: Mutex<()>,
 }
 
 impl<K: Hash + Eq, S: State> Store<K, S> {
-    /// A store of `shards` shards (a power of two) holding at most `max_keys` keys, all
-    /// under `policy`.
-    pub(crate) fn new(shards: usize, max_keys: usize, policy: S::Policy) -> Self {
-        debug_assert!(shards.is_power_of_two());
+    /// A store with `limits.shards` shards (a power of two), all under `policy`.
+    pub(crate) fn new(limits: Limits, policy: S::Policy) -> Self {
+        debug_assert!(limits.shards.is_power_of_two());
+        let hasher = ahash::RandomState::new();
         Self {
-            shards: (0..shards)
-                .map(|_| CachePadded::new(RwLock::new(Shard::new(policy))))
+            shards: (0..limits.shards)
+                .map(|i| CachePadded::new(RwLock::new(Shard::new(policy, hasher.hash_one(i)))))
                 .collect(),
-            hasher: ahash::RandomState::new(),
-            shard_bits: shards.trailing_zeros(),
+            hasher,
+            checker: ahash::RandomState::new(),
+            shard_bits: limits.shards.trailing_zeros(),
+            limits,
             len: CachePadded::new(AtomicUsize::new(0)),
-            max_keys,
-            evicted: AtomicU64::new(0),
+            id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
+            generation: AtomicU64::new(0),
+            deny_cache_live: AtomicBool::new(false),
+            evicted_untouched: AtomicU64::new(0),
+            evicted_active: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
             reconfigure: Mutex::new(()),
         }
     }
 
     #[inline]
-    fn locate<Q>(&self, key: &Q) -> (u64, &RwLock<Shard<K, S>>)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let hash = self.hasher.hash_one(key);
+    fn shard(&self, hash: u64) -> &RwLock<Shard<K, S>> {
         let index = if self.shard_bits == 0 {
             0
         } else {
-            ((hash << 7) >> (u64::BITS - self.shard_bits)) as usize
+            (hash >> (u64::BITS - self.shard_bits)) as usize
         };
-        (hash, &self.shards[index])
+        &self.shards[index]
     }
 
     fn rehash(&self) -> impl Fn(&K) -> u64 + '_ {
         |key| self.hasher.hash_one(key)
     }
 
+    /// Invalidates every cached deny.
+    fn invalidate_denies(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Decides a request of `cost` for `key` at `now`, inserting the key if it is new
     /// (and `cost > 0`). An admission that would be delayed more than `max_delay` ns is
-    /// refused instead (see [`State::check`]). When the store is full, the new key's shard is first swept of
-    /// untouched keys; if none is, the request is denied until the first key of that
-    /// shard will be untouched.
+    /// refused instead (see [`State::check`]).
     ///
-    /// Takes the shard's read lock for an existing key, its write lock for a new one.
+    /// Takes the shard's read lock for an existing key, its write lock for a new one, and
+    /// no lock at all for a unit request the thread saw denied until a later instant.
     #[inline]
     pub(crate) fn check<Q>(
         &self,
@@ -99,42 +165,112 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let (hash, lock) = self.locate(key);
+        let hash = self.hasher.hash_one(key);
+        let cacheable = cost == 1 && max_delay == u64::MAX;
+        let generation = self.generation.load(Ordering::Acquire);
+        if cacheable && self.deny_cache_live.load(Ordering::Relaxed) {
+            if let Some(d) = deny_cache::lookup(
+                self.id,
+                generation,
+                hash,
+                || self.checker.hash_one(key),
+                now,
+            ) {
+                return Ok(d);
+            }
+        }
+        let decision = self.decide(hash, key, now, cost, max_delay)?;
+        if cacheable && !decision.is_allowed() && !decision.is_capacity_deny() {
+            deny_cache::insert(
+                self.id,
+                generation,
+                hash,
+                self.checker.hash_one(key),
+                now,
+                &decision,
+            );
+            if !self.deny_cache_live.load(Ordering::Relaxed) {
+                self.deny_cache_live.store(true, Ordering::Relaxed);
+            }
+        }
+        Ok(decision)
+    }
+
+    #[inline]
+    fn decide<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let lock = self.shard(hash);
         {
             let shard = lock.read();
             let policy = shard.policy_for(hash, key);
             fits(policy, cost)?;
-            let slot = shard.find(hash, key);
+            let entry = shard.find(hash, key);
             if cost == 0 {
-                return Ok(match slot {
-                    Some(slot) => slot.state.peek(policy, now, 0),
+                return Ok(match entry {
+                    Some(entry) => entry.state.peek(policy, now, 0),
                     None => S::peek_vacant(policy, now, 0),
                 });
             }
-            if let Some(slot) = slot {
-                return Ok(slot.state.check(policy, now, cost, max_delay));
+            if let Some(entry) = entry {
+                return Ok(entry.state.check(policy, now, cost, max_delay));
             }
         }
         let mut shard = lock.write();
         // The policy may have changed between the two locks.
         let policy = *shard.policy_for(hash, key);
         fits(&policy, cost)?;
-        if let Some(slot) = shard.find(hash, key) {
-            return Ok(slot.state.check(&policy, now, cost, max_delay));
+        if let Some(entry) = shard.find(hash, key) {
+            return Ok(entry.state.check(&policy, now, cost, max_delay));
+        }
+        let rehash = self.rehash();
+        if self.limits.sweep {
+            let dropped = shard.sweep_on_insert(now, &rehash);
+            self.forget(dropped, &self.evicted_untouched);
         }
         if !self.reserve() {
-            let (dropped, soonest) = shard.sweep(now, self.rehash());
-            self.forget(dropped);
+            match shard.make_room(now, self.limits.when_full, &rehash) {
+                Room::Untouched => self.forget(1, &self.evicted_untouched),
+                Room::Active => {
+                    self.forget(1, &self.evicted_active);
+                    self.invalidate_denies();
+                }
+                Room::None { retry_after_ns } => return Ok(self.refuse(&policy, retry_after_ns)),
+            }
+            // Another shard may take the freed place first; then this key is refused.
             if !self.reserve() {
-                return Ok(Decision::deny(policy.capacity(), 0, 0, soonest));
+                return Ok(self.refuse(&policy, 1));
             }
         }
-        let slot = Slot {
+        let entry = Entry {
             key: key.to_owned(),
             state: S::fresh(&policy),
         };
-        let slot = shard.insert(hash, slot, self.rehash());
-        Ok(slot.state.check(&policy, now, cost, max_delay))
+        match shard.insert(hash, entry, &rehash) {
+            Ok(entry) => Ok(entry.state.check(&policy, now, cost, max_delay)),
+            Err(_) => {
+                self.len.fetch_sub(1, Ordering::AcqRel);
+                Ok(self.refuse(
+                    &policy,
+                    policy.quota().emission_interval().as_nanos() as u64,
+                ))
+            }
+        }
+    }
+
+    /// A deny for a new key that found no room.
+    fn refuse(&self, policy: &S::Policy, retry_after_ns: u64) -> Decision {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Decision::capacity_deny(policy.capacity(), retry_after_ns)
     }
 
     /// The decision a request of `cost` for `key` would get at `now`, consuming nothing
@@ -151,12 +287,12 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (hash, lock) = self.locate(key);
-        let shard = lock.read();
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash).read();
         let policy = shard.policy_for(hash, key);
         fits(policy, cost)?;
         Ok(match shard.find(hash, key) {
-            Some(slot) => slot.state.peek(policy, now, cost),
+            Some(entry) => entry.state.peek(policy, now, cost),
             None => S::peek_vacant(policy, now, cost),
         })
     }
@@ -165,16 +301,16 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
     fn reserve(&self) -> bool {
         self.len
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max_keys).then_some(n + 1)
+                (n < self.limits.max_keys).then_some(n + 1)
             })
             .is_ok()
     }
 
-    /// Records that `dropped` keys were evicted.
-    fn forget(&self, dropped: usize) {
+    /// Records that `dropped` keys left, counting them in `counter`.
+    fn forget(&self, dropped: usize, counter: &AtomicU64) {
         if dropped > 0 {
             self.len.fetch_sub(dropped, Ordering::AcqRel);
-            self.evicted.fetch_add(dropped as u64, Ordering::Relaxed);
+            counter.fetch_add(dropped as u64, Ordering::Relaxed);
         }
     }
 
@@ -186,10 +322,11 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (hash, lock) = self.locate(key);
-        let removed = lock.write().remove(hash, key);
+        let hash = self.hasher.hash_one(key);
+        let removed = self.shard(hash).write().remove(hash, key, self.rehash());
         if removed {
             self.len.fetch_sub(1, Ordering::AcqRel);
+            self.invalidate_denies();
         }
         removed
     }
@@ -199,9 +336,11 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
     ///
     /// Takes the key's shard write lock.
     pub(crate) fn set_override(&self, key: K, policy: Option<S::Policy>, now: u64) {
-        let (hash, lock) = self.locate(&key);
-        lock.write()
+        let hash = self.hasher.hash_one(&key);
+        self.shard(hash)
+            .write()
             .set_override(hash, key, policy, now, self.rehash());
+        self.invalidate_denies();
     }
 
     /// The policy `key` is limited by.
@@ -212,8 +351,8 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (hash, lock) = self.locate(key);
-        *lock.read().policy_for(hash, key)
+        let hash = self.hasher.hash_one(key);
+        *self.shard(hash).read().policy_for(hash, key)
     }
 
     /// The default policy.
@@ -227,12 +366,13 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         &self,
         quota: Quota,
         now: impl Fn() -> u64,
-    ) -> Result<(), crate::ConfigError> {
+    ) -> Result<(), ConfigError> {
         let _serial = self.reconfigure.lock();
         let policy = self.default_policy().with_quota(quota)?;
         for lock in self.shards.iter() {
             lock.write().set_default(policy, now(), self.rehash());
         }
+        self.invalidate_denies();
         Ok(())
     }
 
@@ -241,9 +381,14 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         self.len.load(Ordering::Acquire)
     }
 
-    /// How many untouched keys were dropped to make room since the store was made.
-    pub(crate) fn evicted(&self) -> u64 {
-        self.evicted.load(Ordering::Relaxed)
+    /// The store's counters.
+    pub(crate) fn stats(&self) -> StoreStats {
+        StoreStats {
+            keys: self.len(),
+            evicted_untouched: self.evicted_untouched.load(Ordering::Relaxed),
+            evicted_active: self.evicted_active.load(Ordering::Relaxed),
+            refused_new_keys: self.refused.load(Ordering::Relaxed),
+        }
     }
 
     /// The number of shards.
@@ -277,9 +422,18 @@ mod tests {
     use crate::algorithm::{Plan, WordPolicy};
     use std::time::Duration;
 
+    fn limits(shards: usize, max_keys: usize) -> Limits {
+        Limits {
+            shards,
+            max_keys,
+            when_full: WhenFull::DenyNewKeys,
+            sweep: false,
+        }
+    }
+
     fn store(shards: usize, max_keys: usize) -> Store<String, AtomicU64> {
         let quota = Quota::new(1, Duration::from_nanos(100)).unwrap();
-        Store::new(shards, max_keys, WordPolicy::token_bucket(quota))
+        Store::new(limits(shards, max_keys), WordPolicy::token_bucket(quota))
     }
 
     #[test]
@@ -309,18 +463,41 @@ mod tests {
 
     #[test]
     fn a_full_store_evicts_only_untouched_keys_and_says_when_to_retry() {
-        // One shard so the sweep sees every key; T = 100ns, burst 1.
+        // One shard so the hand sees every key; T = 100ns, burst 1.
         let store = store(1, 2);
         store.check("old", 0, 1, u64::MAX).unwrap();
         store.check("busy", 50, 1, u64::MAX).unwrap();
         // At 120, "old" is untouched (full since 100) and "busy" is full at 150.
         assert!(store.check("new", 120, 1, u64::MAX).unwrap().is_allowed());
-        assert_eq!((store.len(), store.evicted()), (2, 1));
+        assert_eq!(store.stats().evicted_untouched, 1);
         let d = store.check("other", 120, 1, u64::MAX).unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.retry_after(), Some(Duration::from_nanos(30)));
         assert_eq!(store.len(), 2);
+        assert_eq!(store.stats().refused_new_keys, 1);
         assert!(store.check("other", 150, 1, u64::MAX).unwrap().is_allowed());
+    }
+
+    #[test]
+    fn cached_denies_are_exact_and_invalidated_by_admin_changes() {
+        let store = store(2, usize::MAX);
+        store.check("k", 0, 1, u64::MAX).unwrap();
+        let first = store.check("k", 10, 1, u64::MAX).unwrap();
+        assert!(store.deny_cache_live.load(Ordering::Relaxed));
+        // Served from the cache: the same instants, seen from a later now.
+        let cached = store.check("k", 30, 1, u64::MAX).unwrap();
+        assert_eq!(cached.retry_after(), Some(Duration::from_nanos(70)));
+        assert_eq!(
+            cached.reset_after(),
+            first.reset_after() - Duration::from_nanos(20)
+        );
+        assert_eq!(cached, store.peek("k", 30, 1).unwrap());
+        // At the retry instant the store answers again, and admits.
+        assert!(store.check("k", 100, 1, u64::MAX).unwrap().is_allowed());
+        // A reset must not leave a stale deny behind.
+        assert!(!store.check("k", 110, 1, u64::MAX).unwrap().is_allowed());
+        store.remove("k");
+        assert!(store.check("k", 111, 1, u64::MAX).unwrap().is_allowed());
     }
 
     #[test]
@@ -330,7 +507,7 @@ mod tests {
         else {
             panic!("word policy")
         };
-        let store: Store<String, AtomicU64> = Store::new(2, usize::MAX, policy);
+        let store: Store<String, AtomicU64> = Store::new(limits(2, usize::MAX), policy);
         for _ in 0..5 {
             store.check("k", 0, 1, u64::MAX).unwrap();
         }

@@ -1,4 +1,5 @@
-//! One shard: its keys' state, its copy of the default policy, and its per-key overrides.
+//! One shard: its keys' state, its copy of the default policy, its per-key overrides, and
+//! its eviction hand.
 //!
 //! Keeping the policy inside the shard means a check reads its key's policy under the
 //! shard read lock it already holds for the lookup: no extra lock, no extra atomic. A
@@ -9,13 +10,29 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry as Occupancy;
 
+use super::WhenFull;
 use super::state::State;
+use super::table::{Entry, Table};
+use crate::algorithm::Policy;
 
-/// One key and its state.
-pub(crate) struct Slot<K, S> {
-    pub(crate) key: K,
-    pub(crate) state: S,
+/// How many entries the eviction hand visits per inserted key, dropping the untouched
+/// ones: enough to keep pace with inserts, small enough to be O(1) per insert.
+const SWEEP_PER_INSERT: usize = 2;
+/// How far the hand looks for an untouched key when the store is full.
+const SCAN_WHEN_FULL: usize = 32;
+/// How many random keys the sampled eviction compares.
+const SAMPLES: usize = 8;
+
+/// Words of the override filter: 1,024 bits.
+const FILTER_WORDS: usize = 16;
+
+/// The filter bit of a hash: bits 40‥50, which neither the shard, the tag nor the home
+/// slot use.
+fn filter_bit(hash: u64) -> (usize, u64) {
+    let bit = (hash >> 40) as usize % (FILTER_WORDS * 64);
+    (bit / 64, 1 << (bit % 64))
 }
 
 /// A key with its own policy.
@@ -24,21 +41,41 @@ struct Override<K, P> {
     policy: P,
 }
 
+/// How room was made for a new key in a full store.
+pub(crate) enum Room {
+    /// An untouched key was dropped: no decision changes.
+    Untouched,
+    /// A key with live state was dropped (sampled least-active eviction).
+    Active,
+    /// Nothing was dropped; the soonest key seen will be untouched after this many ns.
+    None { retry_after_ns: u64 },
+}
+
 /// The keys of one shard, under one lock.
 pub(crate) struct Shard<K, S: State> {
-    table: HashTable<Slot<K, S>>,
+    table: Table<K, S>,
     /// The limiter's default policy.
     policy: S::Policy,
     /// Keys with their own policy, whether or not they hold state.
     overrides: HashTable<Override<K, S::Policy>>,
+    /// A one-hash Bloom filter over the overrides' hashes: a key whose bit is clear has
+    /// no override, so most keys skip the override lookup.
+    override_bits: [u64; FILTER_WORDS],
+    /// The eviction hand: the next entry position the sweep looks at.
+    hand: usize,
+    /// Xorshift state for sampling.
+    rng: u64,
 }
 
 impl<K: Hash + Eq, S: State> Shard<K, S> {
-    pub(crate) fn new(policy: S::Policy) -> Self {
+    pub(crate) fn new(policy: S::Policy, seed: u64) -> Self {
         Self {
-            table: HashTable::new(),
+            table: Table::new(),
             policy,
             overrides: HashTable::new(),
+            override_bits: [0; FILTER_WORDS],
+            hand: 0,
+            rng: seed | 1,
         }
     }
 
@@ -57,42 +94,43 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         if self.overrides.is_empty() {
             return &self.policy;
         }
+        let (word, bit) = filter_bit(hash);
+        if self.override_bits[word] & bit == 0 {
+            return &self.policy;
+        }
         self.overrides
             .find(hash, |o| o.key.borrow() == key)
             .map_or(&self.policy, |o| &o.policy)
     }
 
     #[inline]
-    pub(crate) fn find<Q>(&self, hash: u64, key: &Q) -> Option<&Slot<K, S>>
+    pub(crate) fn find<Q>(&self, hash: u64, key: &Q) -> Option<&Entry<K, S>>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.table.find(hash, |slot| slot.key.borrow() == key)
+        self.table.find(hash, |k| k.borrow() == key)
     }
 
-    /// Inserts a key known to be absent.
+    /// Inserts a key known to be absent; gives the entry back if the table is full.
     pub(crate) fn insert(
         &mut self,
         hash: u64,
-        slot: Slot<K, S>,
+        entry: Entry<K, S>,
         rehash: impl Fn(&K) -> u64,
-    ) -> &Slot<K, S> {
-        self.table
-            .insert_unique(hash, slot, |s| rehash(&s.key))
-            .into_mut()
+    ) -> Result<&Entry<K, S>, Entry<K, S>> {
+        self.table.insert(hash, entry, rehash)
     }
 
     /// Removes `key`; true if it held state.
-    pub(crate) fn remove<Q>(&mut self, hash: u64, key: &Q) -> bool
+    pub(crate) fn remove<Q>(&mut self, hash: u64, key: &Q, rehash: impl Fn(&K) -> u64) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         self.table
-            .find_entry(hash, |slot| slot.key.borrow() == key)
-            .map(|entry| entry.remove())
-            .is_ok()
+            .remove(hash, |k| k.borrow() == key, rehash)
+            .is_some()
     }
 
     #[cfg(test)]
@@ -100,31 +138,109 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         self.table.len()
     }
 
-    /// Drops every key whose state is back to untouched at `now` (dropping it changes no
-    /// decision). Returns how many were dropped and the soonest time, in ns from `now`,
-    /// at which one of the remaining keys will be untouched.
-    pub(crate) fn sweep(&mut self, now: u64, rehash: impl Fn(&K) -> u64) -> (usize, u64) {
-        let Self {
-            table,
-            policy,
-            overrides,
-        } = self;
-        let before = table.len();
+    /// The policy of the entry at `at`.
+    fn entry_policy(&self, at: usize, rehash: &impl Fn(&K) -> u64) -> &S::Policy {
+        if self.overrides.is_empty() {
+            return &self.policy;
+        }
+        let key = &self.table.entry(at).key;
+        self.policy_for(rehash(key), key)
+    }
+
+    /// Nanoseconds until the entry at `at` is untouched, under its own policy.
+    fn reset_after(&self, at: usize, now: u64, rehash: &impl Fn(&K) -> u64) -> u64 {
+        let policy = self.entry_policy(at, rehash);
+        self.table.entry(at).state.reset_after_ns(policy, now)
+    }
+
+    /// How much evicting the entry at `at` would lose, as an ordering: first the units
+    /// it has consumed, then the time until it is untouched.
+    fn eviction_cost(&self, at: usize, now: u64, rehash: &impl Fn(&K) -> u64) -> (u64, u64) {
+        let policy = self.entry_policy(at, rehash);
+        let state = self.table.entry(at).state.peek(policy, now, 0);
+        (state.limit() - state.remaining(), state.reset_after_ns())
+    }
+
+    /// Moves the eviction hand over up to `steps` entries, dropping those that are back
+    /// to untouched (which changes no decision) — with `grace`, only those untouched for
+    /// at least one period of their quota, so that keys that come back soon are not
+    /// dropped and re-inserted over and over. Returns how many were dropped and the
+    /// soonest time, in ns, at which a visited survivor will be droppable.
+    pub(crate) fn sweep(
+        &mut self,
+        now: u64,
+        steps: usize,
+        grace: bool,
+        rehash: &impl Fn(&K) -> u64,
+    ) -> (usize, u64) {
+        let mut dropped = 0;
         let mut soonest = u64::MAX;
-        table.retain(|slot| {
-            let policy = if overrides.is_empty() {
-                &*policy
+        for _ in 0..steps.min(self.table.len()) {
+            if self.hand >= self.table.len() {
+                self.hand = 0;
+            }
+            let since = if grace {
+                // Untouched at `now − period` means untouched ever since.
+                now.saturating_sub(self.entry_policy(self.hand, rehash).quota().period_ns())
             } else {
-                let hash = rehash(&slot.key);
-                overrides
-                    .find(hash, |o| o.key == slot.key)
-                    .map_or(&*policy, |o| &o.policy)
+                now
             };
-            let wait = slot.state.reset_after_ns(policy, now);
-            soonest = soonest.min(wait);
-            wait > 0
-        });
-        (before - table.len(), soonest)
+            let wait = self.reset_after(self.hand, since, rehash);
+            if wait == 0 {
+                // The last entry moves into this position: look at it next.
+                self.table.remove_position(self.hand, rehash);
+                dropped += 1;
+                if self.table.len() == 0 {
+                    break;
+                }
+            } else {
+                soonest = soonest.min(wait);
+                self.hand += 1;
+            }
+        }
+        (dropped, soonest)
+    }
+
+    /// The amortised lossless sweep run on every insert.
+    pub(crate) fn sweep_on_insert(&mut self, now: u64, rehash: &impl Fn(&K) -> u64) -> usize {
+        self.sweep(now, SWEEP_PER_INSERT, true, rehash).0
+    }
+
+    /// Makes room for one key in a full store: an untouched key near the hand if there is
+    /// one, else, under [`WhenFull::EvictLeastActive`], of a few sampled keys the one
+    /// whose eviction loses the least: the fewest units consumed, then the soonest reset.
+    pub(crate) fn make_room(
+        &mut self,
+        now: u64,
+        when_full: WhenFull,
+        rehash: &impl Fn(&K) -> u64,
+    ) -> Room {
+        let before = self.table.len();
+        let (dropped, soonest) = self.sweep(now, SCAN_WHEN_FULL, false, rehash);
+        if dropped > 0 {
+            return Room::Untouched;
+        }
+        if when_full == WhenFull::DenyNewKeys || before == 0 {
+            let fallback = self.policy.quota().emission_interval().as_nanos() as u64;
+            return Room::None {
+                retry_after_ns: if soonest == u64::MAX {
+                    fallback
+                } else {
+                    soonest
+                }
+                .max(1),
+            };
+        }
+        let mut victim = ((u64::MAX, u64::MAX), 0);
+        for _ in 0..SAMPLES {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let at = (self.rng % self.table.len() as u64) as usize;
+            victim = victim.min((self.eviction_cost(at, now, rehash), at));
+        }
+        self.table.remove_position(victim.1, rehash);
+        Room::Active
     }
 
     /// Sets (`Some`) or clears (`None`) the policy of `key`, converting its state from
@@ -139,37 +255,43 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
     ) {
         let old = *self.policy_for(hash, &key);
         let new = policy.unwrap_or(self.policy);
-        if let Some(slot) = self.find(hash, &key) {
-            slot.state.convert(now, &old, &new);
+        if let Some(entry) = self.find(hash, &key) {
+            entry.state.convert(now, &old, &new);
         }
-        let entry = self
+        let slot = self
             .overrides
             .entry(hash, |o| o.key == key, |o| rehash(&o.key));
-        match (entry, policy) {
-            (hashbrown::hash_table::Entry::Occupied(mut o), Some(policy)) => {
-                o.get_mut().policy = policy
-            }
-            (hashbrown::hash_table::Entry::Occupied(o), None) => {
+        match (slot, policy) {
+            (Occupancy::Occupied(mut o), Some(policy)) => o.get_mut().policy = policy,
+            (Occupancy::Occupied(o), None) => {
                 o.remove();
+                // Rebuild the filter from the overrides that remain.
+                self.override_bits = [0; FILTER_WORDS];
+                for o in self.overrides.iter() {
+                    let (word, bit) = filter_bit(rehash(&o.key));
+                    self.override_bits[word] |= bit;
+                }
             }
-            (hashbrown::hash_table::Entry::Vacant(v), Some(policy)) => {
+            (Occupancy::Vacant(v), Some(policy)) => {
                 v.insert(Override { key, policy });
+                let (word, bit) = filter_bit(hash);
+                self.override_bits[word] |= bit;
             }
-            (hashbrown::hash_table::Entry::Vacant(_), None) => {}
+            (Occupancy::Vacant(_), None) => {}
         }
     }
 
     /// Replaces the default policy, converting the state of every key without an
     /// override.
     pub(crate) fn set_default(&mut self, policy: S::Policy, now: u64, rehash: impl Fn(&K) -> u64) {
-        for slot in self.table.iter() {
+        for entry in self.table.iter() {
             let has_override = !self.overrides.is_empty()
                 && self
                     .overrides
-                    .find(rehash(&slot.key), |o| o.key == slot.key)
+                    .find(rehash(&entry.key), |o| o.key == entry.key)
                     .is_some();
             if !has_override {
-                slot.state.convert(now, &self.policy, &policy);
+                entry.state.convert(now, &self.policy, &policy);
             }
         }
         self.policy = policy;
