@@ -306,6 +306,200 @@ fn keyed_1m(c: &mut Criterion) {
     group.finish();
 }
 
+/// The way a Redis token bucket is usually written, as the baseline for ours: the client
+/// passes its clock in seconds, tokens are floats in a hash, every call writes.
+#[cfg(feature = "redis")]
+const COMMON_LUA_TOKEN_BUCKET: &str = r"
+local capacity = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+local requested = tonumber(ARGV[4])
+local bucket = redis.call('HMGET', KEYS[1], 'tokens', 'last_updated')
+local tokens = tonumber(bucket[1]) or capacity
+local last = tonumber(bucket[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - last) * rate)
+local allowed = 0
+if tokens >= requested then
+  tokens = tokens - requested
+  allowed = 1
+end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'last_updated', now)
+redis.call('EXPIRE', KEYS[1], math.ceil(capacity / rate))
+return {allowed, math.floor(tokens)}
+";
+
+/// A check through the Redis tier against the common Lua token bucket (EVALSHA over the
+/// same kind of connection), with 1 and with 50 requests in flight, and a local check for
+/// scale. Needs `redis-server` (./scripts/test.sh installs it).
+#[cfg(feature = "redis")]
+fn redis_tier(c: &mut Criterion) {
+    use std::sync::Arc;
+    use tollgate::redis::{LocalRedis, RedisLimiter};
+
+    let server = match LocalRedis::start() {
+        Ok(server) => server,
+        Err(e) => {
+            eprintln!("redis_tier skipped: {e}");
+            return;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let quota = Quota::per_second(1_000_000)
+        .and_then(|q| q.with_burst(1_000_000))
+        .expect("valid quota");
+    let ours = runtime
+        .block_on(
+            RedisLimiter::builder(&server.url(), quota)
+                .timeout(Duration::from_secs(5))
+                .build(),
+        )
+        .expect("connect");
+    let connection = runtime
+        .block_on(async {
+            let client = redis::Client::open(server.url())?;
+            redis::aio::ConnectionManager::new(client).await
+        })
+        .expect("connect");
+    let baseline = Arc::new(redis::Script::new(COMMON_LUA_TOKEN_BUCKET));
+    let names: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("user-{i}")).collect());
+    let order = Arc::new(key_sequence(0xbeef, KEYS));
+    let start = Instant::now();
+
+    // One call of each kind, on the i-th key of the shared sequence.
+    let call_ours = {
+        let (ours, names, order) = (ours.clone(), names.clone(), order.clone());
+        move |i: usize| {
+            let (ours, names, order) = (ours.clone(), names.clone(), order.clone());
+            async move {
+                let key = &names[order[i & (SEQUENCE - 1)] as usize];
+                ours.check(key).await.expect("redis check").is_allowed()
+            }
+        }
+    };
+    let call_baseline = {
+        let (connection, baseline, names, order) = (
+            connection.clone(),
+            baseline.clone(),
+            names.clone(),
+            order.clone(),
+        );
+        move |i: usize| {
+            let (mut connection, baseline, names, order) = (
+                connection.clone(),
+                baseline.clone(),
+                names.clone(),
+                order.clone(),
+            );
+            async move {
+                let key = format!("common:{}", names[order[i & (SEQUENCE - 1)] as usize]);
+                let reply: Vec<i64> = baseline
+                    .key(key)
+                    .arg(1_000_000)
+                    .arg(1_000_000)
+                    .arg(start.elapsed().as_secs_f64())
+                    .arg(1)
+                    .invoke_async(&mut connection)
+                    .await
+                    .expect("baseline script");
+                reply[0] == 1
+            }
+        }
+    };
+
+    let mut group = c.benchmark_group("redis_tier");
+    group.sample_size(20);
+    for in_flight in [1usize, 50] {
+        let id = |name: &str| BenchmarkId::new(name, format!("{in_flight}_in_flight"));
+        group.bench_function(id("tollgate_script"), |b| {
+            b.iter_custom(|iters| {
+                runtime.block_on(run_in_flight(iters, in_flight, call_ours.clone()))
+            })
+        });
+        group.bench_function(id("common_lua_baseline"), |b| {
+            b.iter_custom(|iters| {
+                runtime.block_on(run_in_flight(iters, in_flight, call_baseline.clone()))
+            })
+        });
+    }
+    // What each script costs the server itself, from Redis's own accounting.
+    let mut admin = connection.clone();
+    type BoxedCall =
+        Box<dyn Fn(usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>>;
+    let (ours_call, baseline_call) = (call_ours.clone(), call_baseline.clone());
+    let calls: [(&str, BoxedCall); 2] = [
+        ("tollgate_script", Box::new(move |i| Box::pin(ours_call(i)))),
+        (
+            "common_lua_baseline",
+            Box::new(move |i| Box::pin(baseline_call(i))),
+        ),
+    ];
+    for (name, call) in calls {
+        let calls = 20_000;
+        let per_call = runtime.block_on(async {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut admin)
+                .await
+                .expect("resetstat");
+            for i in 0..calls {
+                black_box(call(i).await);
+            }
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut admin)
+                .await
+                .expect("info");
+            stats
+                .lines()
+                .find(|l| l.starts_with("cmdstat_evalsha:"))
+                .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
+                .unwrap_or("?")
+                .to_owned()
+        });
+        println!(
+            "redis_tier/server_cost/{name}: {per_call} µs of server time per call (INFO commandstats, {calls} calls)"
+        );
+    }
+    let local = tollgate(Algorithm::TokenBucket, quota);
+    group.bench_function(BenchmarkId::new("local_rate_limiter", "1_thread"), |b| {
+        b.iter_custom(|iters| {
+            let t0 = Instant::now();
+            for i in 0..iters as usize {
+                black_box(local.check(&order[i & (SEQUENCE - 1)]));
+            }
+            t0.elapsed()
+        })
+    });
+    group.finish();
+}
+
+/// Makes `iters` calls with `in_flight` of them outstanding at any time; returns the
+/// elapsed time (so the figure is the time per call at that concurrency).
+#[cfg(feature = "redis")]
+async fn run_in_flight<F, Fut>(iters: u64, in_flight: usize, call: F) -> Duration
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send + 'static,
+{
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for lane in 0..in_flight {
+        let call = call.clone();
+        let share = iters as usize / in_flight + usize::from(lane < iters as usize % in_flight);
+        tasks.spawn(async move {
+            for j in 0..share {
+                black_box(call(j * in_flight + lane).await);
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    t0.elapsed()
+}
+
 /// Resident set size of this process, in bytes (Linux `VmRSS`).
 fn resident_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -373,12 +567,17 @@ fn memory_per_key(quick: bool) {
     }
 }
 
+#[cfg(not(feature = "redis"))]
+fn redis_tier(_: &mut Criterion) {
+    eprintln!("redis_tier skipped: run `cargo bench --all-features` to measure the Redis tier");
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, hot_key_denied, string_keys, keyed_1m, config_read
+    targets = keyed_10k, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier
 }
 
 fn main() {

@@ -6,11 +6,16 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
-command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+# The Redis tier's tests (and benches) start their own redis-server.
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "test.sh: installing ${need_apt[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+    # Debian starts the packaged service; the tests run their own servers instead.
+    if [[ " ${need_apt[*]} " == *" redis-server "* ]]; then
+        service redis-server stop >/dev/null 2>&1 || true
+    fi
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

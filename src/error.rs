@@ -50,6 +50,12 @@ pub enum ConfigError {
         /// The maximum asked for.
         max: std::time::Duration,
     },
+    /// The Redis tier works in whole microseconds, and this period is not one.
+    PeriodNotWholeMicroseconds(u64),
+    /// The quota's numbers would not be exact in the Redis scripts' arithmetic.
+    ExceedsRedisPrecision(&'static str),
+    /// A Redis key prefix may not contain `{` or `}` (they delimit the hash tag).
+    InvalidPrefix(String),
     /// An algorithm name that is not one of [`Algorithm::name`](crate::Algorithm::name)'s.
     UnknownAlgorithm(String),
     /// A quota string such as `"100/s burst 200"` could not be parsed.
@@ -96,6 +102,17 @@ impl fmt::Display for ConfigError {
             Self::InvalidJitter { min, max } => write!(
                 f,
                 "jitter minimum {min:?} exceeds its maximum {max:?}: swap them"
+            ),
+            Self::PeriodNotWholeMicroseconds(ns) => write!(
+                f,
+                "period {ns}ns is not a whole number of microseconds, which the Redis tier needs"
+            ),
+            Self::ExceedsRedisPrecision(what) => {
+                write!(f, "quota too large for the Redis tier: {what}")
+            }
+            Self::InvalidPrefix(prefix) => write!(
+                f,
+                "redis key prefix {prefix:?} contains a brace: remove {{ and }} from it"
             ),
             Self::UnknownAlgorithm(name) => write!(
                 f,

@@ -69,6 +69,8 @@ mod decision;
 mod error;
 mod limiter;
 mod quota;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod store;
 #[cfg(feature = "tokio")]
 mod wait;

@@ -1,0 +1,96 @@
+//! What can go wrong talking to the Redis tier.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::error::{ConfigError, InsufficientCapacity};
+
+/// An error from [`RedisLimiter`](super::RedisLimiter). Every failure is typed; none
+/// panics or hangs past the configured timeout.
+#[derive(Debug)]
+pub enum RedisError {
+    /// The configuration cannot be run on Redis (see the message).
+    Config(ConfigError),
+    /// The algorithm has no Redis script: use `TokenBucket`, `SlidingWindow` or
+    /// `FixedWindow`.
+    UnsupportedAlgorithm(crate::Algorithm),
+    /// The cost exceeds what the quota can ever admit at once.
+    InsufficientCapacity(InsufficientCapacity),
+    /// Redis did not answer within the timeout.
+    Timeout(Duration),
+    /// Redis could not be reached, or the connection broke.
+    Unavailable(redis::RedisError),
+    /// The limiter's key holds a value of another type (something else wrote it).
+    WrongType {
+        /// The Redis key.
+        key: String,
+    },
+    /// The script refused its arguments (it validates them itself, too).
+    Rejected(String),
+    /// Any other error reply from Redis.
+    Redis(redis::RedisError),
+    /// Redis answered with something the limiter cannot read.
+    UnexpectedReply(String),
+}
+
+impl fmt::Display for RedisError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Config(e) => write!(f, "redis limiter configuration: {e}"),
+            Self::UnsupportedAlgorithm(a) => write!(
+                f,
+                "the Redis tier has no script for {a}: use token-bucket, sliding-window or fixed-window"
+            ),
+            Self::InsufficientCapacity(e) => e.fmt(f),
+            Self::Timeout(t) => write!(f, "redis did not answer within {t:?}"),
+            Self::Unavailable(e) => write!(f, "redis is unavailable: {e}"),
+            Self::WrongType { key } => write!(
+                f,
+                "redis key {key:?} holds a value of another type: another writer uses this prefix"
+            ),
+            Self::Rejected(why) => write!(f, "the rate-limit script rejected its arguments: {why}"),
+            Self::Redis(e) => write!(f, "redis error: {e}"),
+            Self::UnexpectedReply(what) => write!(f, "unexpected reply from redis: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for RedisError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Config(e) => Some(e),
+            Self::InsufficientCapacity(e) => Some(e),
+            Self::Unavailable(e) | Self::Redis(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<ConfigError> for RedisError {
+    fn from(e: ConfigError) -> Self {
+        Self::Config(e)
+    }
+}
+
+impl From<InsufficientCapacity> for RedisError {
+    fn from(e: InsufficientCapacity) -> Self {
+        Self::InsufficientCapacity(e)
+    }
+}
+
+impl RedisError {
+    /// Classifies an error from redis-rs about `key`.
+    pub(crate) fn from_redis(e: redis::RedisError, key: &[u8]) -> Self {
+        match e.code() {
+            Some("WRONGTYPE") => Self::WrongType {
+                key: String::from_utf8_lossy(key).into_owned(),
+            },
+            Some("TOLLGATE") => Self::Rejected(e.detail().unwrap_or_default().to_owned()),
+            _ if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() => {
+                Self::Unavailable(e)
+            }
+            _ if e.is_timeout() => Self::Unavailable(e),
+            _ => Self::Redis(e),
+        }
+    }
+}

@@ -1,0 +1,60 @@
+-- tollgate fixed window counter, in integer microseconds.
+-- KEYS[1]: the limiter key. ARGV: limit, period, cost, now (empty: the server's TIME).
+-- State: a hash {w = window index, c = count}. Admitted iff c + cost ≤ limit. A deny
+-- writes nothing; an admission writes the count with a TTL of exactly the time to the
+-- window's end. A clock behind the stored window is read as that window's start.
+-- Returns {allowed, limit, remaining, reset_after_us, retry_after_us}.
+-- Every number stays an integer below 2^53, exact in Lua's doubles.
+local limit, period, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+if not (limit and period and limit >= 1 and period >= 1 and limit % 1 == 0 and period % 1 == 0
+    and limit * period < 9007199254740992) then
+  return redis.error_reply('TOLLGATE invalid quota')
+end
+if not (cost and cost >= 0 and cost % 1 == 0 and cost <= limit) then
+  return redis.error_reply('TOLLGATE invalid cost')
+end
+local now
+if ARGV[4] == '' then
+  local time = redis.call('TIME')
+  now = time[1] * 1000000 + time[2]
+else
+  now = tonumber(ARGV[4])
+  if not (now and now >= 0 and now % 1 == 0 and now < 4503599627370496) then
+    return redis.error_reply('TOLLGATE invalid time')
+  end
+end
+
+-- floor(now / period), the float quotient corrected to exact.
+local window = math.floor(now / period)
+if window * period > now then
+  window = window - 1
+elseif (window + 1) * period <= now then
+  window = window + 1
+end
+local elapsed = now - window * period
+local lead = 0
+local count = 0
+local stored = redis.call('HMGET', KEYS[1], 'w', 'c')
+local sw = tonumber(stored[1])
+if sw ~= nil and sw >= window then
+  if sw > window then
+    lead = sw * period - now
+    window, elapsed = sw, 0
+  end
+  count = tonumber(stored[2]) or 0
+end
+
+local to_end = period - elapsed + lead
+if count + cost > limit then
+  return {0, limit, limit - count, to_end, to_end}
+end
+count = count + cost
+if cost > 0 then
+  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window), 'c', count)
+  redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.ceil(to_end / 1000)))
+end
+local reset = 0
+if count > 0 then
+  reset = to_end
+end
+return {1, limit, limit - count, reset, 0}

@@ -1,0 +1,131 @@
+//! A throwaway `redis-server` on an ephemeral loopback port, for tests and benchmarks.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// A `redis-server` process on `127.0.0.1` that this value owns: started on a free port
+/// with persistence off, stopped (and its directory removed) on drop.
+///
+/// Meant for tests and benchmarks of the Redis tier; it needs `redis-server` on `PATH`.
+#[derive(Debug)]
+pub struct LocalRedis {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl LocalRedis {
+    /// Starts a server and waits until it answers `PING`.
+    ///
+    /// # Errors
+    /// An error whose message says so when `redis-server` is not installed, or when it
+    /// did not answer within 10 seconds.
+    pub fn start() -> io::Result<Self> {
+        let mut last = None;
+        for _ in 0..3 {
+            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            let dir =
+                std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let mut server = Self {
+                child: None,
+                port,
+                dir,
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(e),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("redis-server did not start")))
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::NotFound {
+                    io::Error::new(
+                        e.kind(),
+                        "redis-server is not installed: run ./scripts/test.sh, which installs it \
+                         (apt-get install -y redis-server)",
+                    )
+                } else {
+                    e
+                }
+            })?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.ping() {
+                return Ok(());
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return Err(io::Error::other(format!("redis-server exited: {status}")));
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        self.stop();
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "redis-server did not answer PING within 10s",
+        ))
+    }
+
+    fn ping(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut reply = [0u8; 7];
+        stream.write_all(b"PING\r\n").is_ok()
+            && stream.read_exact(&mut reply).is_ok()
+            && &reply == b"+PONG\r\n"
+    }
+
+    /// The `redis://` URL of the server.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the server (to simulate an outage). Its data is lost.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, empty.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.stop();
+        self.spawn()
+    }
+}
+
+impl Drop for LocalRedis {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

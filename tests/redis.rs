@@ -1,0 +1,475 @@
+//! The Redis tier against a real `redis-server` that each test starts on an ephemeral
+//! port: decisions identical to the in-memory limiter, the usual Lua token bucket's flaws
+//! gone, exact under concurrency, and typed errors instead of hangs.
+#![cfg(feature = "redis")]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use tollgate::clock::{Clock, ManualClock};
+use tollgate::redis::{FailMode, LocalRedis, RedisError, RedisLimiter, scripts};
+use tollgate::{Algorithm, RateLimiter};
+
+const ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::TokenBucket,
+    Algorithm::SlidingWindow,
+    Algorithm::FixedWindow,
+];
+
+fn server() -> LocalRedis {
+    LocalRedis::start().expect("these tests need redis-server (./scripts/test.sh installs it)")
+}
+
+async fn limiter(
+    server: &LocalRedis,
+    algorithm: Algorithm,
+    quota: &str,
+    clock: impl Clock,
+) -> RedisLimiter {
+    RedisLimiter::builder(&server.url(), quota.parse().unwrap())
+        .algorithm(algorithm)
+        .timeout(Duration::from_secs(2))
+        .caller_clock(clock)
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn raw(server: &LocalRedis) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Rounds nanoseconds up to whole microseconds, the scripts' unit.
+fn ceil_us(d: Duration) -> Duration {
+    Duration::from_micros(d.as_nanos().div_ceil(1_000) as u64)
+}
+
+/// A clock that can be moved backwards, as a skewed node's can.
+#[derive(Clone, Default)]
+struct SettableClock(Arc<AtomicU64>);
+
+impl Clock for SettableClock {
+    fn now_ns(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The same random timelines through Redis (caller clock) and through the in-memory
+/// limiter (`ManualClock`) give the same decisions; retry and reset agree once rounded
+/// up to the scripts' microseconds.
+#[tokio::test]
+async fn decisions_equal_the_in_memory_limiter() {
+    let server = server();
+    // Quotas whose interval is a whole number of microseconds, the scripts' unit (the
+    // Redis tier truncates T to microseconds, the local limiter to nanoseconds).
+    let quotas = ["5/s burst 3", "10/s", "4/100ms burst 2", "20/min burst 5"];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for algorithm in ALGORITHMS {
+        for quota in quotas {
+            let clock = ManualClock::new();
+            let remote = limiter(&server, algorithm, quota, clock.clone()).await;
+            let local: RateLimiter<String, ManualClock> =
+                RateLimiter::builder(quota.parse().unwrap())
+                    .algorithm(algorithm)
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap();
+            let prefix = format!("{}-{quota}", algorithm.name());
+            for step in 0..400 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                clock.advance(Duration::from_micros(
+                    [0, 1, 17, 900, 45_000, 250_000][(x % 6) as usize],
+                ));
+                let key = format!("{prefix}-{}", (x >> 8) % 3);
+                let cost = 1 + (x >> 16) % 2;
+                let (r, l) = (
+                    remote.check_n(&key, cost).await.unwrap(),
+                    local.check_n(key.as_str(), cost).unwrap(),
+                );
+                let context = format!("{algorithm:?} {quota} step {step}: redis {r:?} local {l:?}");
+                assert_eq!(r.is_allowed(), l.is_allowed(), "{context}");
+                assert_eq!(
+                    (r.limit(), r.remaining()),
+                    (l.limit(), l.remaining()),
+                    "{context}"
+                );
+                assert_eq!(r.reset_after(), ceil_us(l.reset_after()), "{context}");
+                assert_eq!(r.retry_after(), l.retry_after().map(ceil_us), "{context}");
+            }
+        }
+    }
+}
+
+/// After any sequence of allows and denies, every key the scripts wrote has a TTL, and
+/// it ends exactly when the key is untouched again.
+#[tokio::test]
+async fn every_written_key_expires() {
+    let server = server();
+    let mut con = raw(&server).await;
+    for algorithm in ALGORITHMS {
+        let clock = ManualClock::new();
+        clock.set_ns(1_000_000_000);
+        let l = limiter(&server, algorithm, "4/s burst 2", clock.clone()).await;
+        for i in 0..200u64 {
+            clock.advance(Duration::from_millis(i % 7 * 30));
+            let d = l.check(&format!("ttl-{}", i % 5)).await.unwrap();
+            let key = l.redis_key(&format!("ttl-{}", i % 5));
+            let ttl: i64 = con.pttl(&key).await.unwrap();
+            if d.is_allowed() {
+                let expected = d.reset_after().as_millis() as i64;
+                assert!(
+                    ttl > 0 && ttl <= expected && ttl >= expected - 50,
+                    "{algorithm:?}: ttl {ttl}ms, reset {expected}ms"
+                );
+            }
+        }
+        let keys: Vec<Vec<u8>> = con.keys("tollgate:*").await.unwrap();
+        for key in keys {
+            let ttl: i64 = con.pttl(&key).await.unwrap();
+            assert!(
+                ttl > 0,
+                "{algorithm:?}: {} has no TTL ({ttl})",
+                String::from_utf8_lossy(&key)
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_deny_writes_nothing() {
+    let server = server();
+    let mut con = raw(&server).await;
+    for algorithm in ALGORITHMS {
+        let clock = ManualClock::new();
+        let l = limiter(&server, algorithm, "2/s", clock.clone()).await;
+        // A deny on a new key creates nothing.
+        l.check_n("fresh", 2).await.unwrap();
+        let key = l.redis_key("fresh");
+        let before: Vec<u8> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let ttl_before: i64 = con.pttl(&key).await.unwrap();
+        clock.advance(Duration::from_millis(10));
+        let d = l.check("fresh").await.unwrap();
+        assert!(!d.is_allowed(), "{algorithm:?}");
+        let after: Vec<u8> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let ttl_after: i64 = con.pttl(&key).await.unwrap();
+        assert_eq!(before, after, "{algorithm:?}: a deny changed the value");
+        assert!(
+            ttl_after <= ttl_before,
+            "{algorithm:?}: a deny extended the TTL"
+        );
+        // A deny on a key that never existed writes nothing either.
+        let l1 = limiter(&server, algorithm, "1/s", clock.clone()).await;
+        assert!(l1.check_n("never", 2).await.is_err());
+        let exists: bool = con.exists(l1.redis_key("never")).await.unwrap();
+        assert!(!exists, "{algorithm:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_clock_that_steps_back_mints_nothing() {
+    let server = server();
+    for algorithm in ALGORITHMS {
+        let clock = SettableClock::default();
+        clock.0.store(10_000_000_000, Ordering::SeqCst);
+        let l = limiter(&server, algorithm, "5/s", clock.clone()).await;
+        let admitted = async || {
+            let mut n = 0;
+            while l.check("skewed").await.unwrap().is_allowed() {
+                n += 1;
+            }
+            n
+        };
+        assert_eq!(admitted().await, 5, "{algorithm:?}");
+        // The node's clock jumps 3 seconds back, and then forward by less than a period.
+        clock.0.store(7_000_000_000, Ordering::SeqCst);
+        assert_eq!(
+            admitted().await,
+            0,
+            "{algorithm:?}: a backwards step minted tokens"
+        );
+        // 100ms after the burst: no token is due (one every 200ms) and the window is the
+        // same, so the step back must not have reopened anything.
+        clock.0.store(10_100_000_000, Ordering::SeqCst);
+        assert!(
+            !l.check("skewed").await.unwrap().is_allowed(),
+            "{algorithm:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_script_flush_mid_run_is_survived() {
+    let server = server();
+    let mut con = raw(&server).await;
+    for algorithm in ALGORITHMS {
+        let l = limiter(&server, algorithm, "3/s", ManualClock::new()).await;
+        assert!(l.check("flush").await.unwrap().is_allowed());
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let d = l.check("flush").await.unwrap();
+        assert!(d.is_allowed(), "{algorithm:?}");
+        assert_eq!(d.remaining(), 1, "{algorithm:?}: the state was lost");
+    }
+}
+
+/// The scripts validate their own arguments: a negative, fractional or oversized cost
+/// and a malformed quota are error replies, and nothing is written.
+#[tokio::test]
+async fn the_scripts_reject_bad_arguments() {
+    let server = server();
+    let mut con = raw(&server).await;
+    let cases: [(&str, &[&str]); 9] = [
+        (scripts::TOKEN_BUCKET, &["100000", "100000", "2", "-1", "0"]),
+        (
+            scripts::TOKEN_BUCKET,
+            &["100000", "100000", "2", "1.5", "0"],
+        ),
+        (scripts::TOKEN_BUCKET, &["100000", "100000", "2", "3", "0"]),
+        (scripts::TOKEN_BUCKET, &["0", "0", "1", "1", "0"]),
+        (scripts::TOKEN_BUCKET, &["100000", "5", "2", "1", "0"]),
+        (scripts::SLIDING_WINDOW, &["10", "1000000", "-1", "0"]),
+        (scripts::SLIDING_WINDOW, &["10", "1000000", "abc", "0"]),
+        (scripts::FIXED_WINDOW, &["-3", "1000000", "1", "0"]),
+        (scripts::FIXED_WINDOW, &["10", "1000000", "1", "-7"]),
+    ];
+    for (script, args) in cases {
+        let result: redis::RedisResult<Vec<i64>> = redis::Script::new(script)
+            .key("bad-args")
+            .arg(args)
+            .invoke_async(&mut con)
+            .await;
+        let err = result.expect_err(&format!("{args:?} accepted"));
+        assert_eq!(err.code(), Some("TOLLGATE"), "{args:?}: {err}");
+        let exists: bool = con.exists("bad-args").await.unwrap();
+        assert!(!exists, "{args:?} wrote state");
+    }
+    // In Rust the cost is a u64; too large a cost is refused before any I/O.
+    let l = limiter(
+        &server,
+        Algorithm::TokenBucket,
+        "10/s burst 4",
+        ManualClock::new(),
+    )
+    .await;
+    assert!(matches!(
+        l.check_n("k", 5).await,
+        Err(RedisError::InsufficientCapacity(_))
+    ));
+}
+
+#[tokio::test]
+async fn configurations_the_scripts_cannot_run_are_refused() {
+    let server = server();
+    let build = |algorithm: Algorithm, quota: &str, prefix: &str| {
+        RedisLimiter::builder(&server.url(), quota.parse().unwrap())
+            .algorithm(algorithm)
+            .prefix(prefix)
+            .build()
+    };
+    for algorithm in [Algorithm::SlidingLog, Algorithm::LeakyBucket] {
+        let err = build(algorithm, "1/s", "t").await.unwrap_err();
+        assert!(matches!(err, RedisError::UnsupportedAlgorithm(_)), "{err}");
+    }
+    assert!(matches!(
+        build(Algorithm::TokenBucket, "1/1500ns", "t").await,
+        Err(RedisError::Config(_))
+    ));
+    assert!(matches!(
+        build(Algorithm::TokenBucket, "1/s", "{t}").await,
+        Err(RedisError::Config(_))
+    ));
+    let err = build(Algorithm::SlidingWindow, "16000000/1000d", "t")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("below 2^53"), "{err}");
+}
+
+/// Keys with spaces, braces, newlines and other bytes stay distinct and map to exactly
+/// `<prefix>:<algorithm>:{<key>}`.
+#[tokio::test]
+async fn arbitrary_keys_round_trip_without_collisions() {
+    let server = server();
+    let mut con = raw(&server).await;
+    let l = limiter(&server, Algorithm::TokenBucket, "1/min", ManualClock::new()).await;
+    let keys = [
+        "a b",
+        "a}b",
+        "{a}",
+        "a\nb",
+        "a\r\nSET x y",
+        "",
+        "ü 🦀",
+        "a",
+        "a{",
+        "}",
+    ];
+    for key in keys {
+        assert!(
+            l.check(key).await.unwrap().is_allowed(),
+            "{key:?} collided with an earlier key"
+        );
+        let expected = [b"tollgate:tb:{".as_slice(), key.as_bytes(), b"}"].concat();
+        assert_eq!(l.redis_key(key), expected);
+        let exists: bool = con.exists(&expected).await.unwrap();
+        assert!(exists, "{key:?}");
+    }
+    for key in keys {
+        assert!(!l.check(key).await.unwrap().is_allowed(), "{key:?}");
+    }
+    let stray: bool = con.exists("x").await.unwrap();
+    assert!(!stray, "a key injected a command");
+}
+
+#[tokio::test]
+async fn a_key_of_the_wrong_type_is_a_typed_error() {
+    let server = server();
+    let mut con = raw(&server).await;
+    for algorithm in ALGORITHMS {
+        let l = limiter(&server, algorithm, "1/s", ManualClock::new()).await;
+        let key = l.redis_key("taken");
+        let _: () = con.rpush(&key, "something else").await.unwrap();
+        let err = l.check("taken").await.unwrap_err();
+        assert!(
+            matches!(&err, RedisError::WrongType { .. }),
+            "{algorithm:?}: {err}"
+        );
+        assert!(err.to_string().contains("another type"));
+    }
+}
+
+/// Unreachable Redis, or one that dies mid-run, gives a typed error within the timeout
+/// (with ample slack for a loaded machine) — never a hang — and the fail-open and
+/// fail-closed policies answer without one.
+#[tokio::test]
+async fn an_outage_is_a_typed_error_not_a_hang() {
+    let timeout = Duration::from_millis(50);
+    let free_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let err = RedisLimiter::builder(
+        &format!("redis://127.0.0.1:{free_port}/"),
+        "1/s".parse().unwrap(),
+    )
+    .timeout(timeout)
+    .build()
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, RedisError::Unavailable(_) | RedisError::Timeout(_)),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    let mut server = server();
+    let l = RedisLimiter::builder(&server.url(), "5/s".parse().unwrap())
+        .timeout(timeout)
+        .build()
+        .await
+        .unwrap();
+    assert!(l.check("k").await.unwrap().is_allowed());
+    server.stop();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let err = l.check("k").await.unwrap_err();
+        assert!(
+            matches!(err, RedisError::Unavailable(_) | RedisError::Timeout(_)),
+            "{err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+    assert!(l.check_or("k", FailMode::Open).await.is_allowed());
+    let closed = l.check_or("k", FailMode::Closed).await;
+    assert_eq!(closed.retry_after(), Some(Duration::from_millis(200)));
+
+    // The connection manager reconnects by itself once Redis is back.
+    server.restart().unwrap();
+    let mut recovered = false;
+    for _ in 0..100 {
+        if let Ok(d) = l.check("k").await {
+            recovered = d.is_allowed();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(recovered, "never reconnected");
+}
+
+/// 32 concurrent tasks on one key admit exactly the burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_tasks_admit_exactly_the_burst() {
+    let server = server();
+    for algorithm in ALGORITHMS {
+        let l = limiter(&server, algorithm, "1/min burst 20", ManualClock::new()).await;
+        let capacity = if algorithm == Algorithm::TokenBucket {
+            20
+        } else {
+            1
+        };
+        let tasks: Vec<_> = (0..32)
+            .map(|_| {
+                let l = l.clone();
+                tokio::spawn(async move {
+                    let mut admitted = 0;
+                    for _ in 0..5 {
+                        admitted += u32::from(l.check("hot").await.unwrap().is_allowed());
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for task in tasks {
+            total += task.await.unwrap();
+        }
+        assert_eq!(total, capacity, "{algorithm:?}");
+    }
+}
+
+/// Without a caller clock the scripts read the server's TIME.
+#[tokio::test]
+async fn server_time_is_the_default_clock() {
+    let server = server();
+    let l = RedisLimiter::builder(&server.url(), "2/s".parse().unwrap())
+        .build()
+        .await
+        .unwrap();
+    assert!(l.check("k").await.unwrap().is_allowed());
+    assert!(l.check("k").await.unwrap().is_allowed());
+    let d = l.check("k").await.unwrap();
+    let wait = d.retry_after().unwrap();
+    assert!(
+        wait > Duration::ZERO && wait <= Duration::from_millis(500),
+        "{wait:?}"
+    );
+    assert_eq!(d.limit(), 2);
+}
