@@ -328,29 +328,45 @@ redis.call('EXPIRE', KEYS[1], math.ceil(capacity / rate))
 return {allowed, math.floor(tokens)}
 ";
 
+/// A throwaway redis-server and a tokio runtime with `workers` threads, or `None` (with a
+/// message naming `group`) when redis-server is not installed.
+#[cfg(feature = "redis")]
+fn redis_and_runtime(
+    group: &str,
+    workers: usize,
+) -> Option<(tollgate::redis::LocalRedis, tokio::runtime::Runtime)> {
+    let server = tollgate::redis::LocalRedis::start()
+        .map_err(|e| eprintln!("{group} skipped: {e}"))
+        .ok()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    Some((server, runtime))
+}
+
+/// 10^6 per second per key with an equal burst: checks pass, and the interval is a whole
+/// microsecond, as the Redis scripts need.
+#[cfg(feature = "redis")]
+fn redis_quota() -> Quota {
+    Quota::per_second(1_000_000)
+        .and_then(|q| q.with_burst(1_000_000))
+        .expect("valid quota")
+}
+
 /// A check through the Redis tier against the common Lua token bucket (EVALSHA over the
 /// same kind of connection), with 1 and with 50 requests in flight, and a local check for
 /// scale. Needs `redis-server` (./scripts/test.sh installs it).
 #[cfg(feature = "redis")]
 fn redis_tier(c: &mut Criterion) {
     use std::sync::Arc;
-    use tollgate::redis::{LocalRedis, RedisLimiter};
+    use tollgate::redis::RedisLimiter;
 
-    let server = match LocalRedis::start() {
-        Ok(server) => server,
-        Err(e) => {
-            eprintln!("redis_tier skipped: {e}");
-            return;
-        }
+    let Some((server, runtime)) = redis_and_runtime("redis_tier", 2) else {
+        return;
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let quota = Quota::per_second(1_000_000)
-        .and_then(|q| q.with_burst(1_000_000))
-        .expect("valid quota");
+    let quota = redis_quota();
     let ours = runtime
         .block_on(
             RedisLimiter::builder(&server.url(), quota)
@@ -567,6 +583,53 @@ fn memory_per_key(quick: bool) {
     }
 }
 
+/// The check path of a limiter with background sync (reconcile mode, syncing every 50 ms
+/// to a local redis-server) against the same limiter without, in the same run: 10k keys,
+/// 1 thread.
+#[cfg(feature = "redis")]
+fn sync_check(c: &mut Criterion) {
+    use tollgate::sync::RedisSync;
+
+    let Some((server, runtime)) = redis_and_runtime("sync_check", 1) else {
+        return;
+    };
+    let quota = redis_quota();
+    let plain = tollgate(Algorithm::TokenBucket, quota);
+    let (synced, handle) = runtime
+        .block_on(async {
+            RateLimiter::<u64>::builder(quota).build_synced(RedisSync::new(&server.url()))
+        })
+        .expect("synced limiter");
+    let keys = key_sequence(0x5ca1e, KEYS);
+    let mut group = c.benchmark_group("sync_check");
+    for (name, limiter) in [("sync_off", &plain), ("sync_on", &synced)] {
+        for key in 0..KEYS {
+            limiter.check(&key);
+        }
+        group.bench_function(BenchmarkId::new(name, "1_thread"), |b| {
+            b.iter_custom(|iters| {
+                let t0 = Instant::now();
+                for i in 0..iters as usize {
+                    black_box(limiter.check(&keys[i & (SEQUENCE - 1)]));
+                }
+                t0.elapsed()
+            })
+        });
+    }
+    group.finish();
+    for (name, limiter) in [("sync_off", &plain), ("sync_on", &synced)] {
+        let allowed = (0..1_000_000)
+            .filter(|i| limiter.check(&keys[i & (SEQUENCE - 1)]).is_allowed())
+            .count();
+        println!("sync_check/{name}: {allowed} of 1000000 checks allowed right after the run");
+    }
+    println!("sync_check/stats: {:?}", handle.stats());
+    runtime.block_on(handle.shutdown());
+}
+
+#[cfg(not(feature = "redis"))]
+fn sync_check(_: &mut Criterion) {}
+
 #[cfg(not(feature = "redis"))]
 fn redis_tier(_: &mut Criterion) {
     eprintln!("redis_tier skipped: run `cargo bench --all-features` to measure the Redis tier");
@@ -577,7 +640,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier
+    targets = keyed_10k, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, sync_check
 }
 
 fn main() {

@@ -56,6 +56,10 @@ pub enum ConfigError {
     ExceedsRedisPrecision(&'static str),
     /// A Redis key prefix may not contain `{` or `}` (they delimit the hash tag).
     InvalidPrefix(String),
+    /// The operation is not available in this configuration (the message says why).
+    Unsupported(&'static str),
+    /// The operation needs to run inside a tokio runtime.
+    NoRuntime,
     /// An algorithm name that is not one of [`Algorithm::name`](crate::Algorithm::name)'s.
     UnknownAlgorithm(String),
     /// A quota string such as `"100/s burst 200"` could not be parsed.
@@ -113,6 +117,10 @@ impl fmt::Display for ConfigError {
             Self::InvalidPrefix(prefix) => write!(
                 f,
                 "redis key prefix {prefix:?} contains a brace: remove {{ and }} from it"
+            ),
+            Self::Unsupported(why) => write!(f, "not supported: {why}"),
+            Self::NoRuntime => f.write_str(
+                "no tokio runtime: start the sync from within a tokio runtime (e.g. #[tokio::main])",
             ),
             Self::UnknownAlgorithm(name) => write!(
                 f,

@@ -72,6 +72,8 @@ mod quota;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod store;
+#[cfg(feature = "redis")]
+pub mod sync;
 #[cfg(feature = "tokio")]
 mod wait;
 

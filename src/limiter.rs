@@ -58,14 +58,30 @@ pub struct RateLimiter<K, C = MonotonicClock> {
 enum Engine<K> {
     Word(Store<K, AtomicU64>),
     Log(Store<K, LogCell>),
+    /// A limiter whose keys hold allowances granted by a background sync.
+    #[cfg(feature = "redis")]
+    Synced(Store<K, crate::sync::SyncCell>),
 }
 
 /// Runs the same expression on whichever store an engine holds.
+#[cfg(not(feature = "redis"))]
 macro_rules! on_store {
     ($engine:expr, $store:ident => $body:expr) => {
         match $engine {
             Engine::Word($store) => $body,
             Engine::Log($store) => $body,
+        }
+    };
+}
+
+/// Runs the same expression on whichever store an engine holds.
+#[cfg(feature = "redis")]
+macro_rules! on_store {
+    ($engine:expr, $store:ident => $body:expr) => {
+        match $engine {
+            Engine::Word($store) => $body,
+            Engine::Log($store) => $body,
+            Engine::Synced($store) => $body,
         }
     };
 }
@@ -150,6 +166,21 @@ impl<K: Hash + Eq, C> RateLimiter<K, C> {
     /// The limiter's clock.
     pub fn clock(&self) -> &C {
         &self.inner.clock
+    }
+
+    /// The most a single request may cost under the default quota.
+    #[cfg(feature = "redis")]
+    pub(crate) fn store_capacity(&self) -> u64 {
+        on_store!(&self.inner.engine, s => s.default_policy().capacity())
+    }
+
+    /// The store of a synced limiter.
+    #[cfg(feature = "redis")]
+    pub(crate) fn synced_store(&self) -> Option<&Store<K, crate::sync::SyncCell>> {
+        match &self.inner.engine {
+            Engine::Synced(store) => Some(store),
+            _ => None,
+        }
     }
 }
 
@@ -275,16 +306,10 @@ impl<K: Hash + Eq, C: Clock> RateLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let now = self.inner.clock.now_ns();
-        match &self.inner.engine {
-            Engine::Word(s) => {
-                let policy = s.default_policy().with_quota(quota)?;
-                s.set_override(key.to_owned(), Some(policy), now);
-            }
-            Engine::Log(s) => {
-                let policy = s.default_policy().with_quota(quota)?;
-                s.set_override(key.to_owned(), Some(policy), now);
-            }
-        }
+        on_store!(&self.inner.engine, s => {
+            let policy = s.default_policy().with_quota(quota)?;
+            s.set_override(key.to_owned(), Some(policy), now);
+        });
         Ok(())
     }
 
@@ -474,6 +499,50 @@ impl<K: Hash + Eq, C: Clock> Builder<K, C> {
             Plan::Log(policy) => Engine::Log(Store::new(limits, policy)),
         };
         Ok(self.assemble(engine))
+    }
+
+    /// Builds the limiter with a background sync through Redis (cargo feature `redis`),
+    /// and starts the sync task on the current tokio runtime. See [`crate::sync`] for the
+    /// modes, their bounds and what happens during outages. Keys are written to Redis
+    /// with their `Display` form.
+    ///
+    /// # Errors
+    /// As [`build`](Self::build); also [`ConfigError::Unsupported`] for an algorithm
+    /// other than `TokenBucket` and `SlidingWindow`, [`ConfigError::NoRuntime`] outside
+    /// a tokio runtime, and the Redis tier's quota limits.
+    #[cfg(feature = "redis")]
+    pub fn build_synced(
+        self,
+        sync: crate::sync::RedisSync,
+    ) -> Result<(RateLimiter<K, C>, crate::sync::SyncHandle), ConfigError>
+    where
+        K: Clone + std::fmt::Display + Send + Sync + 'static,
+    {
+        let Plan::Word(word) = Plan::new(self.algorithm, self.quota)? else {
+            return Err(ConfigError::Unsupported(
+                "background sync supports token-bucket and sliding-window",
+            ));
+        };
+        let capacity = word.capacity();
+        let shards = match self.shards {
+            Some(n) if !n.is_power_of_two() => return Err(ConfigError::InvalidShards(n)),
+            Some(n) => n,
+            None => default_shards(),
+        };
+        let fresh = match sync.mode {
+            crate::sync::SyncMode::Reconcile => capacity,
+            crate::sync::SyncMode::Lease => 0,
+        };
+        let interval_ns = u64::try_from(sync.interval.as_nanos()).unwrap_or(u64::MAX);
+        let policy = crate::sync::SyncPolicy::new(self.quota, capacity, fresh, interval_ns);
+        // Synced keys are never swept while they owe a report; the cap still applies.
+        let limits = Limits {
+            sweep: false,
+            ..self.limits(shards)
+        };
+        let limiter = self.assemble(Engine::Synced(Store::new(limits, policy)));
+        let handle = crate::sync::start(limiter.clone(), sync)?;
+        Ok((limiter, handle))
     }
 
     fn assemble(self, engine: Engine<K>) -> RateLimiter<K, C> {

@@ -98,6 +98,15 @@ impl Rule {
     }
 }
 
+/// The quota arguments the scripts take for `algorithm`, in microseconds:
+/// `[T, tau, burst]` for the token bucket, `[limit, period, 0]` for the windows.
+pub(crate) fn script_args(algorithm: Algorithm, quota: Quota) -> Result<[u64; 3], RedisError> {
+    Ok(match Rule::new(algorithm, quota)? {
+        Rule::TokenBucket { t, tau, burst } => [t, tau, burst],
+        Rule::Window { limit, period } => [limit, period, 0],
+    })
+}
+
 /// Configures a [`RedisLimiter`]. Made by [`RedisLimiter::builder`].
 #[must_use = "a builder does nothing until .build() is awaited"]
 pub struct RedisBuilder {

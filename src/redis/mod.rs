@@ -7,7 +7,7 @@
 //! tiers apart. See [`RedisLimiter`] for when to use it.
 
 mod error;
-mod limiter;
+pub(crate) mod limiter;
 mod server;
 
 pub use error::RedisError;

@@ -166,7 +166,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let hash = self.hasher.hash_one(key);
-        let cacheable = cost == 1 && max_delay == u64::MAX;
+        let cacheable = S::DENIES_ARE_STABLE && cost == 1 && max_delay == u64::MAX;
         let generation = self.generation.load(Ordering::Acquire);
         if cacheable && self.deny_cache_live.load(Ordering::Relaxed) {
             if let Some(d) = deny_cache::lookup(
@@ -374,6 +374,38 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         }
         self.invalidate_denies();
         Ok(())
+    }
+
+    /// Replaces the default policy as is (each key's state converted by its `State`),
+    /// shard by shard under each write lock.
+    pub(crate) fn set_policy(&self, policy: S::Policy, now: u64) {
+        let _serial = self.reconfigure.lock();
+        for lock in self.shards.iter() {
+            lock.write().set_default(policy, now, self.rehash());
+        }
+        self.invalidate_denies();
+    }
+
+    /// Runs `f` on `key`'s state, if it holds any.
+    ///
+    /// Takes the key's shard read lock.
+    pub(crate) fn with_state<Q, R>(&self, key: &Q, f: impl FnOnce(&S) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash).read();
+        shard.find(hash, key).map(|entry| f(&entry.state))
+    }
+
+    /// Calls `f` on every key and its state, one shard at a time under its read lock
+    /// (checks go on; only inserts into that shard wait).
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &S)) {
+        for lock in self.shards.iter() {
+            let shard = lock.read();
+            shard.for_each(&mut f);
+        }
     }
 
     /// How many keys hold state.

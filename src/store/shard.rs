@@ -122,6 +122,13 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         self.table.insert(hash, entry, rehash)
     }
 
+    /// Calls `f` on every key and its state.
+    pub(crate) fn for_each(&self, f: &mut impl FnMut(&K, &S)) {
+        for entry in self.table.iter() {
+            f(&entry.key, &entry.state);
+        }
+    }
+
     /// Removes `key`; true if it held state.
     pub(crate) fn remove<Q>(&mut self, hash: u64, key: &Q, rehash: impl Fn(&K) -> u64) -> bool
     where

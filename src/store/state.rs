@@ -16,6 +16,11 @@ pub(crate) trait State: Send + Sync + Sized + 'static {
     /// The policy this state is decided by.
     type Policy: Policy;
 
+    /// Whether a unit deny stays true until its retry instant unless an administrative
+    /// change (reset, quota change, eviction) intervenes, so that it may be cached per
+    /// thread. False where something else grants allowance (the background sync).
+    const DENIES_ARE_STABLE: bool = true;
+
     /// The state of a key first seen under `policy`. May allocate (once per key).
     fn fresh(policy: &Self::Policy) -> Self;
 
