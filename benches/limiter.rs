@@ -630,6 +630,64 @@ fn sync_check(c: &mut Criterion) {
 #[cfg(not(feature = "redis"))]
 fn sync_check(_: &mut Criterion) {}
 
+/// A request through the HTTP layer (keyed by peer address, 10k addresses, quota high
+/// enough to admit) against the same tower service without it, in-process.
+#[cfg(feature = "tower")]
+fn http_layer(c: &mut Criterion) {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use tower::{Layer, Service, ServiceExt};
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("tokio runtime");
+    let handler = tower::service_fn(|_req: http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("hello")))
+    });
+    let quota = generous(Algorithm::TokenBucket);
+    let layer = tollgate::http::RateLimitLayer::new(RateLimiter::<String>::new(quota));
+    let limited = layer.layer(handler);
+    let requests: Vec<SocketAddr> = key_sequence(0x4777, KEYS)
+        .into_iter()
+        .map(|k| SocketAddr::new(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + k as u32)), 443))
+        .collect();
+    let mut group = c.benchmark_group("http_layer");
+    fn run<S>(
+        runtime: &tokio::runtime::Runtime,
+        service: &S,
+        peers: &[SocketAddr],
+        iters: u64,
+    ) -> Duration
+    where
+        S: Service<
+                http::Request<()>,
+                Response = http::Response<String>,
+                Error = std::convert::Infallible,
+            > + Clone,
+    {
+        runtime.block_on(async {
+            let mut service = service.clone();
+            let t0 = Instant::now();
+            for i in 0..iters as usize {
+                let mut request = http::Request::new(());
+                request.extensions_mut().insert(peers[i & (SEQUENCE - 1)]);
+                let ready = service.ready().await.expect("ready");
+                black_box(ready.call(request).await.expect("response").status());
+            }
+            t0.elapsed()
+        })
+    }
+    group.bench_function(BenchmarkId::new("without_layer", "1_thread"), |b| {
+        b.iter_custom(|iters| run(&runtime, &handler, &requests, iters))
+    });
+    group.bench_function(BenchmarkId::new("with_layer", "1_thread"), |b| {
+        b.iter_custom(|iters| run(&runtime, &limited, &requests, iters))
+    });
+    group.finish();
+}
+
+#[cfg(not(feature = "tower"))]
+fn http_layer(_: &mut Criterion) {}
+
 #[cfg(not(feature = "redis"))]
 fn redis_tier(_: &mut Criterion) {
     eprintln!("redis_tier skipped: run `cargo bench --all-features` to measure the Redis tier");
@@ -640,7 +698,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, sync_check
+    targets = keyed_10k, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, sync_check, http_layer
 }
 
 fn main() {

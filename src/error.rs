@@ -60,6 +60,10 @@ pub enum ConfigError {
     Unsupported(&'static str),
     /// The operation needs to run inside a tokio runtime.
     NoRuntime,
+    /// A network in CIDR notation that could not be parsed.
+    InvalidCidr(String),
+    /// A string that is not a valid HTTP header name.
+    InvalidHeaderName(String),
     /// An algorithm name that is not one of [`Algorithm::name`](crate::Algorithm::name)'s.
     UnknownAlgorithm(String),
     /// A quota string such as `"100/s burst 200"` could not be parsed.
@@ -122,6 +126,10 @@ impl fmt::Display for ConfigError {
             Self::NoRuntime => f.write_str(
                 "no tokio runtime: start the sync from within a tokio runtime (e.g. #[tokio::main])",
             ),
+            Self::InvalidCidr(what) => {
+                write!(f, "invalid network {what}: write it as 10.0.0.0/8 or 2001:db8::/32")
+            }
+            Self::InvalidHeaderName(name) => write!(f, "invalid header name {name:?}"),
             Self::UnknownAlgorithm(name) => write!(
                 f,
                 "unknown algorithm {name:?}: use token-bucket, sliding-window, fixed-window, \

@@ -49,6 +49,12 @@
 //! [`RateLimiter::set_default_quota`] changes everyone else's while checks go on; a key's
 //! consumed units carry over, so no change refills a key.
 //!
+//! ## Feature flags
+//!
+//! The default build is the local limiter alone. `tokio` adds the waiting API;
+//! `redis` adds `redis` (exact global limits in Redis) and background sync; `tower`
+//! adds the HTTP layer in `http`, and `axum` lets it read axum's `ConnectInfo`.
+//!
 //! ## Waiting instead of rejecting
 //!
 //! With the `tokio` feature, `until_ready`, `until_ready_n`, `until_ready_with_jitter`
@@ -67,6 +73,8 @@ mod algorithm;
 pub mod clock;
 mod decision;
 mod error;
+#[cfg(feature = "tower")]
+pub mod http;
 mod limiter;
 mod quota;
 #[cfg(feature = "redis")]

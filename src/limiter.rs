@@ -168,9 +168,10 @@ impl<K: Hash + Eq, C> RateLimiter<K, C> {
         &self.inner.clock
     }
 
-    /// The most a single request may cost under the default quota.
-    #[cfg(feature = "redis")]
-    pub(crate) fn store_capacity(&self) -> u64 {
+    /// The most a single request may cost under the default quota: the burst for the
+    /// token and leaky buckets, the limit for the window algorithms. Decisions report it
+    /// as their [`limit`](Decision::limit).
+    pub fn capacity(&self) -> u64 {
         on_store!(&self.inner.engine, s => s.default_policy().capacity())
     }
 

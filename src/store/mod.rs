@@ -376,6 +376,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         Ok(())
     }
 
+    #[cfg(feature = "redis")]
     /// Replaces the default policy as is (each key's state converted by its `State`),
     /// shard by shard under each write lock.
     pub(crate) fn set_policy(&self, policy: S::Policy, now: u64) {
@@ -386,6 +387,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         self.invalidate_denies();
     }
 
+    #[cfg(feature = "redis")]
     /// Runs `f` on `key`'s state, if it holds any.
     ///
     /// Takes the key's shard read lock.
@@ -399,6 +401,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         shard.find(hash, key).map(|entry| f(&entry.state))
     }
 
+    #[cfg(feature = "redis")]
     /// Calls `f` on every key and its state, one shard at a time under its read lock
     /// (checks go on; only inserts into that shard wait).
     pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &S)) {

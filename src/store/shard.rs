@@ -123,6 +123,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
     }
 
     /// Calls `f` on every key and its state.
+    #[cfg(feature = "redis")]
     pub(crate) fn for_each(&self, f: &mut impl FnMut(&K, &S)) {
         for entry in self.table.iter() {
             f(&entry.key, &entry.state);

@@ -112,7 +112,7 @@ where
         now: Arc::new(move || clock_of.clock().now_ns()),
         script: redis::Script::new(source),
         args,
-        capacity: limiter.store_capacity(),
+        capacity: limiter.capacity(),
         rate_per_sec: quota.limit() as f64 / quota.period().as_secs_f64(),
         registry: format!("{{{}}}:sync:{tag}:nodes", config.prefix),
         key_prefix: format!("{{{}}}:sync:{tag}:", config.prefix),

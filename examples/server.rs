@@ -1,0 +1,234 @@
+//! An HTTP server rate-limited by tollgate: the README's main command.
+//!
+//! ```sh
+//! cargo run --release --example server -- --quota "10/s" --key ip
+//! curl -i http://127.0.0.1:3000/
+//! ```
+//!
+//! `GET /` and `GET /api/{anything}` are limited; `GET /healthz` is not. Every second the
+//! server prints what it allowed and denied, how many keys it holds, and the sync state.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::routing::get;
+use axum::{Json, Router};
+use clap::{Parser, ValueEnum};
+use tollgate::http::{Cidr, HeaderStyle, KeyExtractor, RateLimitLayer};
+use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
+use tollgate::{Algorithm, Quota, RateLimiter};
+
+#[derive(Parser, Debug)]
+#[command(about = "An HTTP server rate-limited by tollgate")]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// The quota, e.g. "10/s", "600/min", "10/s burst 20".
+    #[arg(long, default_value = "10/s")]
+    quota: Quota,
+    /// token-bucket, sliding-window, fixed-window, sliding-log or leaky-bucket.
+    #[arg(long, default_value = "token-bucket")]
+    algorithm: Algorithm,
+    /// What to key requests by: "ip" or "header:NAME".
+    #[arg(long, default_value = "ip")]
+    key: String,
+    /// A trusted proxy network (repeatable); with none, forwarding headers are ignored.
+    #[arg(long = "trusted-proxy")]
+    trusted_proxy: Vec<Cidr>,
+    /// Which rate-limit headers to send.
+    #[arg(long, value_enum, default_value = "both")]
+    headers: Headers,
+    /// Redis URL: turns on background sync, one global limit across servers.
+    #[arg(long)]
+    redis: Option<String>,
+    /// The sync mode.
+    #[arg(long, value_enum, default_value = "reconcile")]
+    sync: Sync,
+    /// How often to sync, e.g. "50ms" or "1s".
+    #[arg(long, default_value = "50ms", value_parser = parse_interval)]
+    sync_interval: Duration,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Headers {
+    Legacy,
+    Ietf,
+    Both,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Sync {
+    Reconcile,
+    Lease,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (count, unit) = s.split_at(digits);
+    let count: u64 = count
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 50ms or 1s"))?;
+    let interval = match unit {
+        "ms" => Duration::from_millis(count),
+        "s" => Duration::from_secs(count),
+        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use ms or s")),
+    };
+    if interval.is_zero() {
+        return Err("the sync interval must be above zero".into());
+    }
+    Ok(interval)
+}
+
+fn key_extractor(args: &Args) -> Result<KeyExtractor, String> {
+    match args.key.as_str() {
+        "ip" => Ok(KeyExtractor::client_ip(args.trusted_proxy.iter().copied())),
+        other => match other.strip_prefix("header:") {
+            Some(name) if !name.is_empty() => KeyExtractor::header(name).map_err(|e| e.to_string()),
+            _ => Err(format!("invalid --key {other:?}: use ip or header:NAME")),
+        },
+    }
+}
+
+/// Counts what the limited routes answered.
+#[derive(Default)]
+struct Counters {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let key = key_extractor(&args)?;
+    let builder = RateLimiter::<String>::builder(args.quota).algorithm(args.algorithm);
+    let (limiter, sync): (RateLimiter<String>, Option<SyncHandle>) = match &args.redis {
+        Some(url) => {
+            let mode = match args.sync {
+                Sync::Reconcile => SyncMode::Reconcile,
+                Sync::Lease => SyncMode::Lease,
+            };
+            let (limiter, handle) = builder
+                .build_synced(RedisSync::new(url).mode(mode).interval(args.sync_interval))
+                .map_err(|e| e.to_string())?;
+            (limiter, Some(handle))
+        }
+        None => (builder.build().map_err(|e| e.to_string())?, None),
+    };
+    let headers = match args.headers {
+        Headers::Legacy => HeaderStyle::Legacy,
+        Headers::Ietf => HeaderStyle::Ietf,
+        Headers::Both => HeaderStyle::Both,
+    };
+    let counters = Arc::new(Counters::default());
+    let count = {
+        let counters = Arc::clone(&counters);
+        move |response: Response| {
+            let counter = if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                &counters.denied
+            } else {
+                &counters.allowed
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            std::future::ready(response)
+        }
+    };
+    let limited = Router::new()
+        .route(
+            "/",
+            get(|| async { json_object("message", "hello from tollgate") }),
+        )
+        .route(
+            "/api/{*path}",
+            get(|Path(path): Path<String>| async move { json_object("path", &path) }),
+        )
+        .layer(
+            RateLimitLayer::new(limiter.clone())
+                .key(key)
+                .headers(headers),
+        )
+        .layer(axum::middleware::map_response(count));
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(limited);
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    println!(
+        "listening on http://{local} with quota {} ({}); try: curl -i http://{local}/",
+        args.quota, args.algorithm
+    );
+
+    let sync = sync.map(Arc::new);
+    let stats = tokio::spawn({
+        let counters = Arc::clone(&counters);
+        let limiter = limiter.clone();
+        let sync = sync.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let (allowed, denied) = (
+                    counters.allowed.swap(0, Ordering::Relaxed),
+                    counters.denied.swap(0, Ordering::Relaxed),
+                );
+                let sync = match &sync {
+                    None => "off".to_owned(),
+                    Some(handle) => {
+                        let s = handle.stats();
+                        let age = s
+                            .last_success_age
+                            .map_or("never".to_owned(), |a| format!("{}ms ago", a.as_millis()));
+                        let fallback = if s.fallback_active { ", FALLBACK" } else { "" };
+                        format!(
+                            "{} nodes, last sync {age}, {} errors{fallback}",
+                            s.nodes, s.errors
+                        )
+                    }
+                };
+                println!(
+                    "allowed {allowed:>6}  denied {denied:>6}  keys {:>6}  sync {sync}",
+                    limiter.len()
+                );
+            }
+        }
+    });
+    let serve = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    });
+    let result = serve.await.map_err(|e| e.to_string());
+    stats.abort();
+    let _ = stats.await;
+    if let Some(handle) = sync.and_then(|h| Arc::try_unwrap(h).ok()) {
+        handle.shutdown().await;
+    }
+    result
+}
+
+/// A one-field JSON object.
+fn json_object(field: &str, value: &str) -> Json<std::collections::BTreeMap<String, String>> {
+    Json([(field.to_owned(), value.to_owned())].into_iter().collect())
+}

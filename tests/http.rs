@@ -1,0 +1,475 @@
+//! The HTTP layer over real sockets: an axum app served on 127.0.0.1:0, spoken to with
+//! plain HTTP/1.1 over TCP.
+#![cfg(all(feature = "tower", feature = "axum"))]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tollgate::clock::ManualClock;
+use tollgate::http::{ErrorBody, HeaderStyle, KeyExtractor, MissingKey, RateLimitLayer};
+use tollgate::{Quota, RateLimiter};
+
+/// A response as it came over the wire.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: HashMap<String, String>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map_or("<missing>", String::as_str)
+    }
+}
+
+async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(": "))
+        .map(|(n, v)| (n.to_ascii_lowercase(), v.to_owned()))
+        .collect();
+    Reply {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+/// The status of a GET with `headers`.
+async fn status(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> u16 {
+    get_with(addr, path, headers).await.status
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Reply {
+    get_with(addr, path, &[]).await
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+fn limiter(quota: &str) -> (RateLimiter<String, ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let limiter = RateLimiter::builder(quota.parse::<Quota>().unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    (limiter, clock)
+}
+
+/// An app whose handler counts its calls.
+fn app(layer: RateLimitLayer, calls: Arc<AtomicU64>) -> Router {
+    Router::new()
+        .route(
+            "/",
+            routing::get(move || {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async { "hello" }
+            }),
+        )
+        .layer(layer)
+}
+
+#[tokio::test]
+async fn headers_are_exact_on_allowed_and_denied_responses() {
+    let (l, clock) = limiter("1/min");
+    let calls = Arc::new(AtomicU64::new(0));
+    let addr = serve(app(RateLimitLayer::new(l), calls.clone())).await;
+
+    let ok = get(addr, "/").await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.body, "hello");
+    assert_eq!(ok.header("ratelimit-limit"), "1");
+    assert_eq!(ok.header("ratelimit-remaining"), "0");
+    assert_eq!(ok.header("ratelimit-reset"), "60");
+    assert_eq!(ok.header("ratelimit-policy"), "\"default\";q=1;w=60");
+    assert_eq!(ok.header("ratelimit"), "\"default\";r=0;t=60");
+    assert_eq!(ok.header("retry-after"), "<missing>");
+
+    clock.advance(Duration::from_millis(20_500));
+    let denied = get(addr, "/").await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("retry-after"), "40", "39.5s rounds up");
+    assert_eq!(denied.header("ratelimit-reset"), "40");
+    assert_eq!(denied.header("ratelimit"), "\"default\";r=0;t=40");
+    assert_eq!(denied.header("ratelimit-limit"), "1");
+    assert_eq!(denied.header("content-type"), "application/json");
+    assert_eq!(
+        denied.body,
+        r#"{"error":"rate_limit_exceeded","message":"Too many requests: retry in 40 seconds.","retry_after_seconds":40}"#
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the inner service ran for a denied request"
+    );
+}
+
+#[tokio::test]
+async fn sub_second_waits_say_one_second() {
+    let (l, clock) = limiter("4/s burst 1");
+    let addr = serve(app(RateLimitLayer::new(l), Arc::default())).await;
+    assert_eq!(get(addr, "/").await.status, 200);
+    clock.advance(Duration::from_millis(100));
+    let denied = get(addr, "/").await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(
+        denied.header("retry-after"),
+        "1",
+        "a 150ms wait is never Retry-After: 0"
+    );
+    assert_eq!(denied.header("ratelimit"), "\"default\";r=0;t=1");
+    assert!(denied.body.contains(r#""retry_after_seconds":1"#));
+}
+
+#[tokio::test]
+async fn header_styles_policy_name_and_problem_json() {
+    let (l, _) = limiter("1/s");
+    let layer = RateLimitLayer::new(l)
+        .headers(HeaderStyle::Ietf)
+        .policy_name("per-ip")
+        .error_body(ErrorBody::ProblemJson);
+    let addr = serve(app(layer, Arc::default())).await;
+    let ok = get(addr, "/").await;
+    assert_eq!(ok.header("ratelimit-limit"), "<missing>");
+    assert_eq!(ok.header("ratelimit-policy"), "\"per-ip\";q=1;w=1");
+    let denied = get(addr, "/").await;
+    assert_eq!(denied.header("content-type"), "application/problem+json");
+    for field in [
+        r#""title":"Too Many Requests""#,
+        r#""status":429"#,
+        r#""type":"https://"#,
+        r#""detail":"Too many requests"#,
+    ] {
+        assert!(denied.body.contains(field), "{} lacks {field}", denied.body);
+    }
+
+    let (l, _) = limiter("1/s");
+    let addr = serve(app(
+        RateLimitLayer::new(l).headers(HeaderStyle::Legacy),
+        Arc::default(),
+    ))
+    .await;
+    let ok = get(addr, "/").await;
+    assert_eq!(ok.header("ratelimit-policy"), "<missing>");
+    assert_eq!(ok.header("ratelimit-limit"), "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_admit_exactly_the_burst() {
+    let (l, _) = limiter("5/s");
+    let calls = Arc::new(AtomicU64::new(0));
+    let addr = serve(app(RateLimitLayer::new(l), calls.clone())).await;
+    let tasks: Vec<_> = (0..200)
+        .map(|_| tokio::spawn(async move { get(addr, "/").await.status }))
+        .collect();
+    let mut counts = HashMap::new();
+    for task in tasks {
+        *counts.entry(task.await.unwrap()).or_insert(0) += 1;
+    }
+    assert_eq!(counts.get(&200), Some(&5));
+    assert_eq!(counts.get(&429), Some(&195));
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn forwarding_headers_cannot_buy_fresh_buckets() {
+    // No trusted proxy: the headers are ignored, every request is the peer's.
+    let (l, _) = limiter("3/s");
+    let addr = serve(app(
+        RateLimitLayer::new(l).key(KeyExtractor::client_ip([])),
+        Arc::default(),
+    ))
+    .await;
+    for i in 0..3 {
+        let xff = format!("203.0.113.{i}");
+        assert_eq!(status(addr, "/", &[("x-forwarded-for", &xff)]).await, 200);
+    }
+    assert_eq!(
+        status(addr, "/", &[("x-forwarded-for", "198.51.100.99")]).await,
+        429
+    );
+
+    // Behind a trusted proxy (the loopback peer), the rightmost untrusted hop is the
+    // client, and what it wrote to the left of itself is ignored.
+    let (l, _) = limiter("1/s");
+    let layer =
+        RateLimitLayer::new(l).key(KeyExtractor::client_ip(["127.0.0.0/8".parse().unwrap()]));
+    let addr = serve(app(layer, Arc::default())).await;
+    assert_eq!(
+        status(addr, "/", &[("x-forwarded-for", "198.51.100.1")]).await,
+        200
+    );
+    assert_eq!(
+        status(addr, "/", &[("x-forwarded-for", "198.51.100.2")]).await,
+        200
+    );
+    let forged = get_with(addr, "/", &[("x-forwarded-for", "6.6.6.6, 198.51.100.1")]).await;
+    assert_eq!(
+        forged.status, 429,
+        "a forged leftmost entry bought a fresh bucket"
+    );
+    assert_eq!(
+        status(addr, "/", &[("forwarded", "for=198.51.100.3")]).await,
+        200
+    );
+}
+
+#[tokio::test]
+async fn ipv6_clients_in_one_64_share_a_bucket() {
+    let (l, _) = limiter("1/s");
+    let layer = RateLimitLayer::new(l).key(KeyExtractor::client_ip(["127.0.0.1".parse().unwrap()]));
+    let addr = serve(app(layer, Arc::default())).await;
+    assert_eq!(
+        status(addr, "/", &[("x-forwarded-for", "2001:db8:0:7::1")]).await,
+        200
+    );
+    assert_eq!(
+        status(addr, "/", &[("x-forwarded-for", "2001:db8:0:7:ffff::2")]).await,
+        429
+    );
+    assert_eq!(
+        status(addr, "/", &[("x-forwarded-for", "[2001:db8:0:8::1]:443")]).await,
+        200
+    );
+}
+
+#[tokio::test]
+async fn header_keys_and_the_missing_key_policy() {
+    let (l, _) = limiter("1/s");
+    let addr = serve(app(
+        RateLimitLayer::new(l).key(KeyExtractor::header("x-api-key").unwrap()),
+        Arc::default(),
+    ))
+    .await;
+    assert_eq!(status(addr, "/", &[("x-api-key", "alpha")]).await, 200);
+    assert_eq!(status(addr, "/", &[("x-api-key", "beta")]).await, 200);
+    assert_eq!(status(addr, "/", &[("x-api-key", "alpha")]).await, 429);
+    let missing = get(addr, "/").await;
+    assert_eq!(missing.status, 400);
+    assert!(
+        missing.body.contains("rate_limit_key_missing"),
+        "{}",
+        missing.body
+    );
+
+    let (l, _) = limiter("1/s");
+    let layer = RateLimitLayer::new(l)
+        .key(KeyExtractor::header("x-api-key").unwrap())
+        .on_missing_key(MissingKey::Shared("anonymous".into()));
+    let addr = serve(app(layer, Arc::default())).await;
+    assert_eq!(get(addr, "/").await.status, 200);
+    assert_eq!(
+        get(addr, "/").await.status,
+        429,
+        "keyless requests share one bucket"
+    );
+    assert_eq!(status(addr, "/", &[("x-api-key", "gamma")]).await, 200);
+}
+
+#[tokio::test]
+async fn a_custom_key_closure() {
+    let (l, _) = limiter("1/s");
+    let key = KeyExtractor::custom(|head| head.uri.path().split('/').nth(1).map(str::to_owned));
+    let app = Router::new()
+        .route("/{tenant}", routing::get(|| async { "hi" }))
+        .layer(RateLimitLayer::new(l).key(key));
+    let addr = serve(app).await;
+    assert_eq!(get(addr, "/acme").await.status, 200);
+    assert_eq!(get(addr, "/acme").await.status, 429);
+    assert_eq!(get(addr, "/globex").await.status, 200);
+}
+
+#[tokio::test]
+async fn the_redis_tier_behind_the_layer() {
+    use tollgate::redis::{FailMode, LocalRedis, RedisLimiter};
+    let server = LocalRedis::start().expect("redis-server (./scripts/test.sh installs it)");
+    let limiter = RedisLimiter::builder(&server.url(), "2/min".parse().unwrap())
+        .build()
+        .await
+        .unwrap();
+    let addr = serve(app(
+        RateLimitLayer::redis(limiter, FailMode::Closed),
+        Arc::default(),
+    ))
+    .await;
+    assert_eq!(get(addr, "/").await.header("ratelimit-remaining"), "1");
+    assert_eq!(get(addr, "/").await.status, 200);
+    let denied = get(addr, "/").await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("retry-after"), "30");
+}
+
+/// The example server as a process, with the pinned flags.
+mod server_binary {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Command, Stdio};
+
+    use super::*;
+
+    fn binary() -> std::path::PathBuf {
+        // Tests live in target/<profile>/deps; `cargo test` builds examples next door.
+        let deps = std::env::current_exe()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        let path = deps.parent().unwrap().join("examples").join("server");
+        assert!(
+            path.exists(),
+            "{} is missing: run the tests with cargo test, which builds the examples",
+            path.display()
+        );
+        path
+    }
+
+    /// Starts the server on a free port; returns it and its address.
+    fn start(flags: &[&str]) -> (Child, SocketAddr) {
+        let mut child = Command::new(binary())
+            .args(["--listen", "127.0.0.1:0"])
+            .args(flags)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        (child, addr)
+    }
+
+    #[tokio::test]
+    async fn limits_the_api_and_not_the_health_check() {
+        let (mut child, addr) = start(&[
+            "--quota",
+            "2/min",
+            "--algorithm",
+            "sliding-window",
+            "--headers",
+            "legacy",
+        ]);
+        assert_eq!(get(addr, "/").await.status, 200);
+        let api = get(addr, "/api/users/7").await;
+        assert_eq!(api.status, 200);
+        assert_eq!(api.body, r#"{"path":"users/7"}"#);
+        assert_eq!(api.header("ratelimit-remaining"), "0");
+        assert_eq!(api.header("ratelimit"), "<missing>");
+        assert_eq!(get(addr, "/api/x").await.status, 429);
+        for _ in 0..5 {
+            assert_eq!(get(addr, "/healthz").await.status, 200);
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[tokio::test]
+    async fn keys_by_header_and_trusts_only_configured_proxies() {
+        let (mut child, addr) = start(&["--quota", "1/min", "--key", "header:x-api-key"]);
+        assert_eq!(status(addr, "/", &[("x-api-key", "a")]).await, 200);
+        assert_eq!(status(addr, "/", &[("x-api-key", "b")]).await, 200);
+        assert_eq!(status(addr, "/", &[("x-api-key", "a")]).await, 429);
+        child.kill().unwrap();
+        child.wait().unwrap();
+
+        let (mut child, addr) = start(&[
+            "--quota",
+            "1/min",
+            "--trusted-proxy",
+            "127.0.0.0/8",
+            "--trusted-proxy",
+            "10.0.0.0/8",
+        ]);
+        assert_eq!(
+            status(addr, "/", &[("x-forwarded-for", "198.51.100.1, 10.1.1.1")]).await,
+            200
+        );
+        assert_eq!(
+            status(addr, "/", &[("x-forwarded-for", "198.51.100.2")]).await,
+            200
+        );
+        assert_eq!(
+            status(addr, "/", &[("x-forwarded-for", "198.51.100.1")]).await,
+            429
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn bad_flags_exit_with_2_and_say_why() {
+        for (flags, says) in [
+            (
+                &["--quota", "ten/s"][..],
+                "the limit \"ten\" is not a whole number",
+            ),
+            (&["--quota", "10/fortnight"][..], "unknown period unit"),
+            (&["--algorithm", "gcra"][..], "unknown algorithm"),
+            (&["--key", "cookie"][..], "invalid --key"),
+            (&["--trusted-proxy", "10.0.0.0/99"][..], "prefix length"),
+            (&["--headers", "fancy"][..], "invalid value 'fancy'"),
+            (&["--sync-interval", "5 minutes"][..], "use ms or s"),
+            (
+                &[
+                    "--redis",
+                    "redis://127.0.0.1:1/",
+                    "--algorithm",
+                    "fixed-window",
+                ][..],
+                "token-bucket and sliding-window",
+            ),
+        ] {
+            let out = Command::new(binary()).args(flags).output().unwrap();
+            assert_eq!(out.status.code(), Some(2), "{flags:?}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains(says), "{flags:?}: {stderr}");
+            assert!(!stderr.contains("panicked"), "{flags:?}: {stderr}");
+        }
+    }
+}
