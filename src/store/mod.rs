@@ -167,7 +167,13 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
     {
         let hash = self.hasher.hash_one(key);
         let cacheable = S::DENIES_ARE_STABLE && cost == 1 && max_delay == u64::MAX;
-        let generation = self.generation.load(Ordering::Acquire);
+        // Read before deciding, so that a reset racing with this check invalidates the
+        // deny it may cache. Only cacheable checks need it.
+        let generation = if cacheable {
+            self.generation.load(Ordering::Acquire)
+        } else {
+            0
+        };
         if cacheable && self.deny_cache_live.load(Ordering::Relaxed) {
             if let Some(d) = deny_cache::lookup(
                 self.id,
