@@ -66,6 +66,31 @@ pub enum ConfigError {
     InvalidHeaderName(String),
     /// An algorithm name that is not one of [`Algorithm::name`](crate::Algorithm::name)'s.
     UnknownAlgorithm(String),
+    /// A setting of the background sync is out of range.
+    InvalidSyncSetting {
+        /// The setting's name (the `RedisSync` method).
+        setting: &'static str,
+        /// The value given.
+        value: String,
+        /// The values it accepts.
+        expected: &'static str,
+    },
+    /// A Redis URL that cannot be parsed (any password in it is redacted).
+    InvalidRedisUrl {
+        /// The URL, password redacted.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Redis could not be reached at start, and the configuration requires it.
+    RedisUnreachable {
+        /// The URL, password redacted.
+        url: String,
+        /// The error (which never contains the password).
+        reason: String,
+    },
+    /// Another synced limiter of this process already uses this prefix and algorithm.
+    PrefixInUse(String),
     /// A quota string such as `"100/s burst 200"` could not be parsed.
     InvalidQuotaString {
         /// The string as given.
@@ -138,6 +163,23 @@ impl fmt::Display for ConfigError {
             Self::InvalidQuotaString { input, reason } => {
                 write!(f, "invalid quota string {input:?}: {reason}")
             }
+            Self::InvalidSyncSetting {
+                setting,
+                value,
+                expected,
+            } => write!(f, "sync {setting} {value} is out of range: use {expected}"),
+            Self::InvalidRedisUrl { url, reason } => write!(
+                f,
+                "invalid Redis URL {url:?} ({reason}): write it as redis://[user:password@]host:port/[db]"
+            ),
+            Self::RedisUnreachable { url, reason } => write!(
+                f,
+                "cannot reach Redis at {url} ({reason}): start it, fix the URL, or drop                  require_connection to serve by the fallback until it answers"
+            ),
+            Self::PrefixInUse(what) => write!(
+                f,
+                "another synced limiter in this process already uses {what}: give each                  limiter its own prefix (or allow_shared_prefix(true) to run several nodes                  in one process)"
+            ),
         }
     }
 }

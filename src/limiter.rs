@@ -530,13 +530,11 @@ impl<K: Hash + Eq, C: Clock> Builder<K, C> {
             Some(n) => n,
             None => default_shards(),
         };
-        let fresh = match sync.mode {
-            crate::sync::SyncMode::Reconcile => capacity,
-            crate::sync::SyncMode::Lease => 0,
-        };
+        // Until the first round tells how many nodes share the limit, a new key waits for
+        // its first lease (the sync task sets each key's share of a fresh capacity then).
         let interval_ns = u64::try_from(sync.interval.as_nanos()).unwrap_or(u64::MAX);
-        let policy = crate::sync::SyncPolicy::new(self.quota, capacity, fresh, interval_ns);
-        // Synced keys are never swept while they owe a report; the cap still applies.
+        let policy = crate::sync::SyncPolicy::new(self.quota, capacity, 0, interval_ns);
+        // Synced keys are dropped by the sync task once released; the cap still applies.
         let limits = Limits {
             sweep: false,
             ..self.limits(shards)

@@ -337,6 +337,33 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         removed
     }
 
+    /// Removes `key`'s state if `drop_it` holds for it, under the shard write lock (so no
+    /// check can touch it in between); true if it was removed.
+    ///
+    /// Takes the key's shard write lock.
+    #[cfg(feature = "redis")]
+    pub(crate) fn remove_if<Q>(&self, key: &Q, drop_it: impl FnOnce(&S) -> bool) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shard(hash).write();
+        if !shard
+            .find(hash, key)
+            .is_some_and(|entry| drop_it(&entry.state))
+        {
+            return false;
+        }
+        let removed = shard.remove(hash, key, self.rehash());
+        drop(shard);
+        if removed {
+            self.len.fetch_sub(1, Ordering::AcqRel);
+            self.invalidate_denies();
+        }
+        removed
+    }
+
     /// Gives `key` its own policy (`Some`) or returns it to the default (`None`),
     /// converting its state.
     ///

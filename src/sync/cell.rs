@@ -1,5 +1,5 @@
-//! A synced key's local state: an allowance counted down by checks, and the consumption
-//! the sync task has not reported yet. No clock, no lock: two atomics on one cache line.
+//! A synced key's local state: a lease and an overdraft counted down by checks (one CAS,
+//! no clock, no lock), and the books only the sync task reads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -8,6 +8,9 @@ use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::Quota;
 use crate::store::state::State;
+
+use super::node::Books;
+use parking_lot::Mutex;
 
 /// Set in [`SyncCell::flags`] by a denied check: the key ran out.
 pub(crate) const WANTED: u64 = 1;
@@ -67,32 +70,39 @@ impl Policy for SyncPolicy {
 }
 
 /// A synced key on this node: tokens leased from the global state, an overdraft beyond
-/// them (reconcile mode), until when both may be spent, and what was admitted since the
-/// last round.
+/// them (reconcile mode), until when the lease may be spent, and the books the sync task
+/// keeps for the key. Checks touch only the first five fields.
 #[derive(Debug, Default)]
 pub(crate) struct SyncCell {
-    /// Leased tokens: already charged to the global state.
+    /// Leased tokens: already reserved in the global state.
     pub(crate) allowance: AtomicU64,
-    /// Tokens that may be admitted beyond the lease (reconcile mode): charged to the
-    /// global state at the next round.
+    /// Tokens that may be admitted beyond the lease (reconcile mode, and the local
+    /// fallback): reported in the next round's floor.
     pub(crate) overdraft: AtomicU64,
-    /// The [`WANTED`] flag.
+    /// The [`WANTED`] flag, and when (limiter clock, ns) it was set: how long the key's
+    /// allowance lasted tells its demand.
     pub(crate) flags: AtomicU64,
-    /// Units admitted with no allowance at all, under [`Override::AllowAll`], and units
-    /// of an overdraft spent while a round was in flight: to be charged.
+    pub(crate) ran_out_at: AtomicU64,
+    /// Units admitted with no allowance at all, under [`Override::AllowAll`].
     pub(crate) overdrawn: AtomicU64,
-    /// What the last round leased and gave as overdraft. Written by the sync task only:
-    /// with what is left at the next round, it tells what was spent, so that checks count
-    /// nothing but their one CAS.
-    pub(crate) granted: AtomicU64,
-    pub(crate) given: AtomicU64,
-    /// The limiter-clock instant (ns) after which the lease is void: it is spent within
-    /// two intervals (and, in lease mode for the sliding window, the window) of being
-    /// granted. The overdraft does not expire: it is replaced at the key's next round.
+    /// The limiter-clock instant (ns) after which the lease is void: the end of Redis's
+    /// window, for a sliding-window lease in lease mode; never otherwise.
     pub(crate) expires: AtomicU64,
+    /// The sync task's books: only the task takes this lock.
+    pub(crate) books: Mutex<Books>,
 }
 
 impl SyncCell {
+    /// Whether the task released the key (its last round returned everything and
+    /// reported everything) and no check has touched it since.
+    pub(crate) fn is_released(&self) -> bool {
+        self.allowance.load(Ordering::Acquire) == 0
+            && self.overdraft.load(Ordering::Acquire) == 0
+            && self.overdrawn.load(Ordering::Acquire) == 0
+            && self.flags.load(Ordering::Acquire) & WANTED == 0
+            && self.books.try_lock().is_some_and(|b| b.released)
+    }
+
     fn decision(policy: &SyncPolicy, allowed: bool, remaining: u64) -> Decision {
         if allowed {
             Decision::allow(policy.capacity, remaining, policy.interval_ns)
@@ -106,9 +116,12 @@ impl SyncCell {
         }
     }
 
-    fn want(&self) {
+    /// Marks the key as run out, at `now`: written once per round (the first deny), so
+    /// that repeated denies write nothing.
+    pub(crate) fn want(&self, now: u64) {
         if self.flags.load(Ordering::Relaxed) & WANTED == 0 {
-            self.flags.fetch_or(WANTED, Ordering::Relaxed);
+            self.ran_out_at.store(now, Ordering::Relaxed);
+            self.flags.fetch_or(WANTED, Ordering::Release);
         }
     }
 
@@ -133,8 +146,8 @@ impl State for SyncCell {
     fn fresh(policy: &SyncPolicy) -> Self {
         Self {
             overdraft: AtomicU64::new(policy.fresh),
-            given: AtomicU64::new(policy.fresh),
             expires: AtomicU64::new(u64::MAX),
+            books: Mutex::new(Books::fresh(policy.fresh)),
             ..Self::default()
         }
     }
@@ -159,7 +172,7 @@ impl State for SyncCell {
         if let Some(left) = Self::spend(&self.overdraft, cost) {
             return Self::decision(policy, true, left);
         }
-        self.want();
+        self.want(now);
         Self::decision(policy, false, 0)
     }
 
@@ -181,13 +194,14 @@ impl State for SyncCell {
         Self::decision(policy, allowed, policy.fresh)
     }
 
-    /// A synced key may be dropped only when it owes no report and holds no lease
-    /// (leases are returned by the sync task first).
+    /// A synced key may be dropped only once the sync task has released it: it owes no
+    /// report and holds no lease. The task drops released keys itself.
     fn reset_after_ns(&self, policy: &SyncPolicy, _now: u64) -> u64 {
-        let idle = self.overdrawn.load(Ordering::Acquire) == 0
-            && self.allowance.load(Ordering::Acquire) == 0
-            && self.overdraft.load(Ordering::Acquire) == self.given.load(Ordering::Acquire);
-        if idle { 0 } else { policy.interval_ns.max(1) }
+        if self.is_released() {
+            0
+        } else {
+            policy.interval_ns.max(1)
+        }
     }
 
     /// Allowances are counts granted by the sync task: a policy change leaves them as

@@ -75,6 +75,13 @@
 //! share the hash tag `{prefix}`, so one script call may touch them in Redis Cluster.
 
 mod cell;
+mod config;
+#[cfg(test)]
+mod differential;
+mod node;
+mod protocol;
+#[cfg(test)]
+mod sim;
 mod task;
 
 use std::sync::Arc;
@@ -83,123 +90,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub(crate) use cell::{SyncCell, SyncPolicy};
-
-/// How nodes share a global limit.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SyncMode {
-    /// Approximate: each node admits its fair share of what the global state has left,
-    /// reconciled every interval. See the module docs for the over-admission bound.
-    #[default]
-    Reconcile,
-    /// Strict: each node spends tokens it leased from the global state. The global limit
-    /// is never exceeded.
-    Lease,
-}
-
-/// What checks do when Redis has not answered for longer than the staleness.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Fallback {
-    /// Enforce the quota divided by the last known number of nodes, locally.
-    #[default]
-    LocalShare,
-    /// Admit everything (availability first).
-    AllowAll,
-    /// Deny everything (protection first).
-    DenyAll,
-}
-
-/// The configuration of a limiter's background sync. Start it with
-/// [`Builder::build_synced`](crate::Builder::build_synced).
-#[derive(Clone, Debug)]
-pub struct RedisSync {
-    pub(crate) url: String,
-    pub(crate) mode: SyncMode,
-    pub(crate) interval: Duration,
-    pub(crate) prefix: String,
-    pub(crate) fallback: Fallback,
-    pub(crate) staleness: Option<Duration>,
-    pub(crate) node_ttl: Option<Duration>,
-    pub(crate) batch_size: usize,
-    pub(crate) timeout: Duration,
-}
-
-impl RedisSync {
-    /// Sync through the Redis server at `url`, in [`SyncMode::Reconcile`], every 50 ms.
-    pub fn new(url: &str) -> Self {
-        Self {
-            url: url.to_owned(),
-            mode: SyncMode::Reconcile,
-            interval: Duration::from_millis(50),
-            prefix: "tollgate".to_owned(),
-            fallback: Fallback::LocalShare,
-            staleness: None,
-            node_ttl: None,
-            batch_size: 500,
-            timeout: Duration::from_millis(200),
-        }
-    }
-
-    /// [`SyncMode::Reconcile`] (the default) or [`SyncMode::Lease`].
-    pub fn mode(mut self, mode: SyncMode) -> Self {
-        self.mode = mode;
-        self
-    }
-
-    /// How often the task syncs; 50 ms by default.
-    pub fn interval(mut self, interval: Duration) -> Self {
-        self.interval = interval;
-        self
-    }
-
-    /// The prefix of the Redis keys; `"tollgate"` by default. All of a limiter's sync
-    /// keys share the hash tag `{prefix}`, so one script call can touch them in Redis
-    /// Cluster too.
-    pub fn prefix(mut self, prefix: &str) -> Self {
-        self.prefix = prefix.to_owned();
-        self
-    }
-
-    /// What checks do once Redis has been silent for the staleness;
-    /// [`Fallback::LocalShare`] by default.
-    pub fn fallback(mut self, fallback: Fallback) -> Self {
-        self.fallback = fallback;
-        self
-    }
-
-    /// How long without a successful round before the fallback applies; 3 intervals by
-    /// default.
-    pub fn staleness(mut self, staleness: Duration) -> Self {
-        self.staleness = Some(staleness);
-        self
-    }
-
-    /// How long a node's heartbeat counts; 3 intervals by default.
-    pub fn node_ttl(mut self, ttl: Duration) -> Self {
-        self.node_ttl = Some(ttl);
-        self
-    }
-
-    /// The most keys sent in one script call; 500 by default. More keys are sent in
-    /// several calls, pipelined.
-    pub fn batch_size(mut self, keys: usize) -> Self {
-        self.batch_size = keys.max(1);
-        self
-    }
-
-    /// How long one round may wait for Redis; 200 ms by default.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    pub(crate) fn staleness_or_default(&self) -> Duration {
-        self.staleness.unwrap_or(self.interval * 3)
-    }
-
-    pub(crate) fn node_ttl_or_default(&self) -> Duration {
-        self.node_ttl.unwrap_or(self.interval * 3)
-    }
-}
+pub(crate) use config::redact_url;
+pub use config::{Fallback, RedisSync, SyncMode};
 
 /// A snapshot of a sync task's health.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -216,9 +108,19 @@ pub struct SyncStats {
     pub fallback_active: bool,
     /// Live nodes, as last seen in Redis (at least 1).
     pub nodes: u64,
-    /// Redis's clock minus this node's, estimated at the last round trip's midpoint, in
-    /// nanoseconds.
+    /// Redis's clock minus this machine's wall clock, in nanoseconds, estimated at the
+    /// midpoint of the last successful round trip (0 before the first).
     pub clock_offset: i64,
+    /// Keys that needed a round but did not fit in the last one (see
+    /// [`RedisSync::round_keys`]); they go in the next rounds.
+    pub keys_waiting: usize,
+    /// Answers Redis marked stale (a round older than one it had applied); they change
+    /// nothing.
+    pub stale_answers: u64,
+    /// Synced keys released (lease returned) and dropped after going idle.
+    pub keys_released: u64,
+    /// The sync task died (a bug): checks apply the configured [`Fallback`] from then on.
+    pub task_died: bool,
 }
 
 /// The state a sync task shares with its handle.
@@ -227,6 +129,9 @@ pub(crate) struct Shared {
     pub(crate) stats: Mutex<StatsCell>,
     pub(crate) wake: tokio::sync::Notify,
     pub(crate) stop: tokio::sync::Notify,
+    /// Makes the task panic at its next wake-up, to test the supervisor.
+    #[cfg(test)]
+    pub(crate) poison: std::sync::atomic::AtomicBool,
 }
 
 /// The task's counters; ages are computed when read.

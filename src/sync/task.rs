@@ -1,16 +1,22 @@
-//! The sync task: one per limiter, on tokio.
+//! The sync task: one per limiter, on tokio. It picks the keys each round sends, talks to
+//! Redis, and applies the fallback; the arithmetic of a round is in `node` (this side)
+//! and `protocol` (Redis's side, run by `round.lua`).
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::fmt::Display;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::cell::{Override, SyncCell, SyncPolicy, WANTED};
-use super::{Fallback, RedisSync, Shared, SyncHandle, SyncMode};
+use super::cell::{Override, SyncCell, SyncPolicy};
+use super::config::Settings;
+use super::node::{self, Need, NodeParams};
+use super::protocol::{Answer, Params, Request, Shape};
+use super::{Fallback, RedisSync, Shared, SyncHandle, SyncMode, redact_url};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::error::ConfigError;
@@ -18,48 +24,60 @@ use crate::limiter::RateLimiter;
 use crate::redis::limiter::script_args;
 use crate::store::Store;
 
-const TOKEN_BUCKET: &str = include_str!("sync_token_bucket.lua");
-const SLIDING_WINDOW: &str = include_str!("sync_sliding_window.lua");
-/// The longest wait between retries while Redis fails.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+pub(crate) const ROUND: &str = include_str!("round.lua");
+/// The longest wait between retries while Redis fails: recovery is never further away.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+/// How many rounds a shutdown may run to flush every key.
+const SHUTDOWN_ROUNDS: usize = 1_000;
 
-/// What a round sends for one key, kept to apply the answer or to undo on failure.
-struct Item<K> {
-    key: K,
-    /// Units admitted since the last round (lease and overdraft), for sizing the lease.
-    used: u64,
-    /// Whether the key ran out (was denied).
-    ran_out: bool,
-    /// Units to charge: admitted beyond a lease, plus tokens handed out locally during an
-    /// outage in lease mode.
-    charged: u64,
-    /// Of `charged`, what was the key's own spending (the rest is outage debt).
-    spent: u64,
-    /// The overdraft left when the round was collected; checks may spend on from it
-    /// while the round is in flight.
-    overdraft_left: u64,
-    returned: u64,
-    wanted: u64,
+/// The prefixes (with the algorithm) in use by this process's synced limiters.
+static IN_USE: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// Holds a prefix for as long as its limiter's task runs.
+struct PrefixGuard(Option<String>);
+
+impl PrefixGuard {
+    fn claim(name: String, shared: bool) -> Result<Self, ConfigError> {
+        if shared {
+            return Ok(Self(None));
+        }
+        let mut in_use = IN_USE.lock();
+        if !in_use.get_or_insert_with(HashSet::new).insert(name.clone()) {
+            return Err(ConfigError::PrefixInUse(name));
+        }
+        Ok(Self(Some(name)))
+    }
 }
 
-/// What a successful round learnt.
-struct Round {
-    nodes: u64,
-    keys: usize,
-    clock_offset: i64,
+impl Drop for PrefixGuard {
+    fn drop(&mut self) {
+        if let Some(name) = self.0.take() {
+            if let Some(set) = IN_USE.lock().as_mut() {
+                set.remove(&name);
+            }
+        }
+    }
+}
+
+/// Aborts a spawned task when dropped (so that aborting the supervisor stops it too).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Everything the task needs, besides the limiter's store.
 struct Task {
     config: RedisSync,
-    algorithm: Algorithm,
+    settings: Settings,
+    params: Params,
+    node_params: NodeParams,
+    shape_tag: &'static str,
+    script: redis::Script,
     /// The limiter's clock, read as ns.
     now: Arc<dyn Fn() -> u64 + Send + Sync>,
-    script: redis::Script,
-    args: [u64; 3],
-    capacity: u64,
-    /// The quota's rate in units per second, for the local fallback refill.
-    rate_per_sec: f64,
     registry: String,
     key_prefix: String,
     node: String,
@@ -79,48 +97,88 @@ where
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?;
     let algorithm = limiter.algorithm();
     let quota = limiter.quota();
-    let (source, tag) = match algorithm {
-        Algorithm::TokenBucket => (TOKEN_BUCKET, "tb"),
-        Algorithm::SlidingWindow => (SLIDING_WINDOW, "sw"),
+    if !matches!(algorithm, Algorithm::TokenBucket | Algorithm::SlidingWindow) {
+        return Err(ConfigError::Unsupported(
+            "background sync supports token-bucket and sliding-window",
+        ));
+    }
+    let settings = config.validate(quota.period_ns())?;
+    let args = script_args(algorithm, quota).map_err(|e| match e {
+        crate::redis::RedisError::Config(e) => e,
+        _ => ConfigError::Unsupported("this quota cannot run on Redis"),
+    })?;
+    let (shape, tag) = match algorithm {
+        Algorithm::TokenBucket => (
+            Shape::TokenBucket {
+                t: args[0],
+                tau: args[1],
+            },
+            "tb",
+        ),
+        Algorithm::SlidingWindow => (
+            Shape::SlidingWindow {
+                limit: args[0],
+                period: args[1],
+            },
+            "sw",
+        ),
         _ => {
             return Err(ConfigError::Unsupported(
                 "background sync supports token-bucket and sliding-window",
             ));
         }
     };
-    let args = script_args(algorithm, quota).map_err(|e| match e {
-        crate::redis::RedisError::Config(e) => e,
-        _ => ConfigError::Unsupported("this quota cannot run on Redis"),
-    })?;
-    if config.prefix.contains(['{', '}']) {
-        return Err(ConfigError::InvalidPrefix(config.prefix.clone()));
-    }
-    if config.interval.is_zero() {
-        return Err(ConfigError::ZeroPeriod);
+    let guard = PrefixGuard::claim(
+        format!("prefix {:?} with {}", config.prefix, algorithm.name()),
+        config.shared_prefix,
+    )?;
+    if config.require_connection {
+        check_connection(&settings.client, &config)?;
     }
     static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seed = (
         std::process::id(),
         STARTED.fetch_add(1, Ordering::Relaxed),
-        std::time::SystemTime::now(),
+        SystemTime::now(),
     );
     let node = format!("{:016x}", ahash::RandomState::new().hash_one(seed));
     let shared = Arc::new(Shared::default());
     let clock_of = limiter.clone();
+    let interval_us = micros(config.interval);
+    let hold = interval_us * 2;
     let task = Task {
-        algorithm,
+        params: Params {
+            shape,
+            overdraft_horizon: if config.mode == SyncMode::Reconcile {
+                hold
+            } else {
+                0
+            },
+            hold,
+            demand_ttl: interval_us * 3,
+            retain_ms: millis(settings.idle_ttl) * 2 + 10_000,
+        },
+        node_params: NodeParams {
+            ticks: shape.ticks_per_token(),
+            capacity: limiter.capacity(),
+            interval_ns: interval_us * 1_000,
+            hold_us: hold,
+            idle_ns: micros(settings.idle_ttl).saturating_mul(1_000),
+            reconcile: config.mode == SyncMode::Reconcile,
+            demand_tau_us: (quota.period_ns() / 1_000).clamp(1_000_000, 60_000_000),
+            timeout_ns: micros(config.timeout).saturating_mul(1_000),
+        },
+        shape_tag: tag,
+        script: redis::Script::new(ROUND),
         now: Arc::new(move || clock_of.clock().now_ns()),
-        script: redis::Script::new(source),
-        args,
-        capacity: limiter.capacity(),
-        rate_per_sec: quota.limit() as f64 / quota.period().as_secs_f64(),
         registry: format!("{{{}}}:sync:{tag}:nodes", config.prefix),
-        key_prefix: format!("{{{}}}:sync:{tag}:", config.prefix),
+        key_prefix: format!("{}:sync:{tag}:", config.prefix),
         node: node.clone(),
         shared: Arc::clone(&shared),
+        settings,
         config,
     };
-    let handle = runtime.spawn(task.run(limiter));
+    let handle = runtime.spawn(supervise(Arc::new(task), limiter, guard));
     Ok(SyncHandle {
         name: format!("tollgate-sync-{node}"),
         shared,
@@ -128,36 +186,129 @@ where
     })
 }
 
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `require_connection`: connects and pings once, blocking for at most the timeout.
+fn check_connection(client: &redis::Client, config: &RedisSync) -> Result<(), ConfigError> {
+    let unreachable = |e: redis::RedisError| ConfigError::RedisUnreachable {
+        url: redact_url(&config.url),
+        reason: e.to_string(),
+    };
+    let mut connection = client
+        .get_connection_with_timeout(config.timeout)
+        .map_err(unreachable)?;
+    connection
+        .set_read_timeout(Some(config.timeout))
+        .map_err(unreachable)?;
+    redis::cmd("PING")
+        .query::<String>(&mut connection)
+        .map_err(unreachable)?;
+    Ok(())
+}
+
+/// Runs the task; if it dies, records it and applies the fallback until stopped.
+async fn supervise<K, C>(task: Arc<Task>, limiter: RateLimiter<K, C>, _guard: PrefixGuard)
+where
+    K: Hash + Eq + Clone + Display + Send + Sync + 'static,
+    C: Clock,
+{
+    let mut inner = AbortOnDrop(tokio::spawn(Arc::clone(&task).run(limiter.clone())));
+    if (&mut inner.0).await.is_ok() {
+        return;
+    }
+    let Some(store) = limiter.synced_store() else {
+        return;
+    };
+    {
+        let mut cell = task.shared.stats.lock();
+        cell.stats.task_died = true;
+        cell.stats.fallback_active = true;
+    }
+    match task.config.fallback {
+        Fallback::AllowAll => task.set_override(store, Override::AllowAll),
+        Fallback::DenyAll => task.set_override(store, Override::DenyAll),
+        Fallback::LocalShare => {
+            let nodes = task.shared.stats.lock().stats.nodes.max(1);
+            let mut ticker = tokio::time::interval(task.config.interval);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => task.refill_locally(store, nodes),
+                    _ = task.shared.stop.notified() => return,
+                }
+            }
+        }
+    }
+    task.shared.stop.notified().await;
+}
+
 /// The task's running state.
-struct Progress<K> {
+struct Progress {
     connection: Option<ConnectionManager>,
+    seq: u64,
     nodes: u64,
     failures: u32,
     retry_at: Instant,
     fallback: bool,
-    /// Tokens handed out locally during an outage in lease mode, owed to Redis.
-    debt: HashMap<K, u64>,
-    /// The server window (sliding window) of the leases now held, and extra rounds to
-    /// run (task clock): just before the window ends, to lease what its last moments
-    /// free, and just after the next one starts.
-    lease_window: u64,
-    extra_rounds: Vec<tokio::time::Instant>,
-    /// When the current server window ends (task clock), and when the last round ran.
-    window_end: Option<tokio::time::Instant>,
-    last_round: tokio::time::Instant,
+    /// Sliding window in lease mode: a round just after Redis's next window starts,
+    /// when every lease of the last one has expired.
+    window_round: Option<tokio::time::Instant>,
+    /// Redis's clock minus the limiter's (ns), measured at the last round's midpoint.
+    redis_offset_ns: i64,
+}
+
+/// A small deterministic generator (xorshift) for the rounds' jitter, seeded by the node.
+struct Jitter(u64);
+
+impl Jitter {
+    fn new(node: &str) -> Self {
+        Self(ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(node) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in `[0, d)`.
+    fn within(&mut self, d: Duration) -> Duration {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1);
+        Duration::from_nanos(self.next() % nanos)
+    }
+
+    /// Uniform in `[0.75·d, 1.25·d)`.
+    fn around(&mut self, d: Duration) -> Duration {
+        d * 3 / 4 + self.within(d / 2)
+    }
+}
+
+/// What a successful round learnt.
+struct Round {
+    nodes: u64,
+    keys: usize,
+    waiting: usize,
+    stale: u64,
+    released: u64,
+    clock_offset: i64,
 }
 
 impl Task {
     async fn connect(&self) -> Result<ConnectionManager, redis::RedisError> {
-        let client = redis::Client::open(self.config.url.as_str())?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.config.timeout))
             .set_response_timeout(Some(self.config.timeout))
             .set_number_of_retries(1);
-        ConnectionManager::new_with_config(client, config).await
+        ConnectionManager::new_with_config(self.settings.client.clone(), config).await
     }
 
-    async fn run<K, C>(self, limiter: RateLimiter<K, C>)
+    async fn run<K, C>(self: Arc<Self>, limiter: RateLimiter<K, C>)
     where
         K: Hash + Eq + Clone + Display + Send + Sync + 'static,
         C: Clock,
@@ -168,60 +319,51 @@ impl Task {
         let started = Instant::now();
         let mut p = Progress {
             connection: None,
-            nodes: 1,
+            seq: 0,
+            // Unknown until the first round (which sets the fresh share).
+            nodes: 0,
             failures: 0,
             retry_at: Instant::now(),
             fallback: false,
-            debt: HashMap::new(),
-            lease_window: 0,
-            extra_rounds: Vec::new(),
-            window_end: None,
-            last_round: tokio::time::Instant::now(),
+            window_round: None,
+            redis_offset_ns: 0,
         };
-        let mut ticker = tokio::time::interval(self.config.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Rounds are jittered by ±25% of the interval (and the first by up to a whole
+        // one), so that nodes started together do not hit Redis in lock-step and no node
+        // is always first after the global state refills.
+        let mut jitter = Jitter::new(&self.node);
+        let mut next = tokio::time::Instant::now() + jitter.within(self.config.interval);
         loop {
-            // Besides every interval, the sliding window runs a round just before each
-            // window ends and just after the next one starts.
-            let extra = p.extra_rounds.iter().min().copied();
-            let extra_at =
-                extra.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            let window_at = p
+                .window_round
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             let stopping = tokio::select! {
-                _ = ticker.tick() => false,
-                _ = tokio::time::sleep_until(extra_at) => {
-                    p.extra_rounds.retain(|at| Some(*at) != extra);
+                _ = tokio::time::sleep_until(next) => {
+                    next = tokio::time::Instant::now() + jitter.around(self.config.interval);
+                    false
+                }
+                _ = tokio::time::sleep_until(window_at) => {
+                    p.window_round = None;
                     false
                 }
                 _ = self.shared.wake.notified() => false,
                 _ = self.shared.stop.notified() => true,
             };
-            if stopping || Instant::now() >= p.retry_at {
-                // Just before a window ends, lease only what can be spent before it does.
-                let now = tokio::time::Instant::now();
-                let horizon = p
-                    .window_end
-                    .filter(|end| *end > now)
-                    .map(|end| {
-                        let left = (end - now).as_secs_f64();
-                        let since = (now - p.last_round).as_secs_f64().max(1e-3);
-                        left / since
-                    })
-                    .filter(|fraction| *fraction < 1.0);
-                p.last_round = now;
-                self.attempt(store, &mut p, stopping, horizon).await;
+            #[cfg(test)]
+            if self.shared.poison.load(Ordering::Acquire) {
+                panic!("poisoned for a test");
             }
             if stopping {
-                if let Some(c) = &mut p.connection {
-                    let _: redis::RedisResult<()> = redis::cmd("ZREM")
-                        .arg(&self.registry)
-                        .arg(&self.node)
-                        .query_async(c)
-                        .await;
-                }
+                self.flush(store, &mut p).await;
                 return;
             }
+            if Instant::now() >= p.retry_at {
+                self.attempt(store, &mut p, false).await;
+            }
             let last = self.shared.stats.lock().last_success;
-            if last.unwrap_or(started).elapsed() >= self.config.staleness_or_default() {
+            let silent = last.unwrap_or(started).elapsed() >= self.settings.staleness
+                || (last.is_none() && p.failures > 0);
+            if silent {
                 if !p.fallback {
                     p.fallback = true;
                     self.shared.stats.lock().stats.fallback_active = true;
@@ -232,20 +374,36 @@ impl Task {
                     }
                 }
                 if self.config.fallback == Fallback::LocalShare {
-                    self.refill_locally(store, p.nodes, &mut p.debt);
+                    self.refill_locally(store, p.nodes);
                 }
             }
         }
     }
 
+    /// The last rounds before stopping: report everything, return every lease, leave
+    /// the node registry.
+    async fn flush<K>(&self, store: &Store<K, SyncCell>, p: &mut Progress)
+    where
+        K: Hash + Eq + Clone + Display + Send + Sync + 'static,
+    {
+        for _ in 0..SHUTDOWN_ROUNDS {
+            let before = self.shared.stats.lock().stats.syncs;
+            self.attempt(store, p, true).await;
+            let stats = self.shared.stats.lock().stats;
+            if stats.syncs == before || (stats.keys_last_round == 0 && stats.keys_waiting == 0) {
+                break;
+            }
+        }
+        if let Some(c) = &mut p.connection {
+            let mut leave = redis::cmd("ZREM");
+            leave.arg(&self.registry).arg(&self.node);
+            let _ = tokio::time::timeout(self.config.timeout, leave.query_async::<()>(c)).await;
+        }
+    }
+
     /// Runs one round, connecting first if needed, and records how it went.
-    async fn attempt<K>(
-        &self,
-        store: &Store<K, SyncCell>,
-        p: &mut Progress<K>,
-        stopping: bool,
-        horizon: Option<f64>,
-    ) where
+    async fn attempt<K>(&self, store: &Store<K, SyncCell>, p: &mut Progress, stopping: bool)
+    where
         K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     {
         if p.connection.is_none() {
@@ -257,7 +415,7 @@ impl Task {
         let Some(connection) = p.connection.clone() else {
             return;
         };
-        match self.round(store, &connection, p, stopping, horizon).await {
+        match self.round(store, connection, p, stopping).await {
             Ok(round) => {
                 p.failures = 0;
                 if round.nodes != p.nodes {
@@ -270,271 +428,268 @@ impl Task {
                 }
                 let mut cell = self.shared.stats.lock();
                 cell.last_success = Some(Instant::now());
-                cell.stats.syncs += 1;
-                cell.stats.keys_last_round = round.keys;
-                cell.stats.nodes = p.nodes;
-                cell.stats.clock_offset = round.clock_offset;
-                cell.stats.fallback_active = false;
+                let stats = &mut cell.stats;
+                stats.syncs += 1;
+                stats.keys_last_round = round.keys;
+                stats.keys_waiting = round.waiting;
+                stats.stale_answers += round.stale;
+                stats.keys_released += round.released;
+                stats.nodes = p.nodes;
+                stats.clock_offset = round.clock_offset;
+                stats.fallback_active = false;
             }
             Err(_) => self.failed(p),
         }
     }
 
-    fn failed<K>(&self, p: &mut Progress<K>) {
+    fn failed(&self, p: &mut Progress) {
         p.failures = p.failures.saturating_add(1);
+        // One failure retries at the next interval; repeated ones back off.
         let backoff = self
             .config
             .interval
-            .saturating_mul(1 << p.failures.min(8))
+            .saturating_mul(1 << (p.failures - 1).min(8))
             .min(MAX_BACKOFF);
         p.retry_at = Instant::now() + backoff;
         self.shared.stats.lock().stats.errors += 1;
     }
 
-    /// One round: report, heartbeat, apply. Nothing is lost on failure: what was taken
-    /// from the cells is put back.
+    /// The keys this round sends, most urgent first, at most `round_keys` of them (all
+    /// keys that are not released yet when stopping); and how many more wait.
+    fn choose<K>(&self, store: &Store<K, SyncCell>, now: u64, stopping: bool) -> (Vec<K>, usize)
+    where
+        K: Hash + Eq + Clone,
+    {
+        let max = self.config.round_keys;
+        let mut classes: [Vec<K>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut waiting = 0;
+        store.for_each(|key, cell| {
+            let books = cell.books.lock();
+            let need = if stopping && !books.released {
+                Some(Need::Release)
+            } else {
+                node::need(cell, &books, &self.node_params, now)
+            };
+            let Some(need) = need else { return };
+            let class = need as usize;
+            let room = max - classes[..class].iter().map(Vec::len).sum::<usize>();
+            if classes[class].len() < room {
+                classes[class].push(key.clone());
+            } else {
+                waiting += 1;
+            }
+        });
+        let [mut chosen, report, release] = classes;
+        chosen.extend(report);
+        chosen.extend(release);
+        waiting += chosen.len().saturating_sub(max);
+        chosen.truncate(max);
+        (chosen, waiting)
+    }
+
+    /// One round: report, heartbeat, apply. On failure nothing is lost: every report
+    /// stays pending, and the next round's floors (cumulative) carry it.
     async fn round<K>(
         &self,
         store: &Store<K, SyncCell>,
-        connection: &ConnectionManager,
-        p: &mut Progress<K>,
+        mut connection: ConnectionManager,
+        p: &mut Progress,
         stopping: bool,
-        horizon: Option<f64>,
     ) -> Result<Round, redis::RedisError>
     where
         K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     {
-        let items = self.collect(store, &mut p.debt, stopping, horizon);
+        let now = (self.now)();
+        let (chosen, waiting) = self.choose(store, now, stopping);
+        p.seq += 1;
+        let mut items: Vec<(K, Request)> = Vec::with_capacity(chosen.len());
+        for key in chosen {
+            let request = store.with_state(&key, |cell| {
+                let mut books = cell.books.lock();
+                node::collect(
+                    cell,
+                    &mut books,
+                    &self.node_params,
+                    p.seq,
+                    now,
+                    stopping,
+                    p.redis_offset_ns,
+                )
+            });
+            if let Some(request) = request {
+                items.push((key, request));
+            }
+        }
         let sent = Instant::now();
-        let result = self.send(connection, &items, p.lease_window).await;
-        let received = Instant::now();
-        let (nodes, server_now_us, answers) = match result {
-            Ok(reply) => reply,
-            Err(e) => {
-                for item in &items {
-                    store.with_state(&item.key, |cell| {
-                        if item.ran_out {
-                            cell.flags.fetch_or(WANTED, Ordering::Relaxed);
-                        }
-                        cell.overdrawn.fetch_add(item.spent, Ordering::Relaxed);
-                        cell.allowance.fetch_add(item.returned, Ordering::Relaxed);
-                        cell.granted.fetch_add(item.returned, Ordering::Relaxed);
-                    });
-                    if item.charged > item.spent {
-                        *p.debt.entry(item.key.clone()).or_insert(0) += item.charged - item.spent;
-                    }
+        let wall_sent = SystemTime::now();
+        let pipe = self.pipeline(&items, p.seq);
+        let query = async {
+            match pipe.query_async::<Vec<Vec<u64>>>(&mut connection).await {
+                Err(e) if e.code() == Some("NOSCRIPT") => {
+                    self.script
+                        .prepare_invoke()
+                        .load_async(&mut connection)
+                        .await?;
+                    pipe.query_async(&mut connection).await
                 }
-                return Err(e);
+                other => other,
             }
         };
-        let nodes = nodes.max(1);
-        let refill = (self.rate_per_sec * self.config.interval.as_secs_f64()).ceil() as u64;
-        let local_now = (self.now)();
-        let expires = self.lease_deadline(server_now_us, received - sent, local_now, p);
-        for (item, answer) in items.iter().zip(answers.chunks(2)) {
-            let (lease, left) = (answer[0], answer.get(1).copied().unwrap_or(0));
-            store.with_state(&item.key, |cell| {
-                cell.expires.store(expires, Ordering::Release);
-                cell.allowance.fetch_add(lease, Ordering::AcqRel);
-                cell.granted.store(lease, Ordering::Release);
-                if self.config.mode == SyncMode::Reconcile && item.used != 0 {
-                    // Beyond its lease a key may admit its fair share of what the global
-                    // state has left and, if it ran out, of what it regains by the next
-                    // round.
-                    let regained = if item.ran_out { refill } else { 0 };
-                    let overdraft = (left + regained).div_ceil(nodes);
-                    let before = cell.overdraft.swap(overdraft, Ordering::AcqRel);
-                    // What was spent of the old overdraft while the round was in flight.
-                    cell.overdrawn.fetch_add(
-                        item.overdraft_left.saturating_sub(before),
-                        Ordering::Relaxed,
-                    );
-                    cell.given.store(overdraft, Ordering::Release);
-                }
-            });
+        let replies = match tokio::time::timeout(self.config.timeout, query).await {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "sync round timed out",
+                )));
+            }
+        };
+        let round_trip = sent.elapsed();
+        let mut nodes = 1;
+        let mut server_now = 0;
+        let mut answers = Vec::with_capacity(items.len());
+        for reply in &replies {
+            if let [n, t, rest @ ..] = reply.as_slice() {
+                nodes = (*n).max(1);
+                server_now = *t;
+                answers.extend(rest.chunks_exact(4).map(|a| Answer {
+                    grant: a[0],
+                    overdraft: a[1],
+                    reserved: a[2],
+                    stale: a[3] != 0,
+                }));
+            }
         }
-        let midpoint = sent + (received - sent) / 2;
-        let local_ns = midpoint.duration_since(epoch()).as_nanos() as i64;
+        if answers.len() != items.len() {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "sync round: unexpected reply",
+            )));
+        }
+        let local_now = (self.now)();
+        let midpoint = i128::from(local_now) - (round_trip.as_nanos() / 2) as i128;
+        p.redis_offset_ns =
+            i64::try_from(i128::from(server_now) * 1_000 - midpoint).unwrap_or(p.redis_offset_ns);
+        let expires = self.lease_deadline(server_now, round_trip, local_now, p);
+        let mut stale = 0;
+        let mut released = 0;
+        for ((key, request), answer) in items.iter().zip(&answers) {
+            let done = store.with_state(key, |cell| {
+                let mut books = cell.books.lock();
+                let ok = node::settle(
+                    cell,
+                    &mut books,
+                    &self.node_params,
+                    request,
+                    answer,
+                    expires,
+                );
+                (ok, books.released)
+            });
+            match done {
+                Some((false, _)) => stale += 1,
+                Some((true, true)) if store.remove_if(key, SyncCell::is_released) => {
+                    released += 1;
+                }
+                _ => {}
+            }
+        }
+        let midpoint = wall_sent + round_trip / 2;
+        let local_ns = midpoint
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
         Ok(Round {
             nodes,
             keys: items.len(),
-            clock_offset: (server_now_us as i64)
+            waiting,
+            stale,
+            released,
+            clock_offset: i64::try_from(server_now)
+                .unwrap_or(i64::MAX)
                 .saturating_mul(1_000)
                 .saturating_sub(local_ns),
         })
     }
 
-    /// Until when (limiter clock, ns) what a round grants may be spent: two intervals
-    /// (the next round normally replaces it after one; the second absorbs a late round),
-    /// and for the sliding window never past the end of Redis's current window, brought
-    /// forward by a whole round trip so that the clock offset's error cannot carry a
-    /// token into the next window. For the sliding window, also schedules the rounds
-    /// around the window's end.
-    fn lease_deadline<K>(
-        &self,
-        server_now_us: u64,
-        round_trip: Duration,
-        local_now: u64,
-        p: &mut Progress<K>,
-    ) -> u64 {
-        let life = u64::try_from(self.config.interval.as_nanos())
-            .unwrap_or(u64::MAX)
-            .saturating_mul(2);
-        let mut deadline = local_now.saturating_add(life);
-        if self.algorithm != Algorithm::SlidingWindow {
-            return deadline;
-        }
-        // Returns are credited to the window the tokens were leased in.
-        let period = self.args[1];
-        p.lease_window = server_now_us / period;
-        // In lease mode a sliding-window lease must not outlive its window; reconcile
-        // lets it run into the next one (it is counted in the window it was leased in).
-        if self.config.mode == SyncMode::Lease {
-            let to_window_end = Duration::from_micros(period - server_now_us % period);
-            let margin = u64::try_from(round_trip.as_nanos()).unwrap_or(u64::MAX);
-            let end = local_now
-                .saturating_add(u64::try_from(to_window_end.as_nanos()).unwrap_or(u64::MAX));
-            deadline = deadline.min(end.saturating_sub(margin));
-            let now = tokio::time::Instant::now();
-            p.window_end = Some(now + to_window_end.saturating_sub(round_trip));
-            let before_end =
-                to_window_end.saturating_sub(round_trip * 2 + Duration::from_millis(10));
-            p.extra_rounds.clear();
-            if before_end > Duration::from_millis(5) {
-                p.extra_rounds.push(now + before_end);
-            }
-            p.extra_rounds.push(now + to_window_end + round_trip / 2);
-        }
-        deadline
-    }
-
-    /// Takes what each touched key has to report. Keys nobody touched are not sent.
-    fn collect<K>(
-        &self,
-        store: &Store<K, SyncCell>,
-        debt: &mut HashMap<K, u64>,
-        stopping: bool,
-        horizon: Option<f64>,
-    ) -> Vec<Item<K>>
-    where
-        K: Hash + Eq + Clone + Display,
-    {
-        let mut items = Vec::new();
-        store.for_each(|key, cell| {
-            let ran_out = cell.flags.swap(0, Ordering::AcqRel) & WANTED != 0;
-            // A lease lives for one round: what is left goes back now.
-            let returned = cell.allowance.swap(0, Ordering::AcqRel);
-            let lease_spent = cell
-                .granted
-                .swap(0, Ordering::AcqRel)
-                .saturating_sub(returned);
-            // The overdraft stays usable while the round is in flight: what is spent of it
-            // from now on is measured against what is left now, when the answer replaces
-            // it; an idle key keeps its overdraft.
-            let overdraft_left = cell.overdraft.load(Ordering::Acquire);
-            let overdraft_spent = cell
-                .given
-                .swap(overdraft_left, Ordering::AcqRel)
-                .saturating_sub(overdraft_left);
-            let spent = overdraft_spent + cell.overdrawn.swap(0, Ordering::AcqRel);
-            let owed = debt.remove(key).unwrap_or(0);
-            let used = lease_spent + spent;
-            let active = used != 0 || ran_out;
-            // A key that was used is leased anew, sized to that use: twice it if it ran
-            // out, a quarter more if it did not.
-            let count = used.max(1);
-            let wanted = if stopping || !active {
-                0
-            } else if let Some(fraction) = horizon {
-                // What the key would use until the window ends, at its recent rate.
-                ((count as f64 * fraction * 1.25).ceil() as u64 + 1).min(self.capacity)
-            } else if ran_out {
-                (count * 2).min(self.capacity)
-            } else {
-                (count + count / 4 + 1).min(self.capacity)
-            };
-            if active || returned > 0 || owed > 0 {
-                items.push(Item {
-                    key: key.clone(),
-                    used: if active { count } else { 0 },
-                    ran_out,
-                    charged: spent + owed,
-                    spent,
-                    overdraft_left,
-                    returned,
-                    wanted,
-                });
-            }
-        });
-        items
-    }
-
-    /// Sends the items in chunks of `batch_size`, all chunks pipelined in one round trip
-    /// (an empty round still heartbeats). Returns (nodes, server time µs, answers).
-    async fn send<K: Display>(
-        &self,
-        connection: &ConnectionManager,
-        items: &[Item<K>],
-        lease_window: u64,
-    ) -> Result<(u64, u64, Vec<u64>), redis::RedisError> {
+    /// The round's script calls, `batch_size` keys each, in one pipeline (an empty round
+    /// still heartbeats).
+    fn pipeline<K: Display>(&self, items: &[(K, Request)], seq: u64) -> redis::Pipeline {
         let mut pipe = redis::pipe();
-        let ttl_ms = self.config.node_ttl_or_default().as_millis().max(1) as u64;
-        let chunks: Vec<&[Item<K>]> = if items.is_empty() {
+        let ttl_ms = millis(self.settings.node_ttl).max(1);
+        let (a, b) = match self.params.shape {
+            Shape::TokenBucket { t, tau } => (t, tau),
+            Shape::SlidingWindow { limit, period } => (limit, period),
+        };
+        let chunks: Vec<&[(K, Request)]> = if items.is_empty() {
             vec![&[]]
         } else {
             items.chunks(self.config.batch_size).collect()
         };
-        for chunk in &chunks {
+        for chunk in chunks {
             let cmd = pipe
                 .cmd("EVALSHA")
                 .arg(self.script.get_hash())
                 .arg(chunk.len() + 1)
                 .arg(&self.registry);
-            for item in chunk.iter() {
-                cmd.arg(format!("{}{{{}}}", self.key_prefix, item.key));
+            for (key, _) in chunk {
+                cmd.arg(format!("{}{{{}}}", self.key_prefix, key));
             }
             cmd.arg(&self.node)
                 .arg(ttl_ms)
-                .arg(self.args[0])
-                .arg(self.args[1])
-                .arg(self.args[2])
-                .arg(lease_window);
-            for item in chunk.iter() {
-                cmd.arg(item.charged).arg(item.returned).arg(item.wanted);
+                .arg(self.shape_tag)
+                .arg(a)
+                .arg(b)
+                .arg(self.params.overdraft_horizon)
+                .arg(self.params.hold)
+                .arg(self.params.demand_ttl)
+                .arg(self.params.retain_ms)
+                .arg(seq);
+            for (_, r) in chunk {
+                cmd.arg(r.epoch)
+                    .arg(r.floor)
+                    .arg(r.keep)
+                    .arg(r.known)
+                    .arg(r.demand)
+                    .arg(r.want)
+                    .arg(r.anchor)
+                    .arg(r.deadline)
+                    .arg(r.local);
             }
         }
-        let mut connection = connection.clone();
-        let replies: Vec<Vec<u64>> = match pipe.query_async(&mut connection).await {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                self.script
-                    .prepare_invoke()
-                    .load_async(&mut connection)
-                    .await?;
-                pipe.query_async(&mut connection).await?
-            }
-            other => other?,
+        pipe
+    }
+
+    /// Until when (limiter clock, ns) what a round leases may be spent: for ever, but in
+    /// lease mode for the sliding window only until Redis's current window ends, brought
+    /// forward by a whole round trip so that the clock offset's error cannot carry a
+    /// token into the next window. Schedules the round that renews leases just after the
+    /// next window starts.
+    fn lease_deadline(
+        &self,
+        server_now_us: u64,
+        round_trip: Duration,
+        local_now: u64,
+        p: &mut Progress,
+    ) -> u64 {
+        let Shape::SlidingWindow { period, .. } = self.params.shape else {
+            return u64::MAX;
         };
-        let mut nodes = 1;
-        let mut now = 0;
-        let mut answers = Vec::with_capacity(items.len() * 2);
-        for reply in replies {
-            if let [n, t, rest @ ..] = reply.as_slice() {
-                nodes = *n;
-                now = *t;
-                answers.extend_from_slice(rest);
-            }
+        if self.params.overdraft_horizon > 0 {
+            return u64::MAX;
         }
-        Ok((nodes, now, answers))
+        let to_end = Duration::from_micros(period - server_now_us % period);
+        let margin = u64::try_from(round_trip.as_nanos()).unwrap_or(u64::MAX);
+        let end = local_now.saturating_add(u64::try_from(to_end.as_nanos()).unwrap_or(u64::MAX));
+        p.window_round = Some(tokio::time::Instant::now() + to_end + round_trip / 2);
+        end.saturating_sub(margin)
     }
 
     /// A key first seen on this node may overdraft its share of the capacity until its
     /// first round (reconcile mode); in lease mode it waits for a lease.
     fn set_fresh<K: Hash + Eq>(&self, store: &Store<K, SyncCell>, nodes: u64) {
         let policy = store.default_policy();
-        let fresh = match self.config.mode {
-            SyncMode::Reconcile => self.capacity.div_ceil(nodes),
-            SyncMode::Lease => 0,
-        };
+        let fresh =
+            node::fresh_overdraft(self.node_params.capacity, nodes, self.node_params.reconcile);
         if policy.fresh != fresh {
             store.set_policy(SyncPolicy { fresh, ..policy }, 0);
         }
@@ -551,42 +706,90 @@ impl Task {
         );
     }
 
-    /// [`Fallback::LocalShare`]: each key may admit `rate / N` per interval, up to
-    /// `⌈capacity / N⌉`, charged to the global state once Redis answers again.
-    fn refill_locally<K>(&self, store: &Store<K, SyncCell>, nodes: u64, debt: &mut HashMap<K, u64>)
-    where
-        K: Hash + Eq + Clone,
-    {
-        let nodes = nodes.max(1);
-        let refill =
-            ((self.rate_per_sec * self.config.interval.as_secs_f64() / nodes as f64).ceil() as u64)
-                .max(1);
-        let cap = self.capacity.div_ceil(nodes);
-        let lease = self.config.mode == SyncMode::Lease;
-        store.for_each(|key, cell| {
-            cell.expires.store(u64::MAX, Ordering::Release);
-            // Reconcile charges overdrafts as they are used; lease mode charges whatever
-            // it handed out.
-            let (pool, record) = if lease {
-                (&cell.allowance, &cell.granted)
-            } else {
-                (&cell.overdraft, &cell.given)
-            };
-            let mut granted = 0;
-            let _ = pool.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
-                granted = cap.saturating_sub(left).min(refill);
-                (granted > 0).then_some(left + granted)
-            });
-            record.fetch_add(granted, Ordering::AcqRel);
-            if granted > 0 && lease {
-                *debt.entry(key.clone()).or_insert(0) += granted;
-            }
+    /// [`Fallback::LocalShare`], once per interval.
+    fn refill_locally<K: Hash + Eq>(&self, store: &Store<K, SyncCell>, nodes: u64) {
+        let now = (self.now)();
+        store.for_each(|_, cell| {
+            let mut books = cell.books.lock();
+            node::refill_locally(cell, &mut books, &self.node_params, nodes, now);
         });
     }
 }
 
-/// The instant the local side of the clock offset is measured from.
-fn epoch() -> Instant {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::sync::{Fallback, RedisSync};
+    use crate::{ConfigError, Quota, RateLimiter};
+
+    /// A task that dies leaves the fallback in force, and says so.
+    #[tokio::test]
+    async fn a_dead_task_applies_the_fallback() {
+        let (limiter, handle) = RateLimiter::<String>::builder(Quota::per_second(10).unwrap())
+            .build_synced(
+                RedisSync::new("redis://127.0.0.1:1/")
+                    .prefix("poisoned")
+                    .fallback(Fallback::DenyAll)
+                    .interval(Duration::from_millis(5)),
+            )
+            .unwrap();
+        handle
+            .shared
+            .poison
+            .store(true, std::sync::atomic::Ordering::Release);
+        handle.sync_now();
+        for _ in 0..200 {
+            if handle.stats().task_died {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let stats = handle.stats();
+        assert!(stats.task_died && stats.fallback_active, "{stats:?}");
+        assert!(!limiter.check("k").is_allowed(), "DenyAll applies");
+    }
+
+    #[tokio::test]
+    async fn a_second_limiter_with_the_same_prefix_is_refused() {
+        let quota = Quota::per_second(10).unwrap();
+        let config = RedisSync::new("redis://127.0.0.1:1/").prefix("twice");
+        let first = RateLimiter::<String>::builder(quota).build_synced(config.clone());
+        assert!(first.is_ok());
+        let err = RateLimiter::<String>::builder(quota)
+            .build_synced(config.clone())
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::PrefixInUse(_)), "{err}");
+        // Once the first stops, the prefix is free again.
+        first.unwrap().1.shutdown().await;
+        assert!(
+            RateLimiter::<String>::builder(quota)
+                .build_synced(config)
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_redis_is_an_error_only_when_required() {
+        let quota = Quota::per_second(10).unwrap();
+        let config = RedisSync::new("redis://:hunter2@127.0.0.1:1/")
+            .prefix("required")
+            .timeout(Duration::from_millis(100));
+        let err = RateLimiter::<String>::builder(quota)
+            .build_synced(config.clone().require_connection(true))
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::RedisUnreachable { .. }), "{err}");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+        let (_, handle) = RateLimiter::<String>::builder(quota)
+            .build_synced(config)
+            .unwrap();
+        for _ in 0..100 {
+            if handle.stats().fallback_active {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(handle.stats().fallback_active, "{:?}", handle.stats());
+    }
 }

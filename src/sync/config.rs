@@ -1,0 +1,338 @@
+//! The configuration of a background sync, and its validation.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// How nodes share a global limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Approximate: each node admits its lease and, beyond it, its fair share of what the
+    /// global state has left, charged at its next round. See the module docs for the
+    /// bound.
+    #[default]
+    Reconcile,
+    /// Strict: each node spends only tokens it leased from the global state.
+    Lease,
+}
+
+/// What checks do when Redis has not answered for longer than the staleness, or the sync
+/// task has died.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fallback {
+    /// Enforce the quota divided by the last known number of nodes, locally; what is
+    /// admitted is charged to the global state once Redis answers again.
+    #[default]
+    LocalShare,
+    /// Admit everything (availability first).
+    AllowAll,
+    /// Deny everything (protection first).
+    DenyAll,
+}
+
+/// The configuration of a limiter's background sync. Start it with
+/// [`Builder::build_synced`](crate::Builder::build_synced), which validates every
+/// setting.
+#[derive(Clone)]
+pub struct RedisSync {
+    pub(crate) url: String,
+    pub(crate) mode: SyncMode,
+    pub(crate) interval: Duration,
+    pub(crate) prefix: String,
+    pub(crate) fallback: Fallback,
+    pub(crate) staleness: Option<Duration>,
+    pub(crate) node_ttl: Option<Duration>,
+    pub(crate) idle_ttl: Option<Duration>,
+    pub(crate) batch_size: usize,
+    pub(crate) round_keys: usize,
+    pub(crate) timeout: Duration,
+    pub(crate) require_connection: bool,
+    pub(crate) shared_prefix: bool,
+}
+
+impl fmt::Debug for RedisSync {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSync")
+            .field("url", &redact_url(&self.url))
+            .field("mode", &self.mode)
+            .field("interval", &self.interval)
+            .field("prefix", &self.prefix)
+            .field("fallback", &self.fallback)
+            .field("staleness", &self.staleness)
+            .field("node_ttl", &self.node_ttl)
+            .field("idle_ttl", &self.idle_ttl)
+            .field("batch_size", &self.batch_size)
+            .field("round_keys", &self.round_keys)
+            .field("timeout", &self.timeout)
+            .field("require_connection", &self.require_connection)
+            .field("shared_prefix", &self.shared_prefix)
+            .finish()
+    }
+}
+
+/// The bounds every duration setting is checked against.
+const MIN_INTERVAL: Duration = Duration::from_millis(1);
+const MAX_INTERVAL: Duration = Duration::from_secs(60);
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+const MAX_IDLE: Duration = Duration::from_secs(7 * 24 * 3600);
+const MAX_BATCH: usize = 10_000;
+const MAX_ROUND_KEYS: usize = 1_000_000;
+/// The default node TTL is never below this: a node that loses a few rounds in a row
+/// must not drop out of the others' count (which sizes the local fallback's share).
+const DEFAULT_MIN_NODE_TTL: Duration = Duration::from_secs(1);
+/// The default staleness is never below this: a few lost rounds in a row must not put a
+/// node in its fallback (which admits regardless of the global state), while a real
+/// outage is still caught within half a second.
+const DEFAULT_MIN_STALENESS: Duration = Duration::from_millis(500);
+
+impl RedisSync {
+    /// Sync through the Redis server at `url`, in [`SyncMode::Reconcile`], every 50 ms.
+    pub fn new(url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            mode: SyncMode::Reconcile,
+            interval: Duration::from_millis(50),
+            prefix: "tollgate".to_owned(),
+            fallback: Fallback::LocalShare,
+            staleness: None,
+            node_ttl: None,
+            idle_ttl: None,
+            batch_size: 500,
+            round_keys: 2_000,
+            timeout: Duration::from_millis(200),
+            require_connection: false,
+            shared_prefix: false,
+        }
+    }
+
+    /// [`SyncMode::Reconcile`] (the default) or [`SyncMode::Lease`].
+    pub fn mode(mut self, mode: SyncMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// How often the task syncs; 50 ms by default, from 1 ms to 60 s.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// The prefix of the Redis keys; `"tollgate"` by default. It may not contain `{` or
+    /// `}`.
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        self.prefix = prefix.to_owned();
+        self
+    }
+
+    /// What checks do once Redis has been silent for the staleness;
+    /// [`Fallback::LocalShare`] by default.
+    pub fn fallback(mut self, fallback: Fallback) -> Self {
+        self.fallback = fallback;
+        self
+    }
+
+    /// How long without a successful round before the fallback applies; 3 intervals or
+    /// 500 ms, whichever is longer, by default; at least one interval.
+    pub fn staleness(mut self, staleness: Duration) -> Self {
+        self.staleness = Some(staleness);
+        self
+    }
+
+    /// How long a node's heartbeat counts in the number of nodes; 3 intervals or 1 s,
+    /// whichever is longer, by default; at least one interval. (A node's demand counts
+    /// for 3 intervals after its last round.)
+    pub fn node_ttl(mut self, ttl: Duration) -> Self {
+        self.node_ttl = Some(ttl);
+        self
+    }
+
+    /// How long a key may go unused on this node before it gives its lease back and is
+    /// dropped; by default 15 s or two periods of the quota, whichever is longer. Until
+    /// then a key keeps a standing lease of at least one token, so that a key used
+    /// rarely is admitted at once.
+    pub fn idle_ttl(mut self, ttl: Duration) -> Self {
+        self.idle_ttl = Some(ttl);
+        self
+    }
+
+    /// The most keys sent in one script call; 500 by default (1 to 10,000). A round
+    /// sends its keys in several calls, pipelined.
+    pub fn batch_size(mut self, keys: usize) -> Self {
+        self.batch_size = keys;
+        self
+    }
+
+    /// The most keys one round sends; 2,000 by default (1 to 1,000,000). Keys that need
+    /// a lease go first, then keys with something to report, then idle keys to release;
+    /// the rest wait for the next round.
+    pub fn round_keys(mut self, keys: usize) -> Self {
+        self.round_keys = keys;
+        self
+    }
+
+    /// How long one round may wait for Redis; 200 ms by default (1 ms to 1 h).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Whether `build_synced` fails when Redis cannot be reached (within the timeout)
+    /// at start; false by default, where the limiter serves by its fallback until Redis
+    /// answers and [`SyncStats`](super::SyncStats) says so.
+    pub fn require_connection(mut self, require: bool) -> Self {
+        self.require_connection = require;
+        self
+    }
+
+    /// Lets several synced limiters of this process use the same prefix and algorithm,
+    /// each as a node of its own (tests that run several nodes in one process). By
+    /// default a second one is refused: it would share the first one's keys and count
+    /// it as a node.
+    pub fn allow_shared_prefix(mut self, allow: bool) -> Self {
+        self.shared_prefix = allow;
+        self
+    }
+
+    /// Checks every setting against the quota's period (ns).
+    pub(crate) fn validate(&self, period_ns: u64) -> Result<Settings, ConfigError> {
+        let setting = |name: &'static str, value: &dyn fmt::Debug, expected: &'static str| {
+            ConfigError::InvalidSyncSetting {
+                setting: name,
+                value: format!("{value:?}"),
+                expected,
+            }
+        };
+        if self.prefix.contains(['{', '}']) {
+            return Err(ConfigError::InvalidPrefix(self.prefix.clone()));
+        }
+        if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&self.interval) {
+            return Err(setting("interval", &self.interval, "from 1ms to 60s"));
+        }
+        let interval = self.interval;
+        let at_least_interval = |name, value: Option<Duration>, default: Duration| {
+            let value = value.unwrap_or(default);
+            if value < interval || value > MAX_WAIT {
+                Err(setting(name, &value, "from the sync interval to 1h"))
+            } else {
+                Ok(value)
+            }
+        };
+        let staleness = at_least_interval(
+            "staleness",
+            self.staleness,
+            (interval * 3).max(DEFAULT_MIN_STALENESS),
+        )?;
+        let node_ttl = at_least_interval(
+            "node_ttl",
+            self.node_ttl,
+            (interval * 3).max(DEFAULT_MIN_NODE_TTL),
+        )?;
+        let period = Duration::from_nanos(period_ns);
+        let idle_default = Duration::from_secs(15).max(period.saturating_mul(2));
+        let idle_ttl = self.idle_ttl.unwrap_or(idle_default);
+        if idle_ttl < interval || idle_ttl > MAX_IDLE {
+            return Err(setting(
+                "idle_ttl",
+                &idle_ttl,
+                "from the sync interval to 7 days",
+            ));
+        }
+        if !(MIN_INTERVAL..=MAX_WAIT).contains(&self.timeout) {
+            return Err(setting("timeout", &self.timeout, "from 1ms to 1h"));
+        }
+        if !(1..=MAX_BATCH).contains(&self.batch_size) {
+            return Err(setting("batch_size", &self.batch_size, "from 1 to 10,000"));
+        }
+        if !(1..=MAX_ROUND_KEYS).contains(&self.round_keys) {
+            return Err(setting(
+                "round_keys",
+                &self.round_keys,
+                "from 1 to 1,000,000",
+            ));
+        }
+        let client =
+            redis::Client::open(self.url.as_str()).map_err(|e| ConfigError::InvalidRedisUrl {
+                url: redact_url(&self.url),
+                reason: e.to_string(),
+            })?;
+        Ok(Settings {
+            client,
+            staleness,
+            node_ttl,
+            idle_ttl,
+        })
+    }
+}
+
+/// What validation derives from a [`RedisSync`].
+pub(crate) struct Settings {
+    pub(crate) client: redis::Client,
+    pub(crate) staleness: Duration,
+    pub(crate) node_ttl: Duration,
+    pub(crate) idle_ttl: Duration,
+}
+
+/// `url` with any password replaced by `***`.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info.split_once(':').map_or(user_info, |(u, _)| u);
+            if user_info.contains(':') {
+                format!("{scheme}://{user}:***@{host}{path}")
+            } else {
+                // `redis://password@host` carries a password with no user.
+                format!("{scheme}://***@{host}{path}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("redis://app:s3cret@10.0.0.1:6379/0"),
+            "redis://app:***@10.0.0.1:6379/0"
+        );
+        assert_eq!(redact_url("redis://:s3cret@host/"), "redis://:***@host/");
+        assert_eq!(redact_url("redis://s3cret@host"), "redis://***@host");
+        assert_eq!(redact_url("redis://host:6379/"), "redis://host:6379/");
+        let debug = format!("{:?}", RedisSync::new("redis://u:hunter2@h/"));
+        assert!(!debug.contains("hunter2"), "{debug}");
+    }
+
+    #[test]
+    fn every_setting_is_checked() {
+        let second = 1_000_000_000;
+        let ok = RedisSync::new("redis://127.0.0.1:1/");
+        assert!(ok.validate(second).is_ok());
+        let bad = [
+            ok.clone().interval(Duration::ZERO),
+            ok.clone().interval(Duration::from_secs(u64::MAX / 4)),
+            ok.clone().staleness(Duration::from_micros(1)),
+            ok.clone().node_ttl(Duration::from_secs(86_400)),
+            ok.clone().idle_ttl(Duration::ZERO),
+            ok.clone().timeout(Duration::ZERO),
+            ok.clone().batch_size(0),
+            ok.clone().round_keys(0),
+            ok.clone().prefix("a{b}"),
+            RedisSync::new("not-a-url"),
+        ];
+        for config in bad {
+            let err = config.validate(second).err().expect("refused");
+            assert!(!err.to_string().is_empty());
+        }
+        let err = RedisSync::new("not-a-url").validate(second).err().unwrap();
+        assert!(matches!(err, ConfigError::InvalidRedisUrl { .. }), "{err}");
+    }
+}

@@ -1,0 +1,319 @@
+//! The Lua script against its specification: random key states, records and rounds are
+//! written to a real redis-server, the script runs one round, and the state it leaves and
+//! the answer it gives must equal what `protocol::serve` computes at the same instant.
+
+use proptest::prelude::*;
+use redis::Commands;
+
+use super::protocol::{self, Global, KeyState, Params, Record, Request, Shape};
+use crate::redis::LocalRedis;
+
+const KEY: &str = "diff:{k}";
+const REGISTRY: &str = "{diff}:nodes";
+const NODES: [&str; 4] = [
+    "000000000000000a",
+    "000000000000000b",
+    "000000000000000c",
+    "000000000000000d",
+];
+
+fn record(now: u64) -> impl Strategy<Value = Record> {
+    (
+        (1u64..50, 0u64..5_000, 0u64..3_000_000, 0u64..3_000_000),
+        (
+            0u64..(1 << 25),
+            0u64..400_000,
+            0u64..3,
+            1u64..4,
+            0u64..30,
+            0u64..30,
+        ),
+    )
+        .prop_map(
+            move |(
+                (seq, reserved, credit, credit_ago),
+                (demand, demand_ago, w, epoch, unmet, overdraft),
+            )| Record {
+                seq,
+                reserved,
+                credit,
+                credit_at: now.saturating_sub(credit_ago),
+                demand,
+                demand_at: now.saturating_sub(demand_ago),
+                window: w,
+                epoch,
+                unmet,
+                overdraft,
+            },
+        )
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    params: Params,
+    global: Global,
+    records: Vec<Option<Record>>,
+    node: usize,
+    request: Request,
+}
+
+fn case(now: u64) -> impl Strategy<Value = Case> {
+    let shape = prop_oneof![
+        (1u64..200_000, 0u64..100).prop_map(|(t, burst)| Shape::TokenBucket { t, tau: t * burst }),
+        (1u64..10_000, 1u64..4).prop_map(|(limit, s)| Shape::SlidingWindow {
+            limit,
+            period: s * 1_000_000,
+        }),
+    ];
+    (
+        shape,
+        (0u64..2, 1_000u64..400_000, 1_000u64..300_000),
+        (0u64..6_000_000, 0u64..3, 0u64..20_000, 0u64..20_000),
+        prop::collection::vec(prop::option::of(record(now)), 4),
+        0usize..4,
+        (
+            (1u64..60, 1u64..4, 0u64..6_000, 0u64..50, 0u64..6_000),
+            (
+                0u64..(1 << 25),
+                0u64..200,
+                0u64..3_000_000,
+                0u64..400_000,
+                0u64..20,
+            ),
+        ),
+    )
+        .prop_map(
+            move |(
+                shape,
+                (reconcile, hold, demand_ttl),
+                (ago, w, prev, cur),
+                records,
+                node,
+                ((seq, epoch, floor, keep, known), (demand, want, anchor_ago, deadline_in, local)),
+            )| {
+                let window = match shape {
+                    Shape::SlidingWindow { period, .. } => {
+                        (w < 2).then(|| (now / period).saturating_sub(w))
+                    }
+                    Shape::TokenBucket { .. } => None,
+                };
+                Case {
+                    params: Params {
+                        shape,
+                        overdraft_horizon: reconcile * hold / 2,
+                        hold,
+                        demand_ttl,
+                        retain_ms: 2_000,
+                    },
+                    global: Global {
+                        tat: (now + 3_000_000).saturating_sub(ago),
+                        window,
+                        prev,
+                        cur,
+                    },
+                    records,
+                    node,
+                    request: Request {
+                        seq,
+                        epoch,
+                        floor,
+                        keep: keep.min(floor),
+                        known,
+                        demand,
+                        want,
+                        anchor: if anchor_ago == 0 {
+                            0
+                        } else {
+                            now.saturating_sub(anchor_ago)
+                        },
+                        deadline: if deadline_in == 0 {
+                            0
+                        } else {
+                            now + deadline_in * 10
+                        },
+                        local,
+                    },
+                }
+            },
+        )
+}
+
+fn encode(r: &Record) -> String {
+    format!(
+        "{}:{}:{}:{}:{}:{}:{}:{}:{}:{}",
+        r.seq,
+        r.reserved,
+        r.credit,
+        r.credit_at,
+        r.demand,
+        r.demand_at,
+        r.window,
+        r.epoch,
+        r.unmet,
+        r.overdraft
+    )
+}
+
+fn decode(v: &str) -> Record {
+    let n: Vec<u64> = v.split(':').map(|x| x.parse().expect("a number")).collect();
+    Record {
+        seq: n[0],
+        reserved: n[1],
+        credit: n[2],
+        credit_at: n[3],
+        demand: n[4],
+        demand_at: n[5],
+        window: n[6],
+        epoch: n[7],
+        unmet: n[8],
+        overdraft: n[9],
+    }
+}
+
+fn server_now(con: &mut redis::Connection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(con).expect("TIME");
+    s * 1_000_000 + us
+}
+
+#[test]
+fn the_script_computes_exactly_what_serve_computes() {
+    let server =
+        LocalRedis::start().expect("this test needs redis-server (./scripts/test.sh installs it)");
+    let con = std::cell::RefCell::new(
+        redis::Client::open(server.url())
+            .and_then(|c| c.get_connection())
+            .expect("connected"),
+    );
+    let script = redis::Script::new(super::task::ROUND);
+    let base_now = server_now(&mut con.borrow_mut());
+    let config = ProptestConfig {
+        cases: 2_000,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(7),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    // What the cases exercised: grants, overdrafts, stale rounds, refunds, late rounds.
+    let seen = std::cell::RefCell::new([0u32; 5]);
+    runner
+        .run(&case(base_now), |c| {
+            let mut con = con.borrow_mut();
+            let con = &mut *con;
+            // Write the state.
+            let _: () = con.del(KEY).expect("DEL");
+            let mut fields: Vec<(String, String)> = Vec::new();
+            match c.params.shape {
+                Shape::TokenBucket { .. } => fields.push(("t".into(), c.global.tat.to_string())),
+                Shape::SlidingWindow { .. } => {
+                    if let Some(w) = c.global.window {
+                        fields.push(("w".into(), w.to_string()));
+                        fields.push(("p".into(), c.global.prev.to_string()));
+                        fields.push(("c".into(), c.global.cur.to_string()));
+                    }
+                }
+            }
+            let mut state = KeyState {
+                global: c.global,
+                nodes: Default::default(),
+            };
+            if let Shape::TokenBucket { .. } = c.params.shape {
+                state.global.window = None;
+            }
+            for (i, r) in c.records.iter().enumerate() {
+                if let Some(r) = r {
+                    fields.push((NODES[i].into(), encode(r)));
+                    state.nodes.insert(NODES[i].into(), *r);
+                }
+            }
+            if !fields.is_empty() {
+                let _: () = con.hset_multiple(KEY, &fields).expect("HSET");
+            }
+            // Run the script.
+            let (a, b, tag) = match c.params.shape {
+                Shape::TokenBucket { t, tau } => (t, tau, "tb"),
+                Shape::SlidingWindow { limit, period } => (limit, period, "sw"),
+            };
+            let r = &c.request;
+            let reply: Vec<u64> = script
+                .key(REGISTRY)
+                .key(KEY)
+                .arg(NODES[c.node])
+                .arg(1_000)
+                .arg(tag)
+                .arg(a)
+                .arg(b)
+                .arg(c.params.overdraft_horizon)
+                .arg(c.params.hold)
+                .arg(c.params.demand_ttl)
+                .arg(c.params.retain_ms)
+                .arg(r.seq)
+                .arg(r.epoch)
+                .arg(r.floor)
+                .arg(r.keep)
+                .arg(r.known)
+                .arg(r.demand)
+                .arg(r.want)
+                .arg(r.anchor)
+                .arg(r.deadline)
+                .arg(r.local)
+                .invoke(con)
+                .map_err(|e| TestCaseError::fail(format!("script: {e}")))?;
+            let now = reply[1];
+            // The specification at the same instant.
+            let reserved_before = state.nodes.get(NODES[c.node]).map(|r| r.reserved);
+            let answer = protocol::serve(&c.params, &mut state, NODES[c.node], r, now);
+            {
+                let mut seen = seen.borrow_mut();
+                seen[0] += u32::from(answer.grant > 0);
+                seen[1] += u32::from(answer.overdraft > 0);
+                seen[2] += u32::from(answer.stale);
+                seen[3] += u32::from(!answer.stale && reserved_before.is_some_and(|b| r.floor < b));
+                seen[4] += u32::from(r.deadline != 0 && now > r.deadline);
+            }
+            prop_assert_eq!(
+                &reply[2..],
+                &[
+                    answer.grant,
+                    answer.overdraft,
+                    answer.reserved,
+                    u64::from(answer.stale)
+                ][..],
+                "answer differs at {}: {:?}",
+                now,
+                c
+            );
+            // The state left behind.
+            let stored: Vec<(String, String)> = con.hgetall(KEY).expect("HGETALL");
+            let mut left = KeyState::default();
+            for (f, v) in stored {
+                match f.as_str() {
+                    "t" => left.global.tat = v.parse().expect("tat"),
+                    "w" => left.global.window = Some(v.parse().expect("w")),
+                    "p" => left.global.prev = v.parse().expect("p"),
+                    "c" => left.global.cur = v.parse().expect("c"),
+                    _ => {
+                        left.nodes.insert(f, decode(&v));
+                    }
+                }
+            }
+            if answer.stale {
+                return Ok(());
+            }
+            let mut expected = state.clone();
+            if let Shape::TokenBucket { .. } = c.params.shape {
+                expected.global.window = None;
+                expected.global.prev = 0;
+                expected.global.cur = 0;
+            } else {
+                expected.global.tat = 0;
+            }
+            prop_assert_eq!(left, expected, "state differs at {}: {:?}", now, c);
+            Ok(())
+        })
+        .expect("the script and serve agree");
+    let seen = seen.into_inner();
+    assert!(
+        seen.iter().all(|&n| n >= 50),
+        "too few cases of each kind: {seen:?}"
+    );
+}

@@ -1,0 +1,478 @@
+//! The node side of a round for one key: what the sync task reads from a key's cell and
+//! books to build its [`Request`], and how it applies the [`Answer`]. No clock, no Redis:
+//! time is an argument, so the deterministic simulation runs exactly this code.
+//!
+//! The books count, per key, everything the node admitted since it first saw the key
+//! (`spent`). A round reports `floor = spent + keep`, where `keep` is the part of the lease
+//! the node goes on holding; the rest goes back. Checks spend the lease and the overdraft
+//! by CAS; the books infer what they spent from what the task last left in each pool.
+
+use std::sync::atomic::Ordering;
+
+use super::cell::{SyncCell, WANTED};
+use super::protocol::{Answer, MAX_DEMAND, Request, WEIGHT_ONE};
+
+/// What the node side of every key's round shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct NodeParams {
+    /// Ticks (µs) one token costs; the rate is one token per `ticks` µs.
+    pub(crate) ticks: u64,
+    /// The quota's capacity: no key asks for more.
+    pub(crate) capacity: u64,
+    /// The sync interval, in ns of the limiter's clock.
+    pub(crate) interval_ns: u64,
+    /// The holding horizon, in µs: a key asks for its demand over this long.
+    pub(crate) hold_us: u64,
+    /// A key unused for this long (ns) gives its lease back and is dropped.
+    pub(crate) idle_ns: u64,
+    /// Reconcile mode: overdrafts.
+    pub(crate) reconcile: bool,
+    /// The time constant of the demand average, in µs: the quota's period, from 1 s to
+    /// 60 s.
+    pub(crate) demand_tau_us: u64,
+    /// How long a round waits for its answer (ns; 0: for ever).
+    pub(crate) timeout_ns: u64,
+}
+
+/// The sync task's books for one key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Books {
+    /// Which books these are (0 until the key's first round).
+    pub(crate) epoch: u64,
+    /// Every unit admitted on this node since the books began.
+    pub(crate) spent: u64,
+    /// The reservation of the last answer received.
+    pub(crate) known: u64,
+    /// The allowance and the overdraft as the task last left them.
+    pub(crate) lease_base: u64,
+    pub(crate) overdraft_base: u64,
+    /// The demand last reported, and its running average (weights).
+    pub(crate) demand: u64,
+    pub(crate) average: u64,
+    /// When (limiter clock, ns) the key was last sent, last used, and when the last
+    /// acknowledged round was collected.
+    pub(crate) last_round: u64,
+    pub(crate) last_active: u64,
+    pub(crate) last_ok: u64,
+    /// A report went out and was not acknowledged yet.
+    pub(crate) pending: bool,
+    /// Tokens handed out by the local fallback since the last acknowledged round (and
+    /// not given back): Redis forgives them if it lost the key's state meanwhile.
+    pub(crate) local: u64,
+    /// Fractions of a token owed by the local fallback's refill, in ticks.
+    pub(crate) local_credit: u64,
+    /// The last acknowledged round released everything.
+    pub(crate) released: bool,
+}
+
+impl Books {
+    /// The books of a key first seen, with `overdraft` to spend until its first round.
+    pub(crate) fn fresh(overdraft: u64) -> Self {
+        Self {
+            overdraft_base: overdraft,
+            ..Self::default()
+        }
+    }
+}
+
+/// What a key first seen on a node may admit before its first round: in reconcile mode
+/// its share `⌊capacity / nodes⌋` of a fresh key's capacity (rounded down, so that the
+/// nodes together never hand out more than the capacity), nothing in lease mode.
+pub(crate) fn fresh_overdraft(capacity: u64, nodes: u64, reconcile: bool) -> u64 {
+    if reconcile {
+        capacity / nodes.max(1)
+    } else {
+        0
+    }
+}
+
+/// How urgently a key needs a round. Lower goes first when a round is full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Need {
+    /// It ran out, or its lease is below half what it wants.
+    Lease,
+    /// It used something, or a report is unacknowledged.
+    Report,
+    /// It has been idle for the idle TTL: its lease goes back and it is dropped.
+    Release,
+}
+
+/// What a round observed of a key's demand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Observed {
+    /// Tokens admitted since the last round.
+    pub(crate) used: u64,
+    /// µs since the last round.
+    pub(crate) elapsed_us: u64,
+    /// If the key ran out: µs from the last round until it did.
+    pub(crate) ran_out_after_us: Option<u64>,
+}
+
+/// Updates the key's demand estimate (a weight: a fraction of one token per `ticks` µs),
+/// an exponentially weighted average over about `tau_us`. The rate observed is what was
+/// used over the time it lasted: a key that ran out part-way was wanting at least that
+/// rate all along (one that ran out with nothing at all doubles its estimate). Returns the
+/// demand to report: a thirty-second above the average, a margin for a node whose average
+/// lags its arrivals that strands little of the rate when the node does not use it.
+pub(crate) fn estimate(average: &mut u64, seen: Observed, ticks: u64, tau_us: u64) -> u64 {
+    let weight = |units: f64, us: u64| units * ticks as f64 * WEIGHT_ONE as f64 / us.max(1) as f64;
+    let elapsed = seen.elapsed_us.max(1);
+    let alpha = 1.0 - (-(elapsed as f64) / tau_us.max(1) as f64).exp();
+    let observed = match seen.ran_out_after_us {
+        Some(lasted) if seen.used > 0 => weight(seen.used as f64, lasted.clamp(1, elapsed)),
+        _ => weight(seen.used as f64, elapsed),
+    };
+    let mut next = *average as f64 + alpha * (observed - *average as f64);
+    if seen.ran_out_after_us.is_some() {
+        next = next.max(observed);
+        if seen.used == 0 {
+            next = next.max(*average as f64 * 2.0).max(weight(1.0, elapsed));
+        }
+    }
+    *average = next.clamp(0.0, MAX_DEMAND as f64) as u64;
+    (*average).saturating_add(*average / 32).min(MAX_DEMAND)
+}
+
+/// The tokens a key with `average` demand wants to hold: a quarter more than its demand
+/// over the horizon (arrivals are not smooth), at least 1, at most the capacity.
+pub(crate) fn target(average: u64, p: &NodeParams) -> u64 {
+    let demand = u128::from(average) * 5 / 4;
+    let tokens =
+        (demand * u128::from(p.hold_us)).div_ceil(u128::from(WEIGHT_ONE) * u128::from(p.ticks));
+    u64::try_from(tokens)
+        .unwrap_or(u64::MAX)
+        .clamp(1, p.capacity.max(1))
+}
+
+/// What the key's cell has used since the task last left it.
+fn used(cell: &SyncCell, books: &Books) -> u64 {
+    books
+        .lease_base
+        .saturating_sub(cell.allowance.load(Ordering::Acquire))
+        + books
+            .overdraft_base
+            .saturating_sub(cell.overdraft.load(Ordering::Acquire))
+        + cell.overdrawn.load(Ordering::Acquire)
+}
+
+/// What the key needs from the next round at `now`, without changing anything; `None`
+/// if nothing.
+pub(crate) fn need(cell: &SyncCell, books: &Books, p: &NodeParams, now: u64) -> Option<Need> {
+    let ran_out = cell.flags.load(Ordering::Acquire) & WANTED != 0;
+    let used = used(cell, books);
+    if ran_out {
+        return Some(Need::Lease);
+    }
+    let idle = now.saturating_sub(books.last_active) >= p.idle_ns;
+    let left = if now < cell.expires.load(Ordering::Acquire) {
+        cell.allowance.load(Ordering::Acquire)
+    } else {
+        0
+    };
+    // A key in use keeps asking while it holds less than it wants: its credit may have
+    // grown since the last answer (this also keeps its demand fresh in Redis).
+    if !idle && books.last_active != 0 && left < target(books.average, p).clamp(1, 2) {
+        return Some(Need::Lease);
+    }
+    if used > 0 && left * 2 < target(books.average, p) {
+        return Some(Need::Lease);
+    }
+    if used > 0 || books.pending {
+        return Some(Need::Report);
+    }
+    (idle && !books.released).then_some(Need::Release)
+}
+
+/// Builds the key's request for round `seq` at `now` (limiter clock, ns), shrinking its
+/// lease to what it keeps. A key idle for the idle TTL keeps nothing, nor does any key
+/// when `release` (at shutdown). `redis_offset_ns` is Redis's clock (ns) minus the
+/// limiter's, as last measured.
+pub(crate) fn collect(
+    cell: &SyncCell,
+    books: &mut Books,
+    p: &NodeParams,
+    seq: u64,
+    now: u64,
+    release: bool,
+    redis_offset_ns: i64,
+) -> Request {
+    let timeout_ns = p.timeout_ns;
+    let ran_out = cell.flags.swap(0, Ordering::AcqRel) & WANTED != 0;
+    if books.epoch == 0 {
+        books.epoch = seq;
+    }
+    let elapsed_us = if books.last_round == 0 {
+        p.interval_ns / 1_000
+    } else {
+        now.saturating_sub(books.last_round) / 1_000
+    };
+    let used_now = used(cell, books);
+    if used_now > 0 || ran_out || books.last_active == 0 {
+        books.last_active = now;
+    }
+    let idle = release || now.saturating_sub(books.last_active) >= p.idle_ns;
+    let expired = now >= cell.expires.load(Ordering::Acquire);
+    let (demand, hold) = if idle {
+        (0, 0)
+    } else {
+        let ran_out_after_us = ran_out.then(|| {
+            cell.ran_out_at
+                .load(Ordering::Acquire)
+                .saturating_sub(books.last_round)
+                / 1_000
+        });
+        let seen = Observed {
+            used: used_now,
+            elapsed_us,
+            ran_out_after_us,
+        };
+        let demand = estimate(&mut books.average, seen, p.ticks, p.demand_tau_us);
+        (demand, target(books.average, p))
+    };
+    // Shrink the lease to what the key keeps: the rest goes back with this round.
+    let mut left = 0;
+    let _ = cell
+        .allowance
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
+            left = l;
+            Some(if expired { 0 } else { l.min(hold) })
+        });
+    let keep = if expired { 0 } else { left.min(hold) };
+    // What goes back is the fallback's tokens first: they were never reserved.
+    books.local = books.local.saturating_sub(left - keep);
+    // The overdraft stays usable while the round is in flight (the answer replaces it);
+    // an idle key gives it up now.
+    let overdraft = if idle {
+        cell.overdraft.swap(0, Ordering::AcqRel)
+    } else {
+        cell.overdraft.load(Ordering::Acquire)
+    };
+    books.spent += books.lease_base.saturating_sub(left)
+        + books.overdraft_base.saturating_sub(overdraft)
+        + cell.overdrawn.swap(0, Ordering::AcqRel);
+    books.lease_base = keep;
+    books.overdraft_base = overdraft;
+    books.demand = demand;
+    books.last_round = now;
+    books.pending = true;
+    books.released = false;
+    // What the floor adds beyond the reservation was admitted since the last
+    // acknowledged round was collected: Redis spreads the charge back over that time.
+    let in_redis = |local_ns: u64| {
+        u64::try_from((i128::from(local_ns) + i128::from(redis_offset_ns)) / 1_000).unwrap_or(0)
+    };
+    let anchor = if books.last_ok == 0 {
+        0
+    } else {
+        in_redis(books.last_ok)
+    };
+    let deadline = if timeout_ns == 0 {
+        0
+    } else {
+        in_redis(now.saturating_add(timeout_ns))
+    };
+    Request {
+        seq,
+        epoch: books.epoch,
+        floor: books.spent + keep,
+        keep,
+        known: books.known,
+        demand,
+        want: hold - keep,
+        anchor,
+        deadline,
+        local: books.local,
+    }
+}
+
+/// Applies the answer to the key's round; `expires` is when (limiter clock, ns) the lease
+/// becomes void. Returns false for a stale answer, which changes nothing (the
+/// report stays pending).
+pub(crate) fn settle(
+    cell: &SyncCell,
+    books: &mut Books,
+    p: &NodeParams,
+    request: &Request,
+    answer: &Answer,
+    expires: u64,
+) -> bool {
+    if answer.stale {
+        return false;
+    }
+    cell.expires.store(expires, Ordering::Release);
+    cell.allowance.fetch_add(answer.grant, Ordering::AcqRel);
+    books.lease_base += answer.grant;
+    books.known = answer.reserved;
+    // An idle key's round (no demand, nothing kept or wanted) releases it.
+    let released = request.demand == 0 && request.keep == 0 && request.want == 0;
+    // The new overdraft replaces the old; what was spent of the old one in flight is
+    // reported next round. A released key holds none.
+    let overdraft = if p.reconcile && !released {
+        answer.overdraft
+    } else {
+        0
+    };
+    let before = cell.overdraft.swap(overdraft, Ordering::AcqRel);
+    books.spent += books.overdraft_base.saturating_sub(before);
+    books.overdraft_base = overdraft;
+    books.pending = false;
+    // Charged, or forgiven: either way accounted for.
+    books.local = 0;
+    // Everything admitted after this round's collection goes into the next floor.
+    books.last_ok = books.last_round;
+    books.released = released && cell.allowance.load(Ordering::Acquire) == 0 && before == 0;
+    true
+}
+
+/// The local fallback, once per interval: the key may admit `1 / nodes` of the rate
+/// (fractions carried), up to `⌊capacity / nodes⌋` (at least 1) at once. What it admits
+/// is reported when Redis answers again: charged (spread back over the outage) if Redis
+/// kept the key's state, forgiven if it lost it.
+pub(crate) fn refill_locally(
+    cell: &SyncCell,
+    books: &mut Books,
+    p: &NodeParams,
+    nodes: u64,
+    now: u64,
+) {
+    let nodes = nodes.max(1);
+    if now.saturating_sub(books.last_active) >= p.idle_ns && !cell_wants(cell) {
+        return;
+    }
+    cell.expires.store(u64::MAX, Ordering::Release);
+    books.local_credit += p.interval_ns / 1_000 / nodes;
+    let tokens = books.local_credit / p.ticks;
+    books.local_credit %= p.ticks;
+    let cap = (p.capacity / nodes).max(1);
+    let (pool, base) = if p.reconcile {
+        (&cell.overdraft, &mut books.overdraft_base)
+    } else {
+        (&cell.allowance, &mut books.lease_base)
+    };
+    let mut added = 0;
+    let _ = pool.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+        added = cap.saturating_sub(left).min(tokens);
+        (added > 0).then_some(left + added)
+    });
+    *base += added;
+    books.local += added;
+    if added > 0 {
+        books.released = false;
+    }
+}
+
+fn cell_wants(cell: &SyncCell) -> bool {
+    cell.flags.load(Ordering::Acquire) & WANTED != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> NodeParams {
+        NodeParams {
+            ticks: 10_000,
+            capacity: 100,
+            interval_ns: 50_000_000,
+            hold_us: 100_000,
+            idle_ns: 15_000_000_000,
+            reconcile: false,
+            demand_tau_us: 1_000_000,
+            timeout_ns: 0,
+        }
+    }
+
+    #[test]
+    fn demand_is_what_was_used_over_the_time_it_lasted() {
+        let tau = 1_000_000;
+        let seen = |used, ran_out_after_us| Observed {
+            used,
+            elapsed_us: 50_000,
+            ran_out_after_us,
+        };
+        // 5 tokens every 50 ms at 10 ms per token is the whole rate: the average
+        // converges to it, and the report is a thirty-second above.
+        let mut average = 0;
+        let mut reported = 0;
+        for _ in 0..200 {
+            reported = estimate(&mut average, seen(5, None), 10_000, tau);
+        }
+        assert!(average.abs_diff(WEIGHT_ONE) < WEIGHT_ONE / 100, "{average}");
+        assert_eq!(reported, average + average / 32);
+        // The same 5 spent in the first 10 ms, then denies: five times the rate.
+        let mut short = average;
+        estimate(&mut short, seen(5, Some(10_000)), 10_000, tau);
+        assert_eq!(short, 5 * WEIGHT_ONE);
+        // Run out with nothing at all: doubled.
+        let mut empty = average;
+        estimate(&mut empty, seen(0, Some(0)), 10_000, tau);
+        assert_eq!(empty, 2 * average);
+        // Idle: decays slowly.
+        let mut idle = average;
+        estimate(&mut idle, seen(0, None), 10_000, tau);
+        assert!(idle < average && idle > average * 9 / 10, "{idle}");
+        let mut capped = MAX_DEMAND;
+        assert_eq!(estimate(&mut capped, seen(0, Some(0)), 1, tau), MAX_DEMAND);
+    }
+
+    /// A cell whose lease never expires.
+    fn cell() -> SyncCell {
+        let cell = SyncCell::default();
+        cell.expires.store(u64::MAX, Ordering::Release);
+        cell
+    }
+
+    #[test]
+    fn a_round_reports_what_was_spent_and_keeps_its_target() {
+        let p = params();
+        let cell = cell();
+        let mut books = Books::default();
+        cell.allowance.store(10, Ordering::Release);
+        books.lease_base = 10;
+        books.average = WEIGHT_ONE / 2; // 5 tokens over the 100 ms horizon
+        // 4 admitted.
+        cell.allowance.store(6, Ordering::Release);
+        let r = collect(&cell, &mut books, &p, 1, 50_000_000, false, 0);
+        assert_eq!(books.spent, 4);
+        assert_eq!(r.keep, cell.allowance.load(Ordering::Acquire));
+        assert_eq!(r.floor, 4 + r.keep);
+        // Two more admitted while the round is in flight; the answer grants 3.
+        cell.allowance.fetch_sub(2, Ordering::AcqRel);
+        let answer = Answer {
+            grant: 3,
+            reserved: r.floor + 3,
+            ..Answer::default()
+        };
+        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX));
+        assert_eq!(cell.allowance.load(Ordering::Acquire), r.keep - 2 + 3);
+        let r2 = collect(&cell, &mut books, &p, 2, 100_000_000, false, 0);
+        assert_eq!(books.spent, 6);
+        assert_eq!(r2.floor, 6 + r2.keep);
+    }
+
+    #[test]
+    fn an_idle_key_gives_everything_back_and_is_released() {
+        let p = params();
+        let cell = cell();
+        let mut books = cell.books.lock();
+        cell.allowance.store(3, Ordering::Release);
+        books.lease_base = 3;
+        books.last_active = 1;
+        books.demand = WEIGHT_ONE;
+        let now = p.idle_ns + 10;
+        assert_eq!(need(&cell, &books, &p, now), Some(Need::Release));
+        let r = collect(&cell, &mut books, &p, 7, now, false, 0);
+        assert_eq!((r.floor, r.keep, r.want), (0, 0, 0));
+        let answer = Answer {
+            reserved: 0,
+            ..Answer::default()
+        };
+        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX));
+        assert_eq!(need(&cell, &books, &p, now), None);
+        drop(books);
+        assert!(cell.is_released());
+        // A check after the release makes it a key in use again.
+        cell.want(now);
+        assert!(!cell.is_released());
+    }
+}

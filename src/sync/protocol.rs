@@ -1,0 +1,736 @@
+//! The server side of one sync round for one key, as pure integer arithmetic: the global
+//! state and the per-node records in, the answer out. No clock, no Redis, no I/O: time is
+//! an argument. The Lua scripts (`sync_token_bucket.lua`, `sync_sliding_window.lua`)
+//! compute exactly this, step by step (a differential test on a real redis-server checks
+//! it), and the deterministic simulation drives this function as its Redis.
+//!
+//! # Units
+//!
+//! Time is in microseconds of Redis's clock. One token costs `T` **ticks** (µs of the
+//! token bucket's GCRA time; for the sliding window `⌊period / limit⌋`, at least 1), and
+//! the global state refills one tick per µs. Fractions of a token are never rounded away:
+//! they stay in the global state and in each node's credit.
+//!
+//! # A round for one key
+//!
+//! A node reports, with a sequence number, the **floor** `F`: every unit it has admitted
+//! on the key since it first saw it, plus the lease it keeps. `F` is cumulative, so a
+//! round that is applied twice, late, or never, charges exactly once: Redis charges (or,
+//! when `F` is below, refunds) the difference between `F` and the reservation it holds
+//! for the node, and ignores a sequence number it has already applied.
+//!
+//! Then the node gets a lease: at most what it asked for, what the global state holds, its
+//! **credit** and its holding cap. Credit is how capacity is shared max-min fairly by
+//! demand (Doorman's FairShare): every node reports its demand as a weight (a fraction of
+//! the rate, in parts of [`WEIGHT_ONE`]); the weights of the nodes heard from within the
+//! demand TTL are water-filled, and a node's credit refills at its share of the rate, up
+//! to its share of the holding horizon. In reconcile mode the answer also carries an
+//! overdraft: the node's share of what the global state still holds after the lease,
+//! which it may admit beyond its lease and reports in its next floor.
+
+// In production Redis runs the Lua twin of `serve`; this one is its specification, run by
+// the simulation and the differential test.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::collections::BTreeMap;
+
+/// The whole rate, as a weight: a node's demand and share are fractions of it.
+pub(crate) const WEIGHT_ONE: u64 = 1 << 20;
+/// The largest demand a node may report (16 times the rate).
+pub(crate) const MAX_DEMAND: u64 = 1 << 24;
+/// Credit accrues over at most this many µs (the cap is reached long before).
+const MAX_ELAPSED: u64 = 1 << 32;
+
+/// The global limit a synced key shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// GCRA: `t` µs per token, tolerance `tau = t·(burst − 1)`.
+    TokenBucket {
+        /// µs per token.
+        t: u64,
+        /// `t·(burst − 1)`.
+        tau: u64,
+    },
+    /// The sliding window counter: `limit` per `period` µs.
+    SlidingWindow {
+        /// Units per window.
+        limit: u64,
+        /// The window, in µs.
+        period: u64,
+    },
+}
+
+impl Shape {
+    /// What the global state holds at most, in ticks.
+    pub(crate) fn capacity_ticks(self) -> u64 {
+        match self {
+            Self::TokenBucket { t, tau } => tau + t,
+            Self::SlidingWindow { limit, .. } => limit * self.ticks_per_token(),
+        }
+    }
+
+    /// Ticks (µs of refill) one token costs.
+    pub(crate) fn ticks_per_token(self) -> u64 {
+        match self {
+            Self::TokenBucket { t, .. } => t,
+            Self::SlidingWindow { limit, period } => (period / limit).max(1),
+        }
+    }
+}
+
+/// What every round of a limiter shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Params {
+    pub(crate) shape: Shape,
+    /// Reconcile mode: hand out overdrafts, each a share of what the global state holds
+    /// plus what it refills over this horizon (µs, the sync interval); 0 in lease mode.
+    pub(crate) overdraft_horizon: u64,
+    /// The holding horizon `H` (µs): a node's credit and lease are capped at its share of
+    /// `H` worth of refill (at least one token).
+    pub(crate) hold: u64,
+    /// A node's demand counts for this long (µs) after it reported it.
+    pub(crate) demand_ttl: u64,
+    /// A node's record is dropped when it has not been heard from for this long (ms);
+    /// the key's Redis TTL is its time until untouched plus this.
+    pub(crate) retain_ms: u64,
+}
+
+/// The global state of one key. The token bucket uses `tat`; the sliding window the
+/// window number `window`, and the counts of the previous and current windows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Global {
+    /// The GCRA theoretical arrival time (µs); 0 for a key Redis does not hold.
+    pub(crate) tat: u64,
+    /// The sliding window's current window number, if Redis holds one.
+    pub(crate) window: Option<u64>,
+    pub(crate) prev: u64,
+    pub(crate) cur: u64,
+}
+
+/// What Redis keeps for one node of one key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// The last sequence number applied.
+    pub(crate) seq: u64,
+    /// What the node's floor and lease add up to: charged to the global state.
+    pub(crate) reserved: u64,
+    /// Ticks the node may still lease (its fair share, accrued).
+    pub(crate) credit: u64,
+    pub(crate) credit_at: u64,
+    /// The node's demand (a weight) and when it reported it.
+    pub(crate) demand: u64,
+    pub(crate) demand_at: u64,
+    /// The sliding window in which the node's reservation was last changed.
+    pub(crate) window: u64,
+    /// Which of the node's books for the key the record belongs to (a key dropped and
+    /// seen again on a node starts new books, counting from 0).
+    pub(crate) epoch: u64,
+    /// What the node asked for beyond its grant in its last round: whether it still
+    /// wants tokens.
+    pub(crate) unmet: u64,
+    /// The overdraft the node was last handed (reconcile mode): the other nodes' rooms
+    /// leave it out, so that overdrafts outstanding never add up past one room.
+    pub(crate) overdraft: u64,
+}
+
+/// One node's report for one key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Request {
+    /// The node's round number; a round at or below the last one applied is ignored.
+    pub(crate) seq: u64,
+    /// The node's books for this key: a new epoch counts its floor from 0.
+    pub(crate) epoch: u64,
+    /// Everything the node admitted on the key, plus the lease it keeps.
+    pub(crate) floor: u64,
+    /// The lease the node keeps (part of `floor`).
+    pub(crate) keep: u64,
+    /// The reservation of the last answer the node received (used when Redis lost the
+    /// node's record, e.g. after a restart).
+    pub(crate) known: u64,
+    /// The node's demand, a weight.
+    pub(crate) demand: u64,
+    /// Tokens the node would like to hold beyond `keep`.
+    pub(crate) want: u64,
+    /// When (Redis time, µs) the node started admitting what `floor` may add beyond the
+    /// reservation: the collection of its last acknowledged round. Such a charge is
+    /// spread back over the time since (0: not at all). Absolute, so that rounds queued
+    /// in a paused Redis, applied together, all spread from the same start.
+    pub(crate) anchor: u64,
+    /// When (Redis time, µs) the node stops waiting for the answer (0: never). A round
+    /// that runs later (it queued in a paused Redis) only charges: it grants nothing,
+    /// since nobody would receive it.
+    pub(crate) deadline: u64,
+    /// Of `floor`, tokens the node's local fallback handed out since its last
+    /// acknowledged round: charged like the rest while Redis holds the node's record
+    /// (spread back from `anchor`), but forgiven when Redis lost it (restarted empty, or
+    /// failed over): that consumption was the share of a refill no state recorded.
+    pub(crate) local: u64,
+}
+
+/// The answer for one key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Answer {
+    /// Tokens leased: the node may hold `keep + grant`.
+    pub(crate) grant: u64,
+    /// Tokens the node may admit beyond its lease, reported in its next floor.
+    pub(crate) overdraft: u64,
+    /// The node's reservation now: `floor + grant`.
+    pub(crate) reserved: u64,
+    /// The round was older than one already applied: nothing changed.
+    pub(crate) stale: bool,
+}
+
+/// One key as Redis holds it: the global state and each node's record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KeyState {
+    pub(crate) global: Global,
+    pub(crate) nodes: BTreeMap<String, Record>,
+}
+
+/// Max-min fair shares of the rate among `demands`: the water level `L` is the largest
+/// with `Σ min(d, L) ≤ WEIGHT_ONE`, and a node gets `min(d, L)`; when every demand fits,
+/// the spare is split evenly on top.
+///
+/// Every node gets at least the equal share `WEIGHT_ONE / n` (the level is never below
+/// it): a node whose demand is underestimated still gets an even split, and a node that
+/// does not use it strands nothing, since a node that wants nothing binds no one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shares {
+    level: u64,
+    /// Every demand fits: each gets its demand plus `spare`.
+    fits: bool,
+    spare: u64,
+    equal: u64,
+}
+
+impl Shares {
+    pub(crate) fn new(demands: &[u64]) -> Self {
+        let mut sorted: Vec<u64> = demands.to_vec();
+        sorted.sort_unstable();
+        let equal = WEIGHT_ONE / (sorted.len() as u64).max(1);
+        let mut remaining = WEIGHT_ONE;
+        let mut left = sorted.len() as u64;
+        for &d in &sorted {
+            let level = remaining / left;
+            if d > level {
+                return Self {
+                    level,
+                    fits: false,
+                    spare: 0,
+                    equal,
+                };
+            }
+            remaining -= d;
+            left -= 1;
+        }
+        Self {
+            level: 0,
+            fits: true,
+            spare: remaining / (sorted.len() as u64).max(1),
+            equal,
+        }
+    }
+
+    /// The share (a weight) of a node with demand `d`.
+    pub(crate) fn of(&self, d: u64) -> u64 {
+        if self.fits {
+            (d + self.spare).max(self.equal)
+        } else {
+            d.max(self.equal).min(self.level)
+        }
+    }
+}
+
+/// `⌊x · weight / WEIGHT_ONE⌋`, exact for any `x` below 2^52 (the script computes it in
+/// the same two parts, each exact in a double).
+fn scale(x: u64, weight: u64) -> u64 {
+    (x >> 20) * weight + (((x & (WEIGHT_ONE - 1)) * weight) >> 20)
+}
+
+/// The credit cap (ticks) of a node with share `weight`: its share of what the global
+/// state can hold (or of the holding horizon, if that is more), and at least one token.
+/// Credit accrues at the rate in total and under contention no node takes more than its
+/// credit, so while the caps add up to no more than the global state holds, every token
+/// of credit is backed by one in the global state: a node with credit never finds it
+/// empty because others were quicker.
+fn credit_cap(weight: u64, capacity_ticks: u64, hold: u64, ticks: u64) -> u64 {
+    ticks.max(scale(capacity_ticks.max(hold), weight))
+}
+
+/// A record's credit accrued to `now` at `weight`, capped.
+fn accrued(record: &Record, weight: u64, cap: u64, now: u64) -> u64 {
+    let since = now.saturating_sub(record.credit_at).min(MAX_ELAPSED);
+    cap.min(record.credit + scale(since, weight))
+}
+
+/// Whole tokens the global state holds at `now` (0 in debt).
+fn available(shape: Shape, g: &Global, now: u64, elapsed: u64) -> u64 {
+    match shape {
+        Shape::TokenBucket { t, tau } => {
+            let tat = g.tat.max(now);
+            let left = tau + t;
+            if tat - now >= left {
+                0
+            } else {
+                (left - (tat - now)) / t
+            }
+        }
+        Shape::SlidingWindow { limit, period } => {
+            let weighted = (g.prev * (period - elapsed)).div_ceil(period);
+            limit.saturating_sub(g.cur + weighted)
+        }
+    }
+}
+
+/// Whole tokens the global state holds at `now` plus what it refills over `horizon` µs,
+/// less any debt (0 if the debt is larger).
+fn room(shape: Shape, g: &Global, now: u64, elapsed: u64, horizon: u64) -> u64 {
+    match shape {
+        Shape::TokenBucket { t, tau } => {
+            let ahead = g.tat.max(now) - now;
+            (tau + t + horizon).saturating_sub(ahead) / t
+        }
+        Shape::SlidingWindow { limit, period } => {
+            available(shape, g, now, elapsed) + limit * horizon.min(period) / period
+        }
+    }
+}
+
+/// Runs one node's round for one key at Redis time `now` (µs), updating `state`.
+///
+/// The steps, in order (the script follows them one for one):
+/// 1. drop the records of nodes gone for the retention time;
+/// 2. ignore a round at or below the node's last;
+/// 3. (sliding window) roll the windows forward to `now`;
+/// 4. charge the floor beyond the node's reservation, or refund what it returned;
+/// 5. share the rate max-min fairly among the demands of the live nodes, and accrue the
+///    node's credit at its share;
+/// 6. lease: by credit while another node wants tokens and has credit for one, else
+///    whatever the global state holds (work-conserving);
+/// 7. (reconcile) hand out an overdraft.
+pub(crate) fn serve(
+    params: &Params,
+    state: &mut KeyState,
+    node: &str,
+    request: &Request,
+    now: u64,
+) -> Answer {
+    let shape = params.shape;
+    let ticks = shape.ticks_per_token();
+    // 1.
+    prune(state, now.saturating_sub(params.retain_ms * 1_000));
+    // 2.
+    let stored = state.nodes.get(node).copied();
+    if let Some(record) = stored {
+        if request.seq <= record.seq {
+            return Answer {
+                reserved: record.reserved,
+                stale: true,
+                ..Answer::default()
+            };
+        }
+    }
+    let existing = stored.filter(|r| r.epoch == request.epoch);
+    // 3.
+    let mut elapsed = 0;
+    let mut window = 0;
+    if let Shape::SlidingWindow { period, .. } = shape {
+        window = now / period;
+        elapsed = now - window * period;
+        let g = &mut state.global;
+        match g.window {
+            Some(w) if w == window => {}
+            Some(w) if w + 1 == window => (g.prev, g.cur) = (g.cur, 0),
+            Some(w) if w > window => elapsed = 0,
+            _ => (g.prev, g.cur) = (0, 0),
+        }
+        if g.window.is_none_or(|w| w < window) {
+            g.window = Some(window);
+        }
+        window = g.window.unwrap_or(window);
+    }
+    let mut record = existing.unwrap_or(Record {
+        reserved: request.known
+            + request
+                .local
+                .min(request.floor.saturating_sub(request.known)),
+        window,
+        epoch: request.epoch,
+        ..Record::default()
+    });
+    // 4.
+    let g = &mut state.global;
+    let mut charged = 0;
+    if request.floor > record.reserved {
+        charged = request.floor - record.reserved;
+        match shape {
+            Shape::TokenBucket { t, .. } => {
+                let from = if request.anchor == 0 {
+                    now
+                } else {
+                    request.anchor.min(now)
+                };
+                g.tat = g.tat.max(from) + charged * t;
+            }
+            Shape::SlidingWindow { .. } => g.cur += charged,
+        }
+    } else if request.floor < record.reserved {
+        let refund = record.reserved - request.floor;
+        match shape {
+            // Into a full bucket a refund has nowhere to go; a past `tat` (room for
+            // charges spread back) is left as it is.
+            Shape::TokenBucket { t, .. } => {
+                if g.tat > now {
+                    g.tat = g.tat.saturating_sub(refund * t).max(now);
+                }
+            }
+            Shape::SlidingWindow { .. } => {
+                if record.window == window {
+                    g.cur = g.cur.saturating_sub(refund);
+                } else if record.window + 1 == window {
+                    g.prev = g.prev.saturating_sub(refund);
+                }
+            }
+        }
+    }
+    // 5.
+    record.demand = request.demand.min(MAX_DEMAND);
+    record.demand_at = now;
+    let cutoff = now.saturating_sub(params.demand_ttl);
+    let others: Vec<&Record> = state
+        .nodes
+        .iter()
+        .filter(|(id, r)| id.as_str() != node && r.demand_at >= cutoff)
+        .map(|(_, r)| r)
+        .collect();
+    let mut demands: Vec<u64> = others.iter().map(|r| r.demand).collect();
+    demands.push(record.demand);
+    let shares = Shares::new(&demands);
+    let weight = shares.of(record.demand);
+    let capacity = shape.capacity_ticks();
+    let cap = credit_cap(weight, capacity, params.hold, ticks);
+    // A node new to the key starts with one token of credit, like any other.
+    record.credit = if existing.is_none() {
+        ticks
+    } else {
+        accrued(&record, weight, cap, now)
+    };
+    // What the node admitted beyond its reservation (its overdraft) was its credit's.
+    record.credit = record.credit.saturating_sub(charged.saturating_mul(ticks));
+    record.credit_at = now;
+    // 6. Under contention (another node wants tokens and has credit for one) a node
+    // leases by its credit, out of what the global state holds beyond what the wanting
+    // nodes ahead of it in credit per share need to catch up with it. (Each gap is
+    // floored to whole ticks from a double, as the script computes it, so that the sum
+    // does not depend on the order.)
+    let mut contended = false;
+    let mut owed = 0u64;
+    for r in &others {
+        let w = shares.of(r.demand);
+        let credit = accrued(r, w, credit_cap(w, capacity, params.hold, ticks), now);
+        if r.unmet > 0 && credit >= ticks {
+            contended = true;
+            let level = (record.credit as f64 * w as f64 / weight as f64).floor() as u64;
+            owed += credit.saturating_sub(level);
+        }
+    }
+    let avail = available(shape, g, now, elapsed);
+    // A node holds at most its share of the holding horizon, plus one token to spend
+    // while it waits for the next.
+    let hold_cap = 2 + scale(params.hold, weight) / ticks;
+    let by_credit = if contended {
+        (record.credit / ticks).min(avail.saturating_sub(owed / ticks))
+    } else {
+        avail
+    };
+    let late = request.deadline != 0 && now > request.deadline;
+    let grant = if late {
+        0
+    } else {
+        request
+            .want
+            .min(avail)
+            .min(by_credit)
+            .min(hold_cap.saturating_sub(request.keep))
+    };
+    record.credit = record.credit.saturating_sub(grant * ticks);
+    record.unmet = request.want - grant;
+    if grant > 0 {
+        match shape {
+            Shape::TokenBucket { t, .. } => g.tat = g.tat.max(now) + grant * t,
+            Shape::SlidingWindow { .. } => g.cur += grant,
+        }
+    }
+    // 7.
+    let overdraft = if params.overdraft_horizon > 0 && !late {
+        // What the global state holds after the lease, plus its refill until the node's
+        // next round (in debt, the refill first repays it), in whole tokens; under
+        // contention no more than the node's credit will cover by then (each node's
+        // credit caps its own), otherwise shared with the overdrafts already out.
+        let room = room(shape, g, now, elapsed, params.overdraft_horizon);
+        if contended {
+            let by_then = record.credit + scale(params.overdraft_horizon, weight);
+            room.min(by_then / ticks)
+        } else {
+            let lent: u64 = others.iter().map(|r| r.overdraft).sum();
+            room.saturating_sub(lent)
+        }
+    } else {
+        0
+    };
+    record.overdraft = overdraft;
+    record.seq = request.seq;
+    record.reserved = request.floor + grant;
+    record.window = window;
+    state.nodes.insert(node.to_owned(), record);
+    Answer {
+        grant,
+        overdraft,
+        reserved: record.reserved,
+        stale: false,
+    }
+}
+
+/// Drops the records of nodes not heard from since `cutoff` (µs), as the scripts do.
+pub(crate) fn prune(state: &mut KeyState, cutoff: u64) {
+    state
+        .nodes
+        .retain(|_, r| r.demand_at.max(r.credit_at) >= cutoff);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TB: Shape = Shape::TokenBucket {
+        t: 10_000,
+        tau: 10_000 * 99,
+    };
+
+    fn params(reconcile: bool) -> Params {
+        Params {
+            shape: TB,
+            overdraft_horizon: if reconcile { 10_000 } else { 0 },
+            hold: 100_000,
+            demand_ttl: 150_000,
+            retain_ms: 60_000,
+        }
+    }
+
+    fn request(seq: u64, floor: u64, keep: u64, want: u64) -> Request {
+        Request {
+            seq,
+            floor,
+            keep,
+            want,
+            demand: WEIGHT_ONE,
+            ..Request::default()
+        }
+    }
+
+    #[test]
+    fn shares_are_max_min_fair() {
+        let one = WEIGHT_ONE;
+        let share = |demands: &[u64], mine: u64| Shares::new(demands).of(mine);
+        // Everyone saturating: equal shares.
+        assert_eq!(share(&[one, one, one, one], one), one / 4);
+        // A light node gets its demand, but never less than an even split; the rest
+        // split what is left.
+        let light = one / 10;
+        let demands = [light, one, one];
+        assert_eq!(share(&demands, light), one / 3);
+        assert_eq!(share(&demands, one), (one - light) / 2);
+        // Everything fits: the spare is split evenly on top of each demand.
+        assert_eq!(share(&[light, light], light), light + (one - 2 * light) / 2);
+        assert_eq!(share(&[0], 0), one);
+    }
+
+    #[test]
+    fn a_round_applied_twice_charges_once() {
+        let p = params(false);
+        let mut state = KeyState::default();
+        let now = 1_000_000_000;
+        let first = serve(&p, &mut state, "a", &request(1, 0, 0, 5), now);
+        assert_eq!(first.grant, 5);
+        let before = state.clone();
+        // The same sequence number again (a retry after a lost reply): nothing changes.
+        let again = serve(&p, &mut state, "a", &request(1, 0, 0, 5), now + 10);
+        assert!(again.stale);
+        assert_eq!(state, before);
+        // The next round reports 3 spent and keeps 2: nothing is charged twice.
+        let next = serve(&p, &mut state, "a", &request(2, 5, 2, 3), now + 20);
+        assert_eq!(next.reserved, 5 + next.grant);
+        assert_eq!(state.global.tat, now + (5 + next.grant) * 10_000);
+    }
+
+    #[test]
+    fn a_round_past_its_deadline_only_charges() {
+        let p = params(true);
+        let mut state = KeyState::default();
+        let now = 1_000_000_000;
+        let late = Request {
+            deadline: now - 1,
+            ..request(1, 3, 0, 5)
+        };
+        let a = serve(&p, &mut state, "a", &late, now);
+        assert_eq!((a.grant, a.overdraft, a.reserved), (0, 0, 3));
+        assert_eq!(state.global.tat, now + 3 * 10_000);
+    }
+
+    #[test]
+    fn a_lost_answer_is_returned_by_the_next_floor() {
+        let p = params(false);
+        let mut state = KeyState::default();
+        let now = 1_000_000_000;
+        // The node never saw this grant: its next floor is what it spent (0).
+        serve(&p, &mut state, "a", &request(1, 0, 0, 5), now);
+        let next = serve(&p, &mut state, "a", &request(2, 0, 0, 0), now);
+        assert_eq!(next.reserved, 0);
+        assert_eq!(state.global.tat, now, "the 5 tokens went back");
+    }
+
+    #[test]
+    fn debt_blocks_leases_and_overdrafts_until_repaid() {
+        let p = params(true);
+        let mut state = KeyState::default();
+        let now = 1_000_000_000;
+        // 300 admitted beyond any lease: 200 tokens of debt past the burst of 100.
+        let a = serve(&p, &mut state, "a", &request(1, 300, 0, 10), now);
+        assert_eq!((a.grant, a.overdraft), (0, 0));
+        let later = now + 2_000_000 - 10_000;
+        let b = serve(&p, &mut state, "a", &request(2, 300, 0, 10), later);
+        assert_eq!((b.grant, b.overdraft), (0, 0), "still 1 token in debt");
+        let c = serve(&p, &mut state, "a", &request(3, 300, 0, 10), later + 20_000);
+        assert_eq!(c.grant, 1);
+    }
+
+    #[test]
+    fn a_record_lost_by_redis_charges_only_what_is_new() {
+        let p = params(false);
+        let mut state = KeyState::default();
+        let now = 1_000_000_000;
+        // Redis restarted empty; the node last knew a reservation of 50 and has spent
+        // 7 more since (it reports floor 57 with nothing kept).
+        let a = serve(
+            &p,
+            &mut state,
+            "a",
+            &Request {
+                known: 50,
+                ..request(9, 57, 0, 0)
+            },
+            now,
+        );
+        assert_eq!(a.reserved, 57);
+        assert_eq!(state.global.tat, now + 7 * 10_000);
+    }
+
+    #[test]
+    fn local_tokens_are_forgiven_only_when_redis_lost_the_record() {
+        let p = params(false);
+        let now = 1_000_000_000;
+        let round = |seq, floor, local| Request {
+            local,
+            ..request(seq, floor, 0, 0)
+        };
+        // Redis knows the node (reserved 10): 5 more, all local, are charged.
+        let mut state = KeyState::default();
+        serve(&p, &mut state, "a", &round(1, 10, 0), now);
+        let before = state.global.tat;
+        serve(&p, &mut state, "a", &round(2, 15, 5), now);
+        assert_eq!(state.global.tat, before + 5 * 10_000);
+        // Redis restarted empty: the 5 local ones are forgiven, the other 2 charged.
+        let mut state = KeyState::default();
+        let lost = Request {
+            known: 10,
+            ..round(3, 17, 5)
+        };
+        let a = serve(&p, &mut state, "a", &lost, now);
+        assert_eq!(state.global.tat, now + 2 * 10_000);
+        assert_eq!(a.reserved, 17);
+    }
+
+    #[test]
+    fn an_outage_charge_is_spread_back_over_its_span() {
+        let p = params(false);
+        let mut state = KeyState::default();
+        let now = 1_000_000_000;
+        // 100 tokens admitted over the last second at the rate: no debt remains; the
+        // same in two rounds applied together (queued in a paused Redis).
+        let anchor = now - 1_000_000;
+        serve(
+            &p,
+            &mut state,
+            "a",
+            &Request {
+                anchor,
+                ..request(1, 100, 0, 0)
+            },
+            now,
+        );
+        assert_eq!(state.global.tat, now);
+        let mut state = KeyState::default();
+        for (seq, floor) in [(1, 40), (2, 100)] {
+            let r = Request {
+                anchor,
+                ..request(seq, floor, 0, 0)
+            };
+            serve(&p, &mut state, "a", &r, now);
+        }
+        assert_eq!(state.global.tat, now);
+    }
+
+    #[test]
+    fn a_scarce_limit_is_shared_by_credit() {
+        // A burst of 2: the global state never holds more than two tokens, so credit
+        // decides who gets them. Two nodes asking for everything every 5 ms, for 2 s.
+        let p = Params {
+            shape: Shape::TokenBucket {
+                t: 10_000,
+                tau: 10_000,
+            },
+            ..params(false)
+        };
+        let mut state = KeyState::default();
+        let start = 1_000_000_000;
+        let mut got = [0u64; 2];
+        let mut reserved = [0u64; 2];
+        for step in 0..400u64 {
+            let node = (step % 2) as usize;
+            let now = start + step * 5_000 / 2 * 2 + node as u64 * 1_000;
+            // Everything leased is spent at once: the floor is the reservation.
+            let a = serve(
+                &p,
+                &mut state,
+                ["a", "b"][node],
+                &request(step / 2 + 1, reserved[node], 0, 100),
+                now,
+            );
+            got[node] += a.grant;
+            reserved[node] = a.reserved;
+        }
+        // 2 s at 100/s plus the burst, split evenly.
+        let total = got[0] + got[1];
+        assert!((200..=203).contains(&total), "{got:?}");
+        assert!(got[0].abs_diff(got[1]) <= 3, "{got:?}");
+    }
+
+    #[test]
+    fn the_sliding_window_refunds_into_the_window_it_reserved_in() {
+        let p = Params {
+            shape: Shape::SlidingWindow {
+                limit: 100,
+                period: 1_000_000,
+            },
+            ..params(false)
+        };
+        let mut state = KeyState::default();
+        let now = 5_000_000;
+        let a = serve(&p, &mut state, "a", &request(1, 0, 0, 10), now + 10);
+        assert_eq!(a.grant, 10);
+        assert_eq!(state.global.cur, 10);
+        // Next window: the 10 move to `prev`; returning 4 of them takes them off `prev`.
+        serve(&p, &mut state, "a", &request(2, 6, 0, 0), now + 1_000_010);
+        assert_eq!((state.global.prev, state.global.cur), (6, 0));
+    }
+}
