@@ -113,6 +113,38 @@ impl LocalRedis {
         }
     }
 
+    /// Stops the server's process (SIGSTOP): it keeps its connections and data but
+    /// answers nothing until [`resume`](Self::resume).
+    ///
+    /// # Errors
+    /// If the signal could not be sent.
+    pub fn pause(&self) -> io::Result<()> {
+        self.signal("-STOP")
+    }
+
+    /// Lets a paused server run again (SIGCONT); it then runs what queued meanwhile.
+    ///
+    /// # Errors
+    /// If the signal could not be sent.
+    pub fn resume(&self) -> io::Result<()> {
+        self.signal("-CONT")
+    }
+
+    fn signal(&self, signal: &str) -> io::Result<()> {
+        let Some(child) = &self.child else {
+            return Err(io::Error::other("redis-server is not running"));
+        };
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(child.id().to_string())
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("kill {signal} failed: {status}")))
+        }
+    }
+
     /// Starts the server again on the same port, empty.
     ///
     /// # Errors
@@ -125,6 +157,8 @@ impl LocalRedis {
 
 impl Drop for LocalRedis {
     fn drop(&mut self) {
+        // A paused server must run again to be killed cleanly.
+        let _ = self.resume();
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -150,7 +150,11 @@ impl<K: Eq, S> Table<K, S> {
     }
 
     fn grow(&mut self, rehash: &impl Fn(&K) -> u64) {
-        let capacity = (self.index.len() * 13 / 10).max(MIN_CAPACITY);
+        self.rebuild((self.index.len() * 13 / 10).max(MIN_CAPACITY), rehash);
+    }
+
+    /// Replaces the index with one of `capacity` slots, placing every entry again.
+    fn rebuild(&mut self, capacity: usize, rehash: &impl Fn(&K) -> u64) {
         self.index = vec![0; capacity].into_boxed_slice();
         for at in 0..self.entries.len() {
             let hash = rehash(&self.entries[at].key);
@@ -199,7 +203,22 @@ impl<K: Eq, S> Table<K, S> {
             let moved = self.slot_of(hash, last);
             self.index[moved] = encode(hash, at);
         }
-        self.entries.swap_remove(at)
+        let entry = self.entries.swap_remove(at);
+        self.shrink_if_sparse(rehash);
+        entry
+    }
+
+    /// After a removal, gives memory back once the table is a quarter full: the entries'
+    /// spare capacity, and an index rebuilt at twice the entries (amortised: a table
+    /// shrinks at most once per halving).
+    fn shrink_if_sparse(&mut self, rehash: &impl Fn(&K) -> u64) {
+        let len = self.entries.len();
+        if self.entries.capacity() > MIN_CAPACITY && len * 4 < self.entries.capacity() {
+            self.entries.shrink_to((len * 2).max(MIN_CAPACITY));
+        }
+        if self.index.len() > MIN_CAPACITY && len * 4 < self.index.len() {
+            self.rebuild((len * 2).max(MIN_CAPACITY), rehash);
+        }
     }
 
     /// Empties `hole` and shifts back the slots after it whose probe passed through it,
@@ -230,6 +249,12 @@ impl<K: Eq, S> Table<K, S> {
             }
         }
         self.index[hole] = 0;
+    }
+
+    /// The entries' capacity (for tests of shrinking).
+    #[cfg(test)]
+    fn entries_capacity(&self) -> usize {
+        self.entries.capacity()
     }
 
     /// Bytes of index per entry stored (for tests of the load factor).
@@ -303,6 +328,28 @@ mod tests {
                 let load = table.len() as f64 / table.index_len() as f64;
                 assert!((0.64..=0.85).contains(&load), "load {load} at {key}");
             }
+        }
+    }
+
+    #[test]
+    fn a_table_emptied_after_a_flood_gives_its_memory_back() {
+        let mut table: Table<u64, u64> = Table::new();
+        for k in 0..100_000u64 {
+            let _ = table.insert(h(&k), Entry { key: k, state: k }, h);
+        }
+        let full = (table.entries_capacity(), table.index_len());
+        for k in 0..99_990u64 {
+            assert!(table.remove(h(&k), |x| *x == k, h).is_some());
+        }
+        assert!(
+            table.entries_capacity() <= 64,
+            "{} of {full:?}",
+            table.entries_capacity()
+        );
+        assert!(table.index_len() <= 64, "{} of {full:?}", table.index_len());
+        // What is left is still found.
+        for k in 99_990..100_000u64 {
+            assert_eq!(table.find(h(&k), |x| *x == k).map(|e| e.state), Some(k));
         }
     }
 

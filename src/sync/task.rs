@@ -277,15 +277,10 @@ impl Jitter {
         self.0
     }
 
-    /// Uniform in `[0, d)`.
-    fn within(&mut self, d: Duration) -> Duration {
-        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1);
-        Duration::from_nanos(self.next() % nanos)
-    }
-
     /// Uniform in `[0.75·d, 1.25·d)`.
     fn around(&mut self, d: Duration) -> Duration {
-        d * 3 / 4 + self.within(d / 2)
+        let half = u64::try_from((d / 2).as_nanos()).unwrap_or(u64::MAX).max(1);
+        d * 3 / 4 + Duration::from_nanos(self.next() % half)
     }
 }
 
@@ -328,11 +323,12 @@ impl Task {
             window_round: None,
             redis_offset_ns: 0,
         };
-        // Rounds are jittered by ±25% of the interval (and the first by up to a whole
-        // one), so that nodes started together do not hit Redis in lock-step and no node
-        // is always first after the global state refills.
+        // The first round runs at once (it tells the number of nodes, and so a new key's
+        // share); the others are jittered by ±25% of the interval, so that nodes started
+        // together do not hit Redis in lock-step and no node is always first after the
+        // global state refills.
         let mut jitter = Jitter::new(&self.node);
-        let mut next = tokio::time::Instant::now() + jitter.within(self.config.interval);
+        let mut next = tokio::time::Instant::now();
         loop {
             let window_at = p
                 .window_round
