@@ -127,6 +127,17 @@ async fn run(args: Args) -> Result<(), String> {
             let (limiter, handle) = builder
                 .build_synced(RedisSync::new(url).mode(mode).interval(args.sync_interval))
                 .map_err(|e| e.to_string())?;
+            // An unreachable Redis is not fatal: the limiter serves by its fallback (the
+            // quota divided by the nodes last seen) until Redis answers.
+            let waited = std::time::Instant::now();
+            while handle.stats().syncs == 0 && waited.elapsed() < Duration::from_secs(1) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if handle.stats().syncs == 0 {
+                eprintln!(
+                    "warning: Redis is not answering yet; serving by the local fallback until it does"
+                );
+            }
             (limiter, Some(handle))
         }
         None => (builder.build().map_err(|e| e.to_string())?, None),

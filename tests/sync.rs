@@ -578,3 +578,57 @@ async fn the_clock_offset_is_meaningful() {
     assert!(stats.clock_offset.abs() < 50_000_000, "{stats:?}");
     handle.shutdown().await;
 }
+
+/// The example server, built by `cargo test` beside this test's binary.
+fn example_server() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    let path = dir.join("examples").join("server");
+    assert!(path.exists(), "{} is not built", path.display());
+    path
+}
+
+/// `--redis not-a-url` is one clear line and exit status 2; an unreachable Redis is a
+/// warning, and the server serves (by the fallback).
+#[test]
+fn the_example_server_reports_bad_and_unreachable_redis() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let out = Command::new(example_server())
+        .args(["--redis", "not-a-url", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: invalid Redis URL"), "{stderr}");
+
+    let mut child = Command::new(example_server())
+        .args(["--redis", "redis://127.0.0.1:1/", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // First lines of each stream, read with a deadline: a test never hangs.
+    let first_line = |stream: Box<dyn std::io::Read + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stream).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        rx
+    };
+    let warning = first_line(Box::new(child.stderr.take().unwrap()));
+    let listening = first_line(Box::new(child.stdout.take().unwrap()));
+    let deadline = Duration::from_secs(20);
+    let warning = warning.recv_timeout(deadline).unwrap_or_default();
+    let listening = listening.recv_timeout(deadline).unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        warning.starts_with("warning: Redis is not answering"),
+        "{warning}"
+    );
+    assert!(listening.starts_with("listening on"), "{listening}");
+}

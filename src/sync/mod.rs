@@ -3,76 +3,99 @@
 //! Redis.
 //!
 //! Checks stay local. A synced key holds, on each node, tokens **leased** from the global
-//! state (already charged to it) and, in reconcile mode, an **overdraft** (charged at the
-//! next round); a check spends them by CAS — no await, no I/O, no lock shared with the
-//! sync task. Every `interval` one tokio task per limiter sends, for the keys touched
-//! since its last round only, what they used, what is left of their lease (returned) and
-//! what they want next, in one script call per [`RedisSync::batch_size`] keys, all
-//! pipelined in one round trip together with the node's heartbeat, and applies what comes
-//! back. Sync traffic is O(active keys), never O(requests).
+//! state and, in reconcile mode, an **overdraft**; a check spends them by CAS — no await,
+//! no I/O, no lock shared with the sync task. About every `interval` (jittered by ±25%)
+//! one tokio task per limiter sends, for the keys that need it only (at most
+//! [`RedisSync::round_keys`]: keys that ran out first, then keys with something to
+//! report, then idle keys to release), one script call per
+//! [`RedisSync::batch_size`] keys, pipelined in one round trip with the node's heartbeat.
+//! Sync traffic is O(active keys), never O(requests).
 //!
-//! # Modes and their bounds
+//! # A round
+//!
+//! A node reports, per key, its **floor**: everything it admitted on the key since it
+//! first saw it, plus the lease it keeps (the rest goes back). Floors are cumulative and
+//! rounds are numbered, so a round applied twice, late or never charges exactly once:
+//! Redis charges (or refunds) the difference from the reservation it holds for the node,
+//! and ignores a round number it has seen. A round that runs after the node stopped
+//! waiting for it (it queued in a paused Redis) only charges.
+//!
+//! Redis shares the rate **max-min fairly** by the nodes' demands (Doorman's FairShare):
+//! each node reports its demand (a running average of what it used, raised at once when
+//! it ran out), the demands of the nodes heard from in the last 3 intervals are
+//! water-filled (every node is given at least an even split), and each node's
+//! **credit** accrues at its share, up to its share of the burst. While another node
+//! that wants tokens has credit, a node leases by its own credit, out of what the global
+//! state holds beyond what nodes ahead of it need to catch up; otherwise it may take what
+//! the global state holds (nothing is left unused). A key in use keeps a standing lease
+//! of at least one token, so that a key used rarely is admitted at once; a key idle for
+//! [`RedisSync::idle_ttl`] gives its lease back and is dropped.
+//!
+//! In reconcile mode a node may also admit an **overdraft** beyond its lease: its share
+//! of what the global state holds plus what it refills over two intervals (in debt, the
+//! refill repays the debt first, and nothing is handed out), charged at its next round.
+//! Debt is enforced: leases and overdrafts stop until it is repaid, so the long-run rate
+//! converges to the limit.
+//!
+//! # Bounds
 //!
 //! Let `B` be the capacity (the burst for the token bucket, the limit for the sliding
-//! window), `r` the rate, `N` the number of live nodes, `I` the sync interval and `Δ` a
-//! round trip. A lease is sized to the key's use in the last round (twice it if the key
-//! ran out, a quarter more if not; just before a sliding window ends, what can still be
-//! spent in it), lives until the next round replaces it and at most `2·I`, and what is
-//! left of it goes back at the next round.
+//! window), `r` the rate, `N` the number of nodes, `I` the interval, `H = 2·I` the
+//! holding horizon and `Δ` the round timeout. In any interval of length `t`, all nodes
+//! together admit at most `x + r·t`, with
 //!
-//! - [`SyncMode::Lease`] (strict). A node admits only leased tokens, reserved by an atomic
-//!   script, so the global state is never overdrawn. Because a token may be spent up to
-//!   `2·I` after it was reserved, all nodes together admit at most `B + r·(t + 2·I)` in any
-//!   interval of length `t` (token bucket); a sliding-window lease never outlives its
-//!   window (it expires a round trip before the window ends by the node's estimate of
-//!   Redis's clock), so at most the limit is admitted per window of Redis's clock. A new
-//!   key is denied until its first lease arrives (within one interval). Under-admission
-//!   is bounded by the leases held but not spent: about a quarter of each key's use per
-//!   round, returned at the next round, plus, for the sliding window, what frees up after
-//!   a window's last round.
-//! - [`SyncMode::Reconcile`] (approximate). As lease mode, but a key that ran out may also
-//!   admit its fair share of what the global state has left plus what it regains by the
-//!   next round, `⌈(left + r·I) / N⌉`, charged at the next round (even past the capacity:
-//!   the global state keeps the debt, so it stays true, and the following leases shrink
-//!   by it). Overdrafts handed out in one round sum to at most `left + r·I + N` with
-//!   `left ≤ B`, so in any interval of length `t` all nodes together admit at most
+//! ```text
+//! lease:      x = B + (r·H + 2·N)                                  (token bucket)
+//! reconcile:  x = B + (r·H + 2·N) + (B + r·H + N) + r·(I + Δ)      (token bucket)
+//! ```
 //!
-//!   ```text
-//!   B + r·(t + I + Δ) + B + N        (token bucket)
-//!   2·B + N per window               (sliding window)
-//!   ```
+//! (the leases held when the interval starts; the overdrafts outstanding; the overdraft
+//! units admitted before the round that charges them). Over the long run the rate is the
+//! limit: the simulation checks it within ±3% over 50 s, plus `N + 2` tokens, against
+//! what one exact limiter admits on the same requests (which is less than `r` only when
+//! the burst is too small to absorb the arrivals' jitter). For the sliding window: at
+//! most the limit per window of Redis's clock in lease mode (a lease is void when the
+//! window it was granted in ends); at most `B + 2·(B + B·H/period + N)` per window in
+//! reconcile mode.
 //!
-//!   A fresh key may overdraft `⌈B / N⌉` on each node before its first round, which the
-//!   bound already counts.
-//!
-//! `TokenBucket` and `SlidingWindow` are supported; other algorithms are refused when the
-//! sync starts, with a [`ConfigError`](crate::ConfigError).
+//! A strict lease moves at most the burst per round and node: lease mode admits the full
+//! rate only when `B ≥ r·H + 1`, and rides out a round that times out only when `B ≥
+//! r·(H + Δ) + 1`. Reconcile mode has no such limit.
 //!
 //! # Outages
 //!
 //! The check path never touches Redis, so an outage cannot block it. When no round has
-//! succeeded for [`RedisSync::staleness`], the [`Fallback`] applies: by default
-//! [`Fallback::LocalShare`], where every key may admit `r / N` per interval up to
-//! `⌈B / N⌉` with the last known `N`, leases stop expiring, and everything admitted is
-//! charged to the global state when Redis answers again (in `u64` counters per key, which
-//! cannot overflow in practice), so the global view stays true. The task retries with
-//! exponential backoff up to 2 s; the connection manager reconnects by itself.
+//! succeeded for [`RedisSync::staleness`] (3 intervals or 500 ms by default), the
+//! [`Fallback`] applies: by default [`Fallback::LocalShare`], where every key may admit
+//! `r / N` per interval (fractions carried) up to `⌊B / N⌋` (at least 1) with the last
+//! known `N`. This holds for a node whose own link fails too (a partial outage), so the
+//! bounds above grow by `2·(B + N)` while any node is in its fallback, and by `3·B +
+//! 2·N` across a restart that empties Redis (the fresh state starts full). When Redis
+//! answers again, what was admitted is charged, spread back over the outage (rounds
+//! queued in a paused Redis all spread from the last acknowledged round); if Redis lost
+//! the key's state (an empty restart, a failover), what the local fallback admitted is
+//! forgiven — it was the share of a refill no state recorded — and everything else is
+//! charged. The task retries at the next interval, then backs off up to 500 ms. The
+//! simulation checks that 2 s after Redis answers again the rate is back within ±10%.
 //!
-//! # Clocks
-//!
-//! Global state uses Redis's `TIME` only, so a node whose clock is skewed or jumps cannot
-//! mint tokens; the local side counts tokens, and reads its monotonic clock only to expire
-//! leases. Each round estimates the offset of Redis's clock from the local monotonic clock
-//! at the round trip's midpoint ([`SyncStats::clock_offset`]); a sliding-window lease
-//! expires a whole round trip before the window ends by that estimate, more than the
-//! estimate's error.
+//! If the task dies (a bug), [`SyncStats::task_died`] says so and the configured
+//! fallback applies from then on.
 //!
 //! # Nodes
 //!
 //! Each node heartbeats a sorted set in Redis every round; a node whose heartbeat is
-//! older than [`RedisSync::node_ttl`] (3 intervals by default) drops out of `N` at the
-//! next round of any other node, i.e. within `node_ttl + I`. All of a limiter's keys
-//! share the hash tag `{prefix}`, so one script call may touch them in Redis Cluster.
+//! older than [`RedisSync::node_ttl`] (3 intervals or 1 s by default) drops out of `N`.
+//! Until its first round tells `N`, a node gives new keys nothing to spend before their
+//! first lease; then, in reconcile mode, a new key may spend `⌊B / N⌋` before it.
+//! Each key's state is its own Redis hash, `prefix:sync:algorithm:{key}` (one Cluster
+//! slot per key), holding the global state and one record per node.
+//!
+//! # Clocks
+//!
+//! Global state uses Redis's `TIME` only, so a node whose clock is skewed or jumps cannot
+//! mint tokens. Each round measures Redis's clock against the limiter's (to express
+//! deadlines and outage starts in Redis's time) and against the wall clock
+//! ([`SyncStats::clock_offset`]).
 
 mod cell;
 mod config;
