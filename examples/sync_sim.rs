@@ -118,12 +118,15 @@ async fn run(
     Ok(trace)
 }
 
+/// Each mode's admissions per bucket, by the mode's name.
+type Traces = Vec<(&'static str, Vec<u64>)>;
+
 /// The rate a bucket's count stands for, per second.
 fn rate(count: u64, bucket: Duration) -> f64 {
     count as f64 / bucket.as_secs_f64()
 }
 
-fn plot(results: &[(&Scenario, Vec<(&str, Vec<u64>)>)]) -> Result<(), Box<dyn std::error::Error>> {
+fn plot(results: &[(&Scenario, Traces)]) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new("docs/sync_sim.svg", (900, 900)).into_drawing_area();
     root.fill(&WHITE)?;
     let panels = root.split_evenly((results.len(), 1));
