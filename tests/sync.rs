@@ -170,6 +170,15 @@ async fn offer_each(
     admitted
 }
 
+/// What all nodes admit of `per_node` load in `length`.
+async fn admitted_in(
+    nodes: &[(RateLimiter<String>, SyncHandle)],
+    per_node: &[f64],
+    length: Duration,
+) -> u64 {
+    offer_each(nodes, "k", per_node, length).await.iter().sum()
+}
+
 /// Reconcile, 4 nodes, 2× skewed overload (70/10/10/10): after its burst is spent, the
 /// limit is admitted within ±3% over 10 s (and within ±10% in every second), and the
 /// documented bound holds at every instant.
@@ -356,19 +365,13 @@ async fn a_paused_redis_is_recovered_from_within_two_seconds() {
         );
         server.resume().unwrap();
         offer_each(&nodes, "k", &load, Duration::from_secs(2)).await;
-        let after: u64 = offer_each(&nodes, "k", &load, Duration::from_secs(2))
-            .await
-            .iter()
-            .sum();
+        let after: u64 = admitted_in(&nodes, &load, Duration::from_secs(2)).await;
         // 400 ± 10% (a burst may be left over from the pause, as the bound allows).
         assert!(
             (360..=440).contains(&after),
             "{mode:?}: {after} in the 2 s after"
         );
-        let later: u64 = offer_each(&nodes, "k", &load, Duration::from_secs(3))
-            .await
-            .iter()
-            .sum();
+        let later: u64 = admitted_in(&nodes, &load, Duration::from_secs(3)).await;
         assert!(
             (570..=630).contains(&later),
             "{mode:?}: {later} in the 3 s after that"
@@ -417,16 +420,10 @@ async fn an_empty_restart_is_recovered_from_within_two_seconds() {
         fields >= 4,
         "the key's state and the three nodes' records: {fields}"
     );
-    let after: u64 = offer_each(&nodes, "k", &load, Duration::from_secs(2))
-        .await
-        .iter()
-        .sum();
+    let after: u64 = admitted_in(&nodes, &load, Duration::from_secs(2)).await;
     // 400 ± 10%, plus the fresh state's burst (200) at most.
     assert!((360..=640).contains(&after), "{after} in the 2 s after");
-    let later: u64 = offer_each(&nodes, "k", &load, Duration::from_secs(3))
-        .await
-        .iter()
-        .sum();
+    let later: u64 = admitted_in(&nodes, &load, Duration::from_secs(3)).await;
     assert!(
         (570..=630).contains(&later),
         "{later} in the 3 s after that"

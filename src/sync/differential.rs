@@ -6,6 +6,7 @@ use proptest::prelude::*;
 use redis::Commands;
 
 use super::protocol::{self, Global, KeyState, Params, Record, Request, Shape};
+use super::task::round_args;
 use crate::redis::LocalRedis;
 
 const KEY: &str = "diff:{k}";
@@ -228,34 +229,12 @@ fn the_script_computes_exactly_what_serve_computes() {
             if !fields.is_empty() {
                 let _: () = con.hset_multiple(KEY, &fields).expect("HSET");
             }
-            // Run the script.
-            let (a, b, tag) = match c.params.shape {
-                Shape::TokenBucket { t, tau } => (t, tau, "tb"),
-                Shape::SlidingWindow { limit, period } => (limit, period, "sw"),
-            };
+            // Run the script, with the arguments the task sends.
             let r = &c.request;
             let reply: Vec<u64> = script
                 .key(REGISTRY)
                 .key(KEY)
-                .arg(NODES[c.node])
-                .arg(1_000)
-                .arg(tag)
-                .arg(a)
-                .arg(b)
-                .arg(c.params.overdraft_horizon)
-                .arg(c.params.hold)
-                .arg(c.params.demand_ttl)
-                .arg(c.params.retain_ms)
-                .arg(r.seq)
-                .arg(r.epoch)
-                .arg(r.floor)
-                .arg(r.keep)
-                .arg(r.known)
-                .arg(r.demand)
-                .arg(r.want)
-                .arg(r.anchor)
-                .arg(r.deadline)
-                .arg(r.local)
+                .arg(round_args(&c.params, NODES[c.node], 1_000, r.seq, [r]))
                 .invoke(con)
                 .map_err(|e| TestCaseError::fail(format!("script: {e}")))?;
             let now = reply[1];

@@ -129,7 +129,7 @@ pub struct SyncStats {
     pub keys_last_round: usize,
     /// Whether the fallback policy is in force.
     pub fallback_active: bool,
-    /// Live nodes, as last seen in Redis (at least 1).
+    /// Live nodes, as last seen in Redis (0 before the first successful round).
     pub nodes: u64,
     /// Redis's clock minus this machine's wall clock, in nanoseconds, estimated at the
     /// midpoint of the last successful round trip (0 before the first).

@@ -74,7 +74,6 @@ struct Task {
     settings: Settings,
     params: Params,
     node_params: NodeParams,
-    shape_tag: &'static str,
     script: redis::Script,
     /// The limiter's clock, read as ns.
     now: Arc<dyn Fn() -> u64 + Send + Sync>,
@@ -168,7 +167,6 @@ where
             demand_tau_us: (quota.period_ns() / 1_000).clamp(1_000_000, 60_000_000),
             timeout_ns: micros(config.timeout).saturating_mul(1_000),
         },
-        shape_tag: tag,
         script: redis::Script::new(ROUND),
         now: Arc::new(move || clock_of.clock().now_ns()),
         registry: format!("{{{}}}:sync:{tag}:nodes", config.prefix),
@@ -260,6 +258,44 @@ struct Progress {
     window_round: Option<tokio::time::Instant>,
     /// Redis's clock minus the limiter's (ns), measured at the last round's midpoint.
     redis_offset_ns: i64,
+}
+
+/// The arguments of one call of `round.lua`: the node, the registry's TTL, the limit, the
+/// round's parameters and number, then each key's request, in the order the script
+/// reads them.
+pub(crate) fn round_args<'a>(
+    params: &Params,
+    node: &str,
+    registry_ttl_ms: u64,
+    seq: u64,
+    requests: impl IntoIterator<Item = &'a Request>,
+) -> Vec<String> {
+    let (tag, a, b) = match params.shape {
+        Shape::TokenBucket { t, tau } => ("tb", t, tau),
+        Shape::SlidingWindow { limit, period } => ("sw", limit, period),
+    };
+    let mut args = vec![node.to_owned(), registry_ttl_ms.to_string(), tag.to_owned()];
+    args.extend(
+        [
+            a,
+            b,
+            params.overdraft_horizon,
+            params.hold,
+            params.demand_ttl,
+            params.retain_ms,
+            seq,
+        ]
+        .map(|n| n.to_string()),
+    );
+    for r in requests {
+        args.extend(
+            [
+                r.epoch, r.floor, r.keep, r.known, r.demand, r.want, r.anchor, r.deadline, r.local,
+            ]
+            .map(|n| n.to_string()),
+        );
+    }
+    args
 }
 
 /// A small deterministic generator (xorshift) for the rounds' jitter, seeded by the node.
@@ -612,10 +648,6 @@ impl Task {
     fn pipeline<K: Display>(&self, items: &[(K, Request)], seq: u64) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         let ttl_ms = millis(self.settings.node_ttl).max(1);
-        let (a, b) = match self.params.shape {
-            Shape::TokenBucket { t, tau } => (t, tau),
-            Shape::SlidingWindow { limit, period } => (limit, period),
-        };
         let chunks: Vec<&[(K, Request)]> = if items.is_empty() {
             vec![&[]]
         } else {
@@ -630,27 +662,13 @@ impl Task {
             for (key, _) in chunk {
                 cmd.arg(format!("{}{{{}}}", self.key_prefix, key));
             }
-            cmd.arg(&self.node)
-                .arg(ttl_ms)
-                .arg(self.shape_tag)
-                .arg(a)
-                .arg(b)
-                .arg(self.params.overdraft_horizon)
-                .arg(self.params.hold)
-                .arg(self.params.demand_ttl)
-                .arg(self.params.retain_ms)
-                .arg(seq);
-            for (_, r) in chunk {
-                cmd.arg(r.epoch)
-                    .arg(r.floor)
-                    .arg(r.keep)
-                    .arg(r.known)
-                    .arg(r.demand)
-                    .arg(r.want)
-                    .arg(r.anchor)
-                    .arg(r.deadline)
-                    .arg(r.local);
-            }
+            cmd.arg(round_args(
+                &self.params,
+                &self.node,
+                ttl_ms,
+                seq,
+                chunk.iter().map(|(_, r)| r),
+            ));
         }
         pipe
     }
