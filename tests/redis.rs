@@ -81,13 +81,19 @@ async fn decisions_equal_the_in_memory_limiter() {
                     .build()
                     .unwrap();
             let prefix = format!("{}-{quota}", algorithm.name());
+            // Redis expires keys by TTL in real time: the caller clock never falls behind
+            // real time, or a slow step (a loaded machine) would let a key expire early.
+            let mut real = std::time::Instant::now();
             for step in 0..400 {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                clock.advance(Duration::from_micros(
-                    [0, 1, 17, 900, 45_000, 250_000][(x % 6) as usize],
-                ));
+                let drawn =
+                    Duration::from_micros([0, 1, 17, 900, 45_000, 250_000][(x % 6) as usize]);
+                // (whole microseconds, the scripts' unit)
+                let behind = Duration::from_micros(real.elapsed().as_micros() as u64 + 1);
+                clock.advance(drawn.max(behind));
+                real = std::time::Instant::now();
                 let key = format!("{prefix}-{}", (x >> 8) % 3);
                 let cost = 1 + (x >> 16) % 2;
                 let (r, l) = (
