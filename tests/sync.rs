@@ -629,3 +629,35 @@ fn the_example_server_reports_bad_and_unreachable_redis() {
     );
     assert!(listening.starts_with("listening on"), "{listening}");
 }
+
+/// `max_keys` applies to synced keys, but eviction never drops a key whose consumption is
+/// not reported yet (that would leave it uncharged): the new key is refused instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_never_drops_unreported_consumption() {
+    // Redis unreachable: after the staleness the local fallback hands out tokens, which
+    // stay unreported.
+    let (limiter, handle) = RateLimiter::<String>::builder(Quota::per_second(100).unwrap())
+        .max_keys(2)
+        .shards(1)
+        .build_synced(
+            RedisSync::new("redis://127.0.0.1:1/")
+                .prefix("evict")
+                .interval(Duration::from_millis(10))
+                .timeout(Duration::from_millis(20)),
+        )
+        .unwrap();
+    let _ = (limiter.check("a"), limiter.check("b"));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(handle.stats().fallback_active, "{:?}", handle.stats());
+    assert!(limiter.check("a").is_allowed() && limiter.check("b").is_allowed());
+    // A third key would need an eviction: refused, and both owing keys kept.
+    assert!(!limiter.check("c").is_allowed());
+    assert_eq!(limiter.len(), 2);
+    assert!(
+        limiter.stats().refused_new_keys > 0,
+        "{:?}",
+        limiter.stats()
+    );
+    assert!(limiter.check("a").is_allowed());
+    handle.shutdown().await;
+}

@@ -239,15 +239,26 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
                 .max(1),
             };
         }
-        let mut victim = ((u64::MAX, u64::MAX), 0);
+        let mut victim = None;
         for _ in 0..SAMPLES {
             self.rng ^= self.rng << 13;
             self.rng ^= self.rng >> 7;
             self.rng ^= self.rng << 17;
             let at = (self.rng % self.table.len() as u64) as usize;
-            victim = victim.min((self.eviction_cost(at, now, rehash), at));
+            if self.table.entry(at).state.evictable() {
+                let candidate = (self.eviction_cost(at, now, rehash), at);
+                victim = Some(victim.map_or(candidate, |v: ((u64, u64), usize)| v.min(candidate)));
+            }
         }
-        self.table.remove_position(victim.1, rehash);
+        let Some((_, at)) = victim else {
+            // Nothing sampled can go without losing what it owes: refuse the new key, as
+            // `DenyNewKeys` would, until something can.
+            let fallback = self.policy.quota().emission_interval().as_nanos() as u64;
+            return Room::None {
+                retry_after_ns: fallback.max(1),
+            };
+        };
+        self.table.remove_position(at, rehash);
         Room::Active
     }
 

@@ -44,6 +44,13 @@ pub(crate) trait State: Send + Sync + Sized + 'static {
     /// Re-expresses the state, made under `from`, for `to`. Called with the key's shard
     /// write lock held, so no check runs on this key meanwhile.
     fn convert(&self, now: u64, from: &Self::Policy, to: &Self::Policy);
+
+    /// Whether evicting the state to make room loses nothing but the state itself
+    /// (called with the key's shard write lock held). A synced key with consumption not
+    /// yet reported is not: dropping it would leave that consumption uncharged.
+    fn evictable(&self) -> bool {
+        true
+    }
 }
 
 impl State for AtomicU64 {

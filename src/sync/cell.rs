@@ -204,6 +204,19 @@ impl State for SyncCell {
         }
     }
 
+    /// Evictable only with nothing to report: no units admitted since the task last
+    /// looked (beyond what its books hold), no report pending, and the books not in the
+    /// task's hands. An unspent lease may go: it is only given back late.
+    fn evictable(&self) -> bool {
+        let Some(books) = self.books.try_lock() else {
+            return false;
+        };
+        !books.pending
+            && self.overdrawn.load(Ordering::Acquire) == 0
+            && self.allowance.load(Ordering::Acquire) >= books.lease_base
+            && self.overdraft.load(Ordering::Acquire) >= books.overdraft_base
+    }
+
     /// Allowances are counts granted by the sync task: a policy change leaves them as
     /// they are.
     fn convert(&self, _now: u64, _from: &SyncPolicy, _to: &SyncPolicy) {}
