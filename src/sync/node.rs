@@ -186,7 +186,8 @@ pub(crate) fn need(cell: &SyncCell, books: &Books, p: &NodeParams, now: u64) -> 
 /// Builds the key's request for round `seq` at `now` (limiter clock, ns), shrinking its
 /// lease to what it keeps. A key idle for the idle TTL keeps nothing, nor does any key
 /// when `release` (at shutdown). `redis_offset_ns` is Redis's clock (ns) minus the
-/// limiter's, as last measured.
+/// limiter's, as last measured (`None` before the first round: then the request has no
+/// deadline and no anchor).
 pub(crate) fn collect(
     cell: &SyncCell,
     books: &mut Books,
@@ -194,7 +195,7 @@ pub(crate) fn collect(
     seq: u64,
     now: u64,
     release: bool,
-    redis_offset_ns: i64,
+    redis_offset_ns: Option<i64>,
 ) -> Request {
     let timeout_ns = p.timeout_ns;
     let ran_out = cell.flags.swap(0, Ordering::AcqRel) & WANTED != 0;
@@ -259,7 +260,9 @@ pub(crate) fn collect(
     // What the floor adds beyond the reservation was admitted since the last
     // acknowledged round was collected: Redis spreads the charge back over that time.
     let in_redis = |local_ns: u64| {
-        u64::try_from((i128::from(local_ns) + i128::from(redis_offset_ns)) / 1_000).unwrap_or(0)
+        redis_offset_ns.map_or(0, |offset| {
+            u64::try_from((i128::from(local_ns) + i128::from(offset)) / 1_000).unwrap_or(0)
+        })
     };
     let anchor = if books.last_ok == 0 {
         0
@@ -432,7 +435,7 @@ mod tests {
         books.average = WEIGHT_ONE / 2; // 5 tokens over the 100 ms horizon
         // 4 admitted.
         cell.allowance.store(6, Ordering::Release);
-        let r = collect(&cell, &mut books, &p, 1, 50_000_000, false, 0);
+        let r = collect(&cell, &mut books, &p, 1, 50_000_000, false, Some(0));
         assert_eq!(books.spent, 4);
         assert_eq!(r.keep, cell.allowance.load(Ordering::Acquire));
         assert_eq!(r.floor, 4 + r.keep);
@@ -445,9 +448,28 @@ mod tests {
         };
         assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX));
         assert_eq!(cell.allowance.load(Ordering::Acquire), r.keep - 2 + 3);
-        let r2 = collect(&cell, &mut books, &p, 2, 100_000_000, false, 0);
+        let r2 = collect(&cell, &mut books, &p, 2, 100_000_000, false, Some(0));
         assert_eq!(books.spent, 6);
         assert_eq!(r2.floor, 6 + r2.keep);
+    }
+
+    #[test]
+    fn before_redis_is_measured_a_round_has_no_deadline_nor_anchor() {
+        let p = NodeParams {
+            timeout_ns: 200_000_000,
+            ..params()
+        };
+        let cell = cell();
+        let mut books = Books {
+            last_ok: 5,
+            ..Books::default()
+        };
+        let r = collect(&cell, &mut books, &p, 1, 1_000, false, None);
+        assert_eq!((r.deadline, r.anchor), (0, 0));
+        // Once measured, both are in Redis's clock.
+        let r = collect(&cell, &mut books, &p, 2, 1_000, false, Some(1_000_000_000));
+        assert_eq!(r.deadline, (1_000 + 200_000_000 + 1_000_000_000) / 1_000);
+        assert_eq!(r.anchor, (5 + 1_000_000_000) / 1_000);
     }
 
     #[test]
@@ -461,7 +483,7 @@ mod tests {
         books.demand = WEIGHT_ONE;
         let now = p.idle_ns + 10;
         assert_eq!(need(&cell, &books, &p, now), Some(Need::Release));
-        let r = collect(&cell, &mut books, &p, 7, now, false, 0);
+        let r = collect(&cell, &mut books, &p, 7, now, false, Some(0));
         assert_eq!((r.floor, r.keep, r.want), (0, 0, 0));
         let answer = Answer {
             reserved: 0,

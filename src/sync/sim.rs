@@ -343,7 +343,8 @@ impl Scenario {
                                 node.seq,
                                 now_ns,
                                 false,
-                                0,
+                                // Redis's clock is the simulation's.
+                                Some(0),
                             )
                         });
                         // An empty round still heartbeats; model it as a message with

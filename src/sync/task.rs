@@ -257,7 +257,7 @@ struct Progress {
     /// when every lease of the last one has expired.
     window_round: Option<tokio::time::Instant>,
     /// Redis's clock minus the limiter's (ns), measured at the last round's midpoint.
-    redis_offset_ns: i64,
+    redis_offset_ns: Option<i64>,
 }
 
 /// The arguments of one call of `round.lua`: the node, the registry's TTL, the limit, the
@@ -357,7 +357,7 @@ impl Task {
             retry_at: Instant::now(),
             fallback: false,
             window_round: None,
-            redis_offset_ns: 0,
+            redis_offset_ns: None,
         };
         // The first round runs at once (it tells the number of nodes, and so a new key's
         // share); the others are jittered by ±25% of the interval, so that nodes started
@@ -600,8 +600,9 @@ impl Task {
         }
         let local_now = (self.now)();
         let midpoint = i128::from(local_now) - (round_trip.as_nanos() / 2) as i128;
-        p.redis_offset_ns =
-            i64::try_from(i128::from(server_now) * 1_000 - midpoint).unwrap_or(p.redis_offset_ns);
+        if let Ok(offset) = i64::try_from(i128::from(server_now) * 1_000 - midpoint) {
+            p.redis_offset_ns = Some(offset);
+        }
         let expires = self.lease_deadline(server_now, round_trip, local_now, p);
         let mut stale = 0;
         let mut released = 0;
