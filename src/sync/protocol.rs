@@ -305,8 +305,9 @@ fn room(shape: Shape, g: &Global, now: u64, elapsed: u64, horizon: u64) -> u64 {
 /// 4. charge the floor beyond the node's reservation, or refund what it returned;
 /// 5. share the rate max-min fairly among the demands of the live nodes, and accrue the
 ///    node's credit at its share;
-/// 6. lease: by credit while another node wants tokens and has credit for one, else
-///    whatever the global state holds (work-conserving);
+/// 6. lease: while another node wants tokens and has credit for one, by credit, out of
+///    what the global state holds beyond what the nodes ahead of this one (in credit per
+///    share) need to catch up; else whatever the global state holds (work-conserving);
 /// 7. (reconcile) hand out an overdraft.
 pub(crate) fn serve(
     params: &Params,
