@@ -661,3 +661,52 @@ async fn eviction_never_drops_unreported_consumption() {
     assert!(limiter.check("a").is_allowed());
     handle.shutdown().await;
 }
+
+/// The edges on real processes: 16 nodes at 100,000/s (reconcile, 2× skewed load) hold
+/// the limit within ±3% over 5 s once the burst is spent; 16 nodes at 1/s (lease,
+/// saturated) never exceed the documented bound, `B + r·(t + 2I) + 2N`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_nodes_at_the_largest_and_smallest_quotas() {
+    let server = server();
+    let fast = Quota::per_second(100_000).unwrap();
+    let nodes16 = nodes(
+        &server,
+        Algorithm::TokenBucket,
+        fast,
+        SyncMode::Reconcile,
+        "edge-fast",
+        16,
+    );
+    let load: Vec<f64> = (0..16)
+        .map(|i| 200_000.0 * f64::from(i + 1) / 136.0)
+        .collect();
+    admitted_in(&nodes16, &load, Duration::from_secs(3)).await;
+    let got = admitted_in(&nodes16, &load, Duration::from_secs(5)).await;
+    println!("16 nodes at 100,000/s: {got} in 5 s");
+    // 500,000 ± 3%, and a token a node plus two at the ends of the span.
+    assert!(
+        (484_982..=515_018).contains(&got),
+        "{got} in 5 s at 100,000/s"
+    );
+    stop(nodes16).await;
+
+    let slow = Quota::per_second(1).unwrap();
+    let nodes16 = nodes(
+        &server,
+        Algorithm::TokenBucket,
+        slow,
+        SyncMode::Lease,
+        "edge-slow",
+        16,
+    );
+    let admitted = offer_each(&nodes16, "k", &[2.0; 16], Duration::from_secs(12)).await;
+    let total: u64 = admitted.iter().sum();
+    println!("16 nodes at 1/s: {total} in 12 s");
+    // B + r·(t + 2I) + 2N = 1 + 12.1 + 32.
+    assert!(
+        total <= 45,
+        "{total} in 12 s at 1/s across 16 nodes: {admitted:?}"
+    );
+    assert!(total >= 9, "{total} in 12 s at 1/s: {admitted:?}");
+    stop(nodes16).await;
+}
