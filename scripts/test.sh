@@ -6,8 +6,11 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
-# The Redis tier's tests (and benches) start their own redis-server.
+# The Redis tier's tests (and benches) start their own redis-server, and their own
+# cluster with redis-cli; the TLS test makes its certificates with openssl.
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "test.sh: installing ${need_apt[*]}"
     apt-get update -qq

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use tollgate::clock::{Clock, ManualClock};
-use tollgate::redis::{FailMode, LocalRedis, RedisError, RedisLimiter, scripts};
+use tollgate::redis::{DEFAULT_TIMEOUT, FailMode, LocalRedis, RedisError, RedisLimiter, scripts};
 use tollgate::{Algorithm, RateLimiter};
 
 const ALGORITHMS: [Algorithm; 3] = [
@@ -476,4 +476,58 @@ async fn server_time_is_the_default_clock() {
         "{wait:?}"
     );
     assert_eq!(d.limit(), 2);
+}
+
+/// The slowest of `checks` concurrent checks of `l` (each must fail), and how many failed
+/// with `Timeout`.
+async fn slowest_failure(l: &RedisLimiter, checks: usize) -> (Duration, usize) {
+    let tasks: Vec<_> = (0..checks)
+        .map(|i| {
+            let l = l.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let err = l.check(&format!("k{i}")).await.unwrap_err();
+                (started.elapsed(), matches!(err, RedisError::Timeout(_)))
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    let mut timeouts = 0;
+    for task in tasks {
+        let (took, timeout) = task.await.unwrap();
+        slowest = slowest.max(took);
+        timeouts += usize::from(timeout);
+    }
+    (slowest, timeouts)
+}
+
+/// A paused Redis (SIGSTOP) and a killed one: every check, alone or 100 at once, fails
+/// within its timeout plus a few milliseconds (here at most 25 ms of slack for a shared
+/// 2-core machine), for a 10 ms and for the default 50 ms timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_failure_comes_within_the_timeout() {
+    let slack = Duration::from_millis(25);
+    for timeout in [Duration::from_millis(10), DEFAULT_TIMEOUT] {
+        let mut server = server();
+        let l = RedisLimiter::builder(&server.url(), "5/s".parse().unwrap())
+            .timeout(timeout)
+            .build()
+            .await
+            .unwrap();
+        assert!(l.check("k").await.unwrap().is_allowed());
+        server.pause().unwrap();
+        for checks in [1, 1, 100] {
+            let (slowest, timeouts) = slowest_failure(&l, checks).await;
+            eprintln!("paused, {timeout:?} timeout, {checks} at once: slowest {slowest:?}");
+            assert_eq!(timeouts, checks);
+            assert!(slowest < timeout + slack, "{slowest:?} for {timeout:?}");
+        }
+        server.resume().unwrap();
+        server.stop();
+        for checks in [1, 100] {
+            let (slowest, _) = slowest_failure(&l, checks).await;
+            eprintln!("killed, {timeout:?} timeout, {checks} at once: slowest {slowest:?}");
+            assert!(slowest < timeout + slack, "{slowest:?} for {timeout:?}");
+        }
+    }
 }

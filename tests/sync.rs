@@ -710,3 +710,39 @@ async fn sixteen_nodes_at_the_largest_and_smallest_quotas() {
     assert!(total >= 9, "{total} in 12 s at 1/s: {admitted:?}");
     stop(nodes16).await;
 }
+
+/// A paused Redis (SIGSTOP): every round gives up at its timeout, so rounds go on failing
+/// (and counting errors) instead of hanging, and the fallback applies after the
+/// staleness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_fails_rounds_within_their_timeout() {
+    let server = server();
+    let (limiter, handle) = RateLimiter::<String>::builder(Quota::per_second(100).unwrap())
+        .build_synced(
+            RedisSync::new(&server.url())
+                .prefix("paused-rounds")
+                .interval(Duration::from_millis(20))
+                .timeout(Duration::from_millis(20))
+                .staleness(Duration::from_millis(200)),
+        )
+        .unwrap();
+    limiter.check("k");
+    while handle.stats().syncs == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    server.pause().unwrap();
+    let paused = Instant::now();
+    let before = handle.stats().errors;
+    // One round every 20 ms backs off to one every 500 ms at most: within 1.5 s at least
+    // 5 rounds fail, which a round that waited longer than its timeout would not allow.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let stats = handle.stats();
+    server.resume().unwrap();
+    assert!(
+        stats.errors >= before + 5,
+        "{stats:?} after {:?}",
+        paused.elapsed()
+    );
+    assert!(stats.fallback_active, "{stats:?}");
+    handle.shutdown().await;
+}

@@ -18,7 +18,9 @@ pub enum RedisError {
     InsufficientCapacity(InsufficientCapacity),
     /// Redis did not answer within the timeout.
     Timeout(Duration),
-    /// Redis could not be reached, or the connection broke.
+    /// Redis could not be reached, the connection broke, or (Redis Cluster) the key's
+    /// slot has no master that serves it right now: a failover or a slot move is under
+    /// way (`MOVED`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`, `LOADING`).
     Unavailable(redis::RedisError),
     /// The limiter's key holds a value of another type (something else wrote it).
     WrongType {
@@ -86,6 +88,10 @@ impl RedisError {
                 key: String::from_utf8_lossy(key).into_owned(),
             },
             Some("TOLLGATE") => Self::Rejected(e.detail().unwrap_or_default().to_owned()),
+            Some(
+                "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "READONLY"
+                | "LOADING",
+            ) => Self::Unavailable(e),
             _ if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() => {
                 Self::Unavailable(e)
             }

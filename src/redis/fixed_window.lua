@@ -1,3 +1,7 @@
+#!lua
+-- (The shebang, Redis 7+, declares a script that writes: a replica refuses it before it
+-- runs, with MOVED in a cluster, even on a READONLY connection, so a client whose slot
+-- map is stale after a failover is redirected instead of failing on the first write.)
 -- tollgate fixed window counter, in integer microseconds.
 -- KEYS[1]: the limiter key. ARGV: limit, period, cost, now (empty: the server's TIME).
 -- State: a hash {w = window index, c = count}. Admitted iff c + cost ≤ limit. A deny

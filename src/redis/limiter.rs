@@ -4,9 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-
 use super::RedisError;
+use super::connection::{Connection, Target};
+use super::keys::{KeyHasher, write_key};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -107,21 +107,24 @@ pub(crate) fn script_args(algorithm: Algorithm, quota: Quota) -> Result<[u64; 3]
     })
 }
 
-/// Configures a [`RedisLimiter`]. Made by [`RedisLimiter::builder`].
+/// Configures a [`RedisLimiter`]. Made by [`RedisLimiter::builder`] (one server) or
+/// [`RedisLimiter::cluster_builder`] (Redis Cluster).
 #[must_use = "a builder does nothing until .build() is awaited"]
 pub struct RedisBuilder {
-    url: String,
+    target: Target,
     quota: Quota,
     algorithm: Algorithm,
     prefix: String,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
+    hasher: Option<KeyHasher>,
 }
 
 impl fmt::Debug for RedisBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBuilder")
-            .field("url", &self.url)
+            .field("redis", &self.target)
+            .field("hash_keys", &self.hasher.is_some())
             .field("quota", &self.quota)
             .field("algorithm", &self.algorithm)
             .field("prefix", &self.prefix)
@@ -152,6 +155,25 @@ impl RedisBuilder {
         self
     }
 
+    /// Store a keyed hash of each key instead of the key itself: the Redis key becomes
+    /// `<prefix>:<algorithm>:{h:<32 hex digits>}`, a 128-bit keyed BLAKE3 digest. Use it
+    /// when keys are API keys, tokens or anything else that must not be readable in
+    /// Redis (by `KEYS`, `MONITOR`, a backup or a replica). Every node that shares the
+    /// limit must use the same `secret`; the secret itself is kept by no one (only a key
+    /// derived from it) and shows in no `Debug` output.
+    pub fn hash_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.hasher = Some(KeyHasher::new(secret.as_ref()));
+        self
+    }
+
+    /// Trust this CA certificate (PEM) for `rediss://` URLs, instead of the system's
+    /// roots (cargo feature `tls`).
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.target.set_root_cert(pem.into());
+        self
+    }
+
     /// Take "now" from the caller's `clock` (truncated to microseconds) instead of the
     /// Redis server's `TIME`. Tests use this with a `ManualClock` for determinism; in
     /// production, the server's clock is the one all nodes agree on. Either way, time
@@ -162,8 +184,8 @@ impl RedisBuilder {
         self
     }
 
-    /// Validates the configuration, connects (with automatic reconnection) and loads the
-    /// script.
+    /// Validates the configuration, connects (with automatic reconnection; on a cluster,
+    /// to the seed nodes, learning the slot map) and, on one server, loads the script.
     ///
     /// # Errors
     /// [`RedisError::Config`] or [`RedisError::UnsupportedAlgorithm`] for a
@@ -179,30 +201,29 @@ impl RedisBuilder {
             Algorithm::SlidingWindow => scripts::SLIDING_WINDOW,
             _ => scripts::FIXED_WINDOW,
         };
-        let client =
-            redis::Client::open(self.url.as_str()).map_err(|e| RedisError::from_redis(e, b""))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(1);
-        let connect = ConnectionManager::new_with_config(client, config);
-        let mut connection = tokio::time::timeout(self.timeout, connect)
+        let client = self.target.client(self.timeout)?;
+        let script = redis::Script::new(source);
+        let connect = async {
+            let mut connection = client.connect(self.timeout).await?;
+            // A cluster's nodes get the script on first use (`EVAL` after `NOSCRIPT`):
+            // loading it on every node would make one unreachable replica fail the build.
+            if !self.target.is_cluster() {
+                script.prepare_invoke().load_async(&mut connection).await?;
+            }
+            Ok::<_, redis::RedisError>(connection)
+        };
+        let connection = tokio::time::timeout(self.timeout, connect)
             .await
             .map_err(|_| RedisError::Timeout(self.timeout))?
             .map_err(|e| RedisError::from_redis(e, b""))?;
-        let script = redis::Script::new(source);
-        tokio::time::timeout(
-            self.timeout,
-            script.prepare_invoke().load_async(&mut connection),
-        )
-        .await
-        .map_err(|_| RedisError::Timeout(self.timeout))?
-        .map_err(|e| RedisError::from_redis(e, b""))?;
         let prefix = format!("{}:{}:", self.prefix, short_name(self.algorithm));
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
                 connection,
                 script,
+                source,
+                target: self.target,
+                hasher: self.hasher,
                 rule,
                 prefix,
                 timeout: self.timeout,
@@ -241,7 +262,13 @@ fn short_name(algorithm: Algorithm) -> &'static str {
 /// on a deny, give every key they write a TTL of exactly the time until it is untouched
 /// again, and validate their arguments themselves.
 ///
-/// Clones are cheap and share the connection.
+/// **Redis Cluster.** [`cluster_builder`](Self::cluster_builder) takes seed nodes; every
+/// key's state lives in its own slot, calls go to the master that owns it, and the
+/// connection follows slot moves and failovers without a restart (a check meanwhile fails
+/// within its timeout).
+///
+/// Clones are cheap and share the connection. `Debug` shows the URLs with their
+/// passwords replaced by `***`.
 ///
 /// [`RateLimiter`]: crate::RateLimiter
 #[derive(Clone)]
@@ -250,8 +277,11 @@ pub struct RedisLimiter {
 }
 
 struct Inner {
-    connection: ConnectionManager,
+    connection: Connection,
     script: redis::Script,
+    source: &'static str,
+    target: Target,
+    hasher: Option<KeyHasher>,
     rule: Rule,
     prefix: String,
     timeout: Duration,
@@ -264,6 +294,8 @@ impl fmt::Debug for RedisLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &*self.inner;
         f.debug_struct("RedisLimiter")
+            .field("redis", &inner.target)
+            .field("hash_keys", &inner.hasher.is_some())
             .field("quota", &inner.quota)
             .field("algorithm", &inner.algorithm)
             .field("prefix", &inner.prefix)
@@ -276,13 +308,25 @@ impl RedisLimiter {
     /// A builder for a limiter on the Redis server at `url` (for example
     /// `redis://127.0.0.1:6379/`), enforcing `quota`.
     pub fn builder(url: &str, quota: Quota) -> RedisBuilder {
+        Self::builder_for(Target::single(url), quota)
+    }
+
+    /// A builder for a limiter on the Redis Cluster reached through the seed `nodes`
+    /// (for example `["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"]`; one live
+    /// seed is enough), enforcing `quota`. Credentials are taken from the first URL.
+    pub fn cluster_builder(nodes: &[&str], quota: Quota) -> RedisBuilder {
+        Self::builder_for(Target::cluster(nodes), quota)
+    }
+
+    fn builder_for(target: Target, quota: Quota) -> RedisBuilder {
         RedisBuilder {
-            url: url.to_owned(),
+            target,
             quota,
             algorithm: Algorithm::TokenBucket,
             prefix: "tollgate".to_owned(),
             timeout: DEFAULT_TIMEOUT,
             clock: None,
+            hasher: None,
         }
     }
 
@@ -296,15 +340,16 @@ impl RedisLimiter {
         self.inner.algorithm
     }
 
-    /// The Redis key that holds `key`'s state: `<prefix>:<algorithm>:{<key>}`, one hash
-    /// slot per key in Redis Cluster. The user key is passed as a binary-safe script key,
-    /// never spliced into a command, so any bytes round-trip.
+    /// The Redis key that holds `key`'s state: `<prefix>:<algorithm>:{<key>}` (or, with
+    /// [`hash_keys`](RedisBuilder::hash_keys), `{h:<digest>}`), one hash slot per key in
+    /// Redis Cluster. The user key is passed as a binary-safe script key, never spliced
+    /// into a command, so any bytes round-trip.
     pub fn redis_key(&self, key: &str) -> Vec<u8> {
         let prefix = &self.inner.prefix;
-        let mut k = Vec::with_capacity(prefix.len() + key.len() + 2);
+        let mut k = Vec::with_capacity(prefix.len() + key.len().max(34) + 2);
         k.extend_from_slice(prefix.as_bytes());
         k.push(b'{');
-        k.extend_from_slice(key.as_bytes());
+        write_key(self.inner.hasher.as_ref(), key.as_bytes(), &mut k);
         k.push(b'}');
         k
     }
@@ -337,34 +382,45 @@ impl RedisLimiter {
             .into());
         }
         let redis_key = self.redis_key(key);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(inner.script.get_hash()).arg(1).arg(&redis_key);
-        match inner.rule {
-            Rule::TokenBucket { t, tau, burst } => cmd.arg(t).arg(tau).arg(burst),
-            Rule::Window { limit, period } => cmd.arg(limit).arg(period),
+        let now_us = inner.clock.as_ref().map(|clock| clock.now_ns() / 1_000);
+        let call = |eval: bool| {
+            let mut cmd = if eval {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(inner.source);
+                cmd
+            } else {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(inner.script.get_hash());
+                cmd
+            };
+            cmd.arg(1).arg(&redis_key);
+            match inner.rule {
+                Rule::TokenBucket { t, tau, burst } => cmd.arg(t).arg(tau).arg(burst),
+                Rule::Window { limit, period } => cmd.arg(limit).arg(period),
+            };
+            cmd.arg(n);
+            match now_us {
+                Some(us) => cmd.arg(us),
+                None => cmd.arg(""),
+            };
+            cmd
         };
-        cmd.arg(n);
-        match &inner.clock {
-            Some(clock) => cmd.arg(clock.now_ns() / 1_000),
-            None => cmd.arg(""),
-        };
-        // The connection manager enforces the timeout on every round trip, so no extra
-        // timer is armed per check.
         let mut connection = inner.connection.clone();
-        let reply: Vec<i64> = match cmd.query_async(&mut connection).await {
-            // After a SCRIPT FLUSH, a restart or a failover: load the script, retry once.
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                inner
-                    .script
-                    .prepare_invoke()
-                    .load_async(&mut connection)
-                    .await
-                    .map_err(|e| self.classify(e, &redis_key))?;
-                cmd.query_async(&mut connection).await
+        let run = async {
+            match call(false).query_async::<Vec<i64>>(&mut connection).await {
+                // After a SCRIPT FLUSH, a restart or a failover (or a cluster node's first
+                // call): `EVAL` runs the script and caches it on that node.
+                Err(e) if e.code() == Some("NOSCRIPT") => {
+                    call(true).query_async(&mut connection).await
+                }
+                reply => reply,
             }
-            reply => reply,
-        }
-        .map_err(|e| self.classify(e, &redis_key))?;
+        };
+        // One timer bounds the whole call, reconnection, retries and redirections included.
+        let reply = match tokio::time::timeout(inner.timeout, run).await {
+            Ok(reply) => reply.map_err(|e| self.classify(e, &redis_key))?,
+            Err(_) => return Err(RedisError::Timeout(inner.timeout)),
+        };
         decision_from(&reply)
     }
 

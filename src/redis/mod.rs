@@ -1,15 +1,19 @@
 //! The Redis tier (cargo feature `redis`): exact global limits with atomic server-side
-//! scripts.
+//! scripts, on one Redis server or a Redis Cluster.
 //!
 //! [`RedisLimiter`] runs the same quotas and algorithms as the local
 //! [`RateLimiter`](crate::RateLimiter) (`TokenBucket`, `SlidingWindow`, `FixedWindow`)
 //! and returns the same [`Decision`](crate::Decision), so an HTTP layer cannot tell the
 //! tiers apart. See [`RedisLimiter`] for when to use it.
 
+pub(crate) mod connection;
 mod error;
+pub(crate) mod keys;
 pub(crate) mod limiter;
+mod local_cluster;
 mod server;
 
 pub use error::RedisError;
 pub use limiter::{DEFAULT_TIMEOUT, FailMode, RedisBuilder, RedisLimiter, scripts};
+pub use local_cluster::{ClusterNode, LocalCluster};
 pub use server::LocalRedis;

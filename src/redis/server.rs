@@ -16,6 +16,10 @@ pub struct LocalRedis {
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
+    /// Further `redis-server` arguments (a password, cluster mode, TLS files).
+    extra: Vec<String>,
+    /// The port speaks TLS only.
+    tls: bool,
 }
 
 impl LocalRedis {
@@ -25,6 +29,47 @@ impl LocalRedis {
     /// An error whose message says so when `redis-server` is not installed, or when it
     /// did not answer within 10 seconds.
     pub fn start() -> io::Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with further `redis-server` arguments, for example
+    /// `["--requirepass", "…"]` or `["--cluster-enabled", "yes"]`. It is ready once it
+    /// answers `PING`, even with an error (`NOAUTH`).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_with(args: &[&str]) -> io::Result<Self> {
+        Self::launch(args, false)
+    }
+
+    /// Starts a server that speaks TLS only, with the certificate, key and CA files
+    /// given (PEM), and clients not asked for certificates. It is ready once its port
+    /// accepts connections.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_tls(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        ca: &std::path::Path,
+    ) -> io::Result<Self> {
+        let files = [cert, key, ca].map(|p| p.display().to_string());
+        Self::launch(
+            &[
+                "--tls-cert-file",
+                &files[0],
+                "--tls-key-file",
+                &files[1],
+                "--tls-ca-cert-file",
+                &files[2],
+                "--tls-auth-clients",
+                "no",
+            ],
+            true,
+        )
+    }
+
+    fn launch(args: &[&str], tls: bool) -> io::Result<Self> {
         let mut last = None;
         for _ in 0..3 {
             let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -35,6 +80,8 @@ impl LocalRedis {
                 child: None,
                 port,
                 dir,
+                extra: args.iter().map(|&a| a.to_owned()).collect(),
+                tls,
             };
             match server.spawn() {
                 Ok(()) => return Ok(server),
@@ -46,11 +93,19 @@ impl LocalRedis {
     }
 
     fn spawn(&mut self) -> io::Result<()> {
+        let port = self.port.to_string();
+        let ports: &[&str] = if self.tls {
+            &["--port", "0", "--tls-port", &port]
+        } else {
+            &["--port", &port]
+        };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(ports)
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -88,16 +143,26 @@ impl LocalRedis {
         let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };
+        if self.tls {
+            return true;
+        }
         let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-        let mut reply = [0u8; 7];
+        let mut reply = [0u8; 1];
+        // `+PONG`, or `-NOAUTH` from a server with a password: either way it serves.
         stream.write_all(b"PING\r\n").is_ok()
             && stream.read_exact(&mut reply).is_ok()
-            && &reply == b"+PONG\r\n"
+            && matches!(reply[0], b'+' | b'-')
     }
 
-    /// The `redis://` URL of the server.
+    /// The URL of the server: `redis://127.0.0.1:<port>/`, or `rediss://` for TLS.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
+    }
+
+    /// The directory the server runs in (its files, such as a cluster's `nodes.conf`).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// The server's port.
@@ -145,7 +210,8 @@ impl LocalRedis {
         }
     }
 
-    /// Starts the server again on the same port, empty.
+    /// Starts the server again on the same port, with the same arguments, empty (a
+    /// cluster node keeps its `nodes.conf`, so it rejoins its cluster).
     ///
     /// # Errors
     /// As [`start`](Self::start).

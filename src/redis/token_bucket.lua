@@ -1,3 +1,7 @@
+#!lua
+-- (The shebang, Redis 7+, declares a script that writes: a replica refuses it before it
+-- runs, with MOVED in a cluster, even on a READONLY connection, so a client whose slot
+-- map is stale after a failover is redirected instead of failing on the first write.)
 -- tollgate token bucket, as GCRA in integer microseconds.
 -- KEYS[1]: the limiter key. ARGV: T (emission interval), tau ((burst - 1)·T), burst,
 -- cost, now (empty: the server's TIME).

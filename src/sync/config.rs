@@ -4,6 +4,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::redis::connection::{Client, Target};
+use crate::redis::keys::KeyHasher;
 
 /// How nodes share a global limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,7 +38,8 @@ pub enum Fallback {
 /// setting.
 #[derive(Clone)]
 pub struct RedisSync {
-    pub(crate) url: String,
+    pub(crate) target: Target,
+    pub(crate) hasher: Option<KeyHasher>,
     pub(crate) mode: SyncMode,
     pub(crate) interval: Duration,
     pub(crate) prefix: String,
@@ -54,7 +57,8 @@ pub struct RedisSync {
 impl fmt::Debug for RedisSync {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisSync")
-            .field("url", &redact_url(&self.url))
+            .field("redis", &self.target)
+            .field("hash_keys", &self.hasher.is_some())
             .field("mode", &self.mode)
             .field("interval", &self.interval)
             .field("prefix", &self.prefix)
@@ -89,8 +93,22 @@ const DEFAULT_MIN_STALENESS: Duration = Duration::from_millis(500);
 impl RedisSync {
     /// Sync through the Redis server at `url`, in [`SyncMode::Reconcile`], every 50 ms.
     pub fn new(url: &str) -> Self {
+        Self::with_target(Target::single(url))
+    }
+
+    /// Sync through the Redis Cluster reached by the seed `nodes` (one live seed is
+    /// enough; credentials are taken from the first URL), with the same settings and
+    /// defaults as [`new`](Self::new). Each key's state lives in its own slot; a round
+    /// sends each slot's keys in calls of their own, all at once, so the sync state and
+    /// its traffic spread over the masters; the heartbeat is one more call.
+    pub fn cluster(nodes: &[&str]) -> Self {
+        Self::with_target(Target::cluster(nodes))
+    }
+
+    fn with_target(target: Target) -> Self {
         Self {
-            url: url.to_owned(),
+            target,
+            hasher: None,
             mode: SyncMode::Reconcile,
             interval: Duration::from_millis(50),
             prefix: "tollgate".to_owned(),
@@ -194,6 +212,22 @@ impl RedisSync {
         self
     }
 
+    /// Store a keyed hash of each key in Redis instead of the key itself, as
+    /// [`RedisBuilder::hash_keys`](crate::redis::RedisBuilder::hash_keys) does: keys
+    /// become `prefix:sync:algorithm:{h:<digest>}`. Every node must use the same secret.
+    pub fn hash_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.hasher = Some(KeyHasher::new(secret.as_ref()));
+        self
+    }
+
+    /// Trust this CA certificate (PEM) for `rediss://` URLs, instead of the system's
+    /// roots (cargo feature `tls`).
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.target.set_root_cert(pem.into());
+        self
+    }
+
     /// Checks every setting against the quota's period (ns).
     pub(crate) fn validate(&self, period_ns: u64) -> Result<Settings, ConfigError> {
         let setting = |name: &'static str, value: &dyn fmt::Debug, expected: &'static str| {
@@ -251,11 +285,7 @@ impl RedisSync {
                 "from 1 to 1,000,000",
             ));
         }
-        let client =
-            redis::Client::open(self.url.as_str()).map_err(|e| ConfigError::InvalidRedisUrl {
-                url: redact_url(&self.url),
-                reason: e.to_string(),
-            })?;
+        let client = self.target.client(self.timeout)?;
         Ok(Settings {
             client,
             staleness,
@@ -267,31 +297,10 @@ impl RedisSync {
 
 /// What validation derives from a [`RedisSync`].
 pub(crate) struct Settings {
-    pub(crate) client: redis::Client,
+    pub(crate) client: Client,
     pub(crate) staleness: Duration,
     pub(crate) node_ttl: Duration,
     pub(crate) idle_ttl: Duration,
-}
-
-/// `url` with any password replaced by `***`.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((user_info, host)) => {
-            let user = user_info.split_once(':').map_or(user_info, |(u, _)| u);
-            if user_info.contains(':') {
-                format!("{scheme}://{user}:***@{host}{path}")
-            } else {
-                // `redis://password@host` carries a password with no user.
-                format!("{scheme}://***@{host}{path}")
-            }
-        }
-        None => url.to_owned(),
-    }
 }
 
 #[cfg(test)]
@@ -299,16 +308,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact_url("redis://app:s3cret@10.0.0.1:6379/0"),
-            "redis://app:***@10.0.0.1:6379/0"
-        );
-        assert_eq!(redact_url("redis://:s3cret@host/"), "redis://:***@host/");
-        assert_eq!(redact_url("redis://s3cret@host"), "redis://***@host");
-        assert_eq!(redact_url("redis://host:6379/"), "redis://host:6379/");
-        let debug = format!("{:?}", RedisSync::new("redis://u:hunter2@h/"));
-        assert!(!debug.contains("hunter2"), "{debug}");
+    fn debug_shows_no_password_nor_secret() {
+        for config in [
+            RedisSync::new("redis://u:hunter2@h/"),
+            RedisSync::cluster(&["redis://u:hunter2@h:1/", "redis://u:hunter2@h:2/"]),
+        ] {
+            let debug = format!("{:?}", config.hash_keys("s3cret-key"));
+            assert!(!debug.contains("hunter2"), "{debug}");
+            assert!(!debug.contains("s3cret-key"), "{debug}");
+            assert!(debug.contains("u:***@h"), "{debug}");
+        }
     }
 
     #[test]

@@ -113,7 +113,6 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub(crate) use cell::{SyncCell, SyncPolicy};
-pub(crate) use config::redact_url;
 pub use config::{Fallback, RedisSync, SyncMode};
 
 /// A snapshot of a sync task's health.

@@ -1,12 +1,18 @@
+#!lua
+-- (The shebang, Redis 7+, declares a script that writes: a replica refuses it before it
+-- runs, with MOVED in a cluster, even on a READONLY connection, so a client whose slot
+-- map is stale after a failover is redirected instead of failing on the first write.)
 -- tollgate background sync: one node's round over some keys. It computes exactly what
 -- `serve` in src/sync/protocol.rs computes (a differential test checks it); every number
 -- is an integer below 2^53, and every division is exact.
--- KEYS[1]: the node registry (a sorted set); KEYS[2..]: the limiter keys (hashes).
--- ARGV: node id, registry TTL (ms), shape ('tb' or 'sw'), a, b (tb: T, tau; sw: limit,
+-- KEYS[1]: the node registry (a sorted set), then the limiter keys (hashes); with a
+--   registry TTL of 0, no registry (Redis Cluster: a call's keys share one slot, so the
+--   heartbeat is a call of its own) and every key is a limiter key.
+-- ARGV: node id, registry TTL (ms; 0: none), shape ('tb' or 'sw'), a, b (tb: T, tau; sw: limit,
 --   period), overdraft horizon (µs; 0 in lease mode), hold (µs), demand TTL (µs),
 --   retain (ms), round number,
 --   then per limiter key: epoch, floor, keep, known, demand, want, anchor, deadline, local.
--- Returns {nodes alive, server time (µs), then per key: grant, overdraft, reserved, stale}.
+-- Returns {nodes alive (0 without a registry), server time (µs), then per key: grant, overdraft, reserved, stale}.
 local WEIGHT_ONE, MAX_DEMAND, MAX_ELAPSED = 1048576, 16777216, 4294967296
 
 local function idiv(a, b)
@@ -20,12 +26,14 @@ local function whole(x)
 end
 
 local node, ttl, shape = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local first = 2
+if ttl == 0 then first = 1 end
 local a, b = tonumber(ARGV[4]), tonumber(ARGV[5])
 local horizon, hold, demand_ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local retain_ms, seq = tonumber(ARGV[9]), tonumber(ARGV[10])
 if not (whole(ttl) and whole(a) and whole(b) and a >= 1 and whole(horizon) and whole(hold) and whole(demand_ttl)
     and whole(retain_ms) and whole(seq) and (shape == 'tb' or (shape == 'sw' and b >= 1))
-    and #ARGV == 10 + 9 * (#KEYS - 1)) then
+    and #KEYS >= 1 and #ARGV == 10 + 9 * (#KEYS - first + 1)) then
   return redis.error_reply('TOLLGATE invalid sync arguments')
 end
 local ticks = a
@@ -34,10 +42,13 @@ if shape == 'sw' then ticks = math.max(1, idiv(b, a)) end
 local time = redis.call('TIME')
 local now = time[1] * 1000000 + time[2]
 local now_ms = math.floor(now / 1000)
-redis.call('ZADD', KEYS[1], now_ms, node)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms - ttl)
-redis.call('PEXPIRE', KEYS[1], ttl)
-local out = {redis.call('ZCARD', KEYS[1]), now}
+local out = {0, now}
+if first == 2 then
+  redis.call('ZADD', KEYS[1], now_ms, node)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms - ttl)
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  out[1] = redis.call('ZCARD', KEYS[1])
+end
 
 local function num(x)
   return string.format('%.0f', x)
@@ -232,8 +243,8 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
   return grant, overdraft, rec.reserved, 0
 end
 
-for i = 2, #KEYS do
-  local base = 10 + 9 * (i - 2)
+for i = first, #KEYS do
+  local base = 10 + 9 * (i - first)
   local epoch, floor, keep = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local known, demand = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
   local want, anchor = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])

@@ -10,17 +10,19 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_routing::Slot;
 
 use super::cell::{Override, SyncCell, SyncPolicy};
 use super::config::Settings;
 use super::node::{self, Need, NodeParams};
 use super::protocol::{Answer, Params, Request, Shape};
-use super::{Fallback, RedisSync, Shared, SyncHandle, SyncMode, redact_url};
+use super::{Fallback, RedisSync, Shared, SyncHandle, SyncMode};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::limiter::RateLimiter;
+use crate::redis::connection::Connection;
+use crate::redis::keys::write_key;
 use crate::redis::limiter::script_args;
 use crate::store::Store;
 
@@ -132,7 +134,12 @@ where
         config.shared_prefix,
     )?;
     if config.require_connection {
-        check_connection(&settings.client, &config)?;
+        settings.client.ping_blocking(config.timeout).map_err(|e| {
+            ConfigError::RedisUnreachable {
+                url: config.target.redacted(),
+                reason: config.target.scrub(&e.to_string()),
+            }
+        })?;
     }
     static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seed = (
@@ -192,24 +199,6 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// `require_connection`: connects and pings once, blocking for at most the timeout.
-fn check_connection(client: &redis::Client, config: &RedisSync) -> Result<(), ConfigError> {
-    let unreachable = |e: redis::RedisError| ConfigError::RedisUnreachable {
-        url: redact_url(&config.url),
-        reason: e.to_string(),
-    };
-    let mut connection = client
-        .get_connection_with_timeout(config.timeout)
-        .map_err(unreachable)?;
-    connection
-        .set_read_timeout(Some(config.timeout))
-        .map_err(unreachable)?;
-    redis::cmd("PING")
-        .query::<String>(&mut connection)
-        .map_err(unreachable)?;
-    Ok(())
-}
-
 /// Runs the task; if it dies, records it and applies the fallback until stopped.
 async fn supervise<K, C>(task: Arc<Task>, limiter: RateLimiter<K, C>, _guard: PrefixGuard)
 where
@@ -247,7 +236,7 @@ where
 
 /// The task's running state.
 struct Progress {
-    connection: Option<ConnectionManager>,
+    connection: Option<Connection>,
     seq: u64,
     nodes: u64,
     failures: u32,
@@ -320,6 +309,17 @@ impl Jitter {
     }
 }
 
+/// One call of the round script: with the heartbeat (the registry as its first key) or
+/// not, and the indices of the round's keys it carries.
+struct Call {
+    registry: bool,
+    items: Vec<usize>,
+}
+
+fn unexpected_reply() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Parse, "sync round: unexpected reply"))
+}
+
 /// What a successful round learnt.
 struct Round {
     nodes: u64,
@@ -331,12 +331,8 @@ struct Round {
 }
 
 impl Task {
-    async fn connect(&self) -> Result<ConnectionManager, redis::RedisError> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.config.timeout))
-            .set_response_timeout(Some(self.config.timeout))
-            .set_number_of_retries(1);
-        ConnectionManager::new_with_config(self.settings.client.clone(), config).await
+    async fn connect(&self) -> Result<Connection, redis::RedisError> {
+        self.settings.client.connect(self.config.timeout).await
     }
 
     async fn run<K, C>(self: Arc<Self>, limiter: RateLimiter<K, C>)
@@ -524,7 +520,7 @@ impl Task {
     async fn round<K>(
         &self,
         store: &Store<K, SyncCell>,
-        mut connection: ConnectionManager,
+        connection: Connection,
         p: &mut Progress,
         stopping: bool,
     ) -> Result<Round, redis::RedisError>
@@ -552,61 +548,78 @@ impl Task {
                 items.push((key, request));
             }
         }
+        let keys: Vec<Vec<u8>> = items.iter().map(|(key, _)| self.redis_key(key)).collect();
+        let plan = self.plan(&keys);
         let sent = Instant::now();
         let wall_sent = SystemTime::now();
-        let pipe = self.pipeline(&items, p.seq);
-        let query = async {
-            match pipe.query_async::<Vec<Vec<u64>>>(&mut connection).await {
-                Err(e) if e.code() == Some("NOSCRIPT") => {
-                    self.script
-                        .prepare_invoke()
-                        .load_async(&mut connection)
-                        .await?;
-                    pipe.query_async(&mut connection).await
-                }
-                other => other,
-            }
-        };
-        let replies = match tokio::time::timeout(self.config.timeout, query).await {
-            Ok(result) => result?,
-            Err(_) => {
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "sync round timed out",
-                )));
-            }
-        };
+        let results = futures_util::future::join_all(
+            plan.iter()
+                .map(|pipeline| self.send(connection.clone(), pipeline, &items, &keys, p.seq)),
+        )
+        .await;
         let round_trip = sent.elapsed();
-        let mut nodes = 1;
-        let mut server_now = 0;
-        let mut answers = Vec::with_capacity(items.len());
-        for reply in &replies {
-            if let [n, t, rest @ ..] = reply.as_slice() {
-                nodes = (*n).max(1);
-                server_now = *t;
-                answers.extend(rest.chunks_exact(4).map(|a| Answer {
-                    grant: a[0],
-                    overdraft: a[1],
-                    reserved: a[2],
-                    stale: a[3] != 0,
-                }));
+        // What each call answered: the number of nodes and the clock from the heartbeat,
+        // and each key's answer with the clock of the server that holds it.
+        let mut nodes = None;
+        let mut heartbeat_now = None;
+        let mut failure = None;
+        let mut answers: Vec<Option<(Answer, u64)>> = vec![None; items.len()];
+        for (pipeline, result) in plan.iter().zip(results) {
+            let replies = match result {
+                Ok(replies) if replies.len() == pipeline.len() => replies,
+                Ok(_) => {
+                    failure = Some(unexpected_reply());
+                    continue;
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    continue;
+                }
+            };
+            for (call, reply) in pipeline.iter().zip(&replies) {
+                let [n, t, rest @ ..] = reply.as_slice() else {
+                    failure = Some(unexpected_reply());
+                    continue;
+                };
+                if rest.len() != call.items.len() * 4 {
+                    failure = Some(unexpected_reply());
+                    continue;
+                }
+                if call.registry {
+                    nodes = Some((*n).max(1));
+                    heartbeat_now = Some(*t);
+                }
+                for (&i, a) in call.items.iter().zip(rest.chunks_exact(4)) {
+                    let answer = Answer {
+                        grant: a[0],
+                        overdraft: a[1],
+                        reserved: a[2],
+                        stale: a[3] != 0,
+                    };
+                    answers[i] = Some((answer, *t));
+                }
             }
-        }
-        if answers.len() != items.len() {
-            return Err(redis::RedisError::from((
-                redis::ErrorKind::Parse,
-                "sync round: unexpected reply",
-            )));
         }
         let local_now = (self.now)();
-        let midpoint = i128::from(local_now) - (round_trip.as_nanos() / 2) as i128;
-        if let Ok(offset) = i64::try_from(i128::from(server_now) * 1_000 - midpoint) {
-            p.redis_offset_ns = Some(offset);
+        if let Some(server_now) = heartbeat_now {
+            let midpoint = i128::from(local_now) - (round_trip.as_nanos() / 2) as i128;
+            if let Ok(offset) = i64::try_from(i128::from(server_now) * 1_000 - midpoint) {
+                p.redis_offset_ns = Some(offset);
+            }
         }
-        let expires = self.lease_deadline(server_now, round_trip, local_now, p);
+        // Every answer that arrived is applied, even when another call failed (a cluster
+        // master in failover): its key's books then match Redis's.
         let mut stale = 0;
         let mut released = 0;
+        let mut window_round = None;
         for ((key, request), answer) in items.iter().zip(&answers) {
+            let Some((answer, server_now)) = answer else {
+                continue;
+            };
+            let (expires, renew_at) = self.lease_deadline(*server_now, round_trip, local_now);
+            if let Some(at) = renew_at {
+                window_round = Some(window_round.map_or(at, |w: tokio::time::Instant| w.min(at)));
+            }
             let done = store.with_state(key, |cell| {
                 let mut books = cell.books.lock();
                 let ok = node::settle(
@@ -627,6 +640,15 @@ impl Task {
                 _ => {}
             }
         }
+        if window_round.is_some() {
+            p.window_round = window_round;
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let (Some(nodes), Some(server_now)) = (nodes, heartbeat_now) else {
+            return Err(unexpected_reply());
+        };
         let midpoint = wall_sent + round_trip / 2;
         let local_ns = midpoint
             .duration_since(UNIX_EPOCH)
@@ -644,34 +666,105 @@ impl Task {
         })
     }
 
-    /// The round's script calls, `batch_size` keys each, in one pipeline (an empty round
-    /// still heartbeats).
-    fn pipeline<K: Display>(&self, items: &[(K, Request)], seq: u64) -> redis::Pipeline {
-        let mut pipe = redis::pipe();
-        let ttl_ms = millis(self.settings.node_ttl).max(1);
-        let chunks: Vec<&[(K, Request)]> = if items.is_empty() {
-            vec![&[]]
-        } else {
-            items.chunks(self.config.batch_size).collect()
+    /// The Redis key of `key`'s state: `prefix:sync:algorithm:{key}`, or its digest.
+    fn redis_key<K: Display>(&self, key: &K) -> Vec<u8> {
+        let key = key.to_string();
+        let mut out = Vec::with_capacity(self.key_prefix.len() + key.len().max(34) + 2);
+        out.extend_from_slice(self.key_prefix.as_bytes());
+        out.push(b'{');
+        write_key(self.config.hasher.as_ref(), key.as_bytes(), &mut out);
+        out.push(b'}');
+        out
+    }
+
+    /// The round's script calls, grouped in pipelines. On one server: one pipeline of
+    /// calls of `batch_size` keys, each with the heartbeat (an empty round still
+    /// heartbeats). On a cluster, where a call's keys must share a slot: one pipeline per
+    /// slot, of calls of at most `batch_size` of its keys, and the heartbeat alone.
+    fn plan(&self, keys: &[Vec<u8>]) -> Vec<Vec<Call>> {
+        let batch = self.config.batch_size;
+        let chunks = |indices: Vec<usize>, registry: bool| -> Vec<Call> {
+            indices
+                .chunks(batch)
+                .map(|items| Call {
+                    registry,
+                    items: items.to_vec(),
+                })
+                .collect()
         };
-        for chunk in chunks {
+        if !self.config.target.is_cluster() {
+            if keys.is_empty() {
+                return vec![vec![Call {
+                    registry: true,
+                    items: Vec::new(),
+                }]];
+            }
+            return vec![chunks((0..keys.len()).collect(), true)];
+        }
+        let mut by_slot: std::collections::HashMap<Slot, Vec<usize>> = Default::default();
+        for (i, key) in keys.iter().enumerate() {
+            by_slot.entry(Slot::for_key(key)).or_default().push(i);
+        }
+        let mut plan = vec![vec![Call {
+            registry: true,
+            items: Vec::new(),
+        }]];
+        plan.extend(by_slot.into_values().map(|indices| chunks(indices, false)));
+        plan
+    }
+
+    /// Sends one pipeline of calls (loading the script once if Redis lost it), within
+    /// the round's timeout.
+    async fn send<K>(
+        &self,
+        mut connection: Connection,
+        calls: &[Call],
+        items: &[(K, Request)],
+        keys: &[Vec<u8>],
+        seq: u64,
+    ) -> Result<Vec<Vec<u64>>, redis::RedisError> {
+        let ttl_ms = millis(self.settings.node_ttl).max(1);
+        let mut pipe = redis::pipe();
+        for call in calls {
+            let registry = usize::from(call.registry);
             let cmd = pipe
                 .cmd("EVALSHA")
                 .arg(self.script.get_hash())
-                .arg(chunk.len() + 1)
-                .arg(&self.registry);
-            for (key, _) in chunk {
-                cmd.arg(format!("{}{{{}}}", self.key_prefix, key));
+                .arg(call.items.len() + registry);
+            if call.registry {
+                cmd.arg(&self.registry);
+            }
+            for &i in &call.items {
+                cmd.arg(&keys[i]);
             }
             cmd.arg(round_args(
                 &self.params,
                 &self.node,
-                ttl_ms,
+                if call.registry { ttl_ms } else { 0 },
                 seq,
-                chunk.iter().map(|(_, r)| r),
+                call.items.iter().map(|&i| &items[i].1),
             ));
         }
-        pipe
+        let query = async {
+            match pipe.query_async::<Vec<Vec<u64>>>(&mut connection).await {
+                // Replaying the pipeline is safe: a call Redis applied answers `stale`.
+                Err(e) if e.code() == Some("NOSCRIPT") => {
+                    self.script
+                        .prepare_invoke()
+                        .load_async(&mut connection)
+                        .await?;
+                    pipe.query_async(&mut connection).await
+                }
+                other => other,
+            }
+        };
+        match tokio::time::timeout(self.config.timeout, query).await {
+            Ok(result) => result,
+            Err(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "sync round timed out",
+            ))),
+        }
     }
 
     /// Until when (limiter clock, ns) what a round leases may be spent: for ever, but in
@@ -684,19 +777,18 @@ impl Task {
         server_now_us: u64,
         round_trip: Duration,
         local_now: u64,
-        p: &mut Progress,
-    ) -> u64 {
+    ) -> (u64, Option<tokio::time::Instant>) {
         let Shape::SlidingWindow { period, .. } = self.params.shape else {
-            return u64::MAX;
+            return (u64::MAX, None);
         };
         if self.params.overdraft_horizon > 0 {
-            return u64::MAX;
+            return (u64::MAX, None);
         }
         let to_end = Duration::from_micros(period - server_now_us % period);
         let margin = u64::try_from(round_trip.as_nanos()).unwrap_or(u64::MAX);
         let end = local_now.saturating_add(u64::try_from(to_end.as_nanos()).unwrap_or(u64::MAX));
-        p.window_round = Some(tokio::time::Instant::now() + to_end + round_trip / 2);
-        end.saturating_sub(margin)
+        let renew_at = tokio::time::Instant::now() + to_end + round_trip / 2;
+        (end.saturating_sub(margin), Some(renew_at))
     }
 
     /// A key first seen on this node may overdraft its share of the capacity until its

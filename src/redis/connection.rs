@@ -1,0 +1,273 @@
+//! Where both Redis tiers connect: one server or a cluster, behind one connection type,
+//! with passwords kept out of every message.
+
+use std::fmt;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::error::ConfigError;
+
+/// A Redis deployment to connect to: one server, or the seed nodes of a cluster.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    urls: Vec<String>,
+    cluster: bool,
+    root_cert: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl Target {
+    pub(crate) fn single(url: &str) -> Self {
+        Self {
+            urls: vec![url.to_owned()],
+            cluster: false,
+            root_cert: None,
+        }
+    }
+
+    pub(crate) fn cluster(nodes: &[&str]) -> Self {
+        Self {
+            urls: nodes.iter().map(|&n| n.to_owned()).collect(),
+            cluster: true,
+            root_cert: None,
+        }
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// Trust only this CA (PEM) for `rediss://` instead of the system's roots.
+    #[cfg(feature = "tls")]
+    pub(crate) fn set_root_cert(&mut self, pem: Vec<u8>) {
+        self.root_cert = Some(pem);
+    }
+
+    /// The URLs, comma-separated, each with its password replaced by `***`; and `cluster:`
+    /// in front for a cluster.
+    pub(crate) fn redacted(&self) -> String {
+        let urls: Vec<String> = self.urls.iter().map(|u| redact_url(u)).collect();
+        let urls = urls.join(",");
+        if self.cluster {
+            format!("cluster:{urls}")
+        } else {
+            urls
+        }
+    }
+
+    /// `text` with every password of these URLs replaced by `***` (for error messages
+    /// that quote what they were given).
+    pub(crate) fn scrub(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        for url in &self.urls {
+            if let Some(password) = password_of(url).filter(|p| !p.is_empty()) {
+                text = text.replace(password, "***");
+            }
+        }
+        text
+    }
+
+    /// Parses the URLs into a client; connects nothing.
+    pub(crate) fn client(&self, timeout: Duration) -> Result<Client, ConfigError> {
+        let invalid = |e: redis::RedisError| ConfigError::InvalidRedisUrl {
+            url: self.redacted(),
+            reason: self.scrub(&e.to_string()),
+        };
+        if self.urls.is_empty() {
+            return Err(ConfigError::InvalidRedisUrl {
+                url: self.redacted(),
+                reason: "no Redis URL was given".to_owned(),
+            });
+        }
+        if !self.cluster {
+            let client = match &self.root_cert {
+                #[cfg(feature = "tls")]
+                Some(pem) => redis::Client::build_with_tls(
+                    self.urls[0].as_str(),
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(pem.clone()),
+                    },
+                ),
+                _ => redis::Client::open(self.urls[0].as_str()),
+            }
+            .map_err(invalid)?;
+            return Ok(Client::Single(client));
+        }
+        #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
+        let mut builder = ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            // A request that meets a failover retries (refreshing the slot map) until the
+            // caller's timeout, which bounds it, runs out.
+            .retries(20)
+            .min_retry_wait(10)
+            .max_retry_wait(500);
+        #[cfg(feature = "tls")]
+        if let Some(pem) = &self.root_cert {
+            builder = builder.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            });
+        }
+        // Every seed's credentials must agree: redis-rs takes the first one's.
+        Ok(Client::Cluster(builder.build().map_err(invalid)?))
+    }
+}
+
+/// A parsed [`Target`], ready to connect.
+#[derive(Clone)]
+pub(crate) enum Client {
+    Single(redis::Client),
+    Cluster(ClusterClient),
+}
+
+impl Client {
+    /// Connects, each connection attempt and reply bounded by `timeout` (the caller
+    /// bounds the whole with its own timer too). The connection reconnects by itself,
+    /// and a cluster connection follows failovers and slot moves.
+    pub(crate) async fn connect(&self, timeout: Duration) -> redis::RedisResult<Connection> {
+        match self {
+            Self::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
+                    .set_number_of_retries(1);
+                let manager = ConnectionManager::new_with_config(client.clone(), config).await?;
+                Ok(Connection::Single(manager))
+            }
+            Self::Cluster(client) => Ok(Connection::Cluster(client.get_async_connection().await?)),
+        }
+    }
+
+    /// Connects and pings once, blocking for at most about `timeout`.
+    pub(crate) fn ping_blocking(&self, timeout: Duration) -> redis::RedisResult<()> {
+        match self {
+            Self::Single(client) => {
+                let mut connection = client.get_connection_with_timeout(timeout)?;
+                connection.set_read_timeout(Some(timeout))?;
+                redis::cmd("PING").query::<String>(&mut connection)?;
+            }
+            Self::Cluster(client) => {
+                let mut connection = client.get_connection()?;
+                connection.set_read_timeout(Some(timeout))?;
+                redis::cmd("PING").query::<String>(&mut connection)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A connection to one server or a cluster. Clones share it.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The password in `url`'s user info, if any.
+fn password_of(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let (user_info, _) = authority.rsplit_once('@')?;
+    Some(user_info.split_once(':').map_or(user_info, |(_, p)| p))
+}
+
+/// `url` with any password replaced by `***`.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info.split_once(':').map_or(user_info, |(u, _)| u);
+            if user_info.contains(':') {
+                format!("{scheme}://{user}:***@{host}{path}")
+            } else {
+                // `redis://password@host` carries a password with no user.
+                format!("{scheme}://***@{host}{path}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("redis://app:s3cret@10.0.0.1:6379/0"),
+            "redis://app:***@10.0.0.1:6379/0"
+        );
+        assert_eq!(redact_url("redis://:s3cret@host/"), "redis://:***@host/");
+        assert_eq!(redact_url("redis://s3cret@host"), "redis://***@host");
+        assert_eq!(redact_url("redis://host:6379/"), "redis://host:6379/");
+        assert_eq!(redact_url("rediss://u:p@h:1"), "rediss://u:***@h:1");
+        let target = Target::cluster(&["redis://a:pw1@h:1/", "redis://:pw2@h:2/"]);
+        assert_eq!(
+            target.redacted(),
+            "cluster:redis://a:***@h:1/,redis://:***@h:2/"
+        );
+        assert_eq!(target.scrub("bad pw1 and pw2"), "bad *** and ***");
+        assert_eq!(format!("{target:?}"), target.redacted());
+    }
+
+    #[test]
+    fn a_url_that_does_not_parse_is_a_config_error_without_its_password() {
+        for target in [
+            Target::single("redis://u:hunter2@h:notaport/"),
+            Target::cluster(&["redis://u:hunter2@h:notaport/"]),
+            Target::cluster(&[]),
+        ] {
+            let err = target
+                .client(Duration::from_millis(10))
+                .err()
+                .expect("refused");
+            assert!(matches!(err, ConfigError::InvalidRedisUrl { .. }), "{err}");
+            assert!(!err.to_string().contains("hunter2"), "{err}");
+            assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+        }
+    }
+}

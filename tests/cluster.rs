@@ -1,0 +1,333 @@
+//! Both Redis tiers on a real Redis Cluster (3 masters, 3 replicas, node timeout 2 s) that
+//! each test creates on ephemeral ports and always stops: every key works whatever its
+//! slot, decisions equal the in-memory limiter's, the sync holds the global limit and
+//! spreads its state over the masters, and a master killed mid-run is recovered from
+//! without a restart.
+#![cfg(feature = "redis")]
+
+use std::time::{Duration, Instant};
+
+use tollgate::clock::ManualClock;
+use tollgate::redis::{LocalCluster, RedisError, RedisLimiter};
+use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
+use tollgate::{Algorithm, Quota, RateLimiter};
+
+fn cluster() -> LocalCluster {
+    LocalCluster::start(3, 1, Duration::from_secs(2))
+        .expect("these tests need redis-server and redis-cli (./scripts/test.sh installs them)")
+}
+
+fn seeds(cluster: &LocalCluster) -> Vec<String> {
+    cluster.urls()
+}
+
+fn refs(urls: &[String]) -> Vec<&str> {
+    urls.iter().map(String::as_str).collect()
+}
+
+/// How many keys matching `pattern` each master holds.
+fn keys_per_master(cluster: &LocalCluster, pattern: &str) -> Vec<(u16, usize)> {
+    cluster
+        .masters()
+        .unwrap()
+        .into_iter()
+        .map(|port| {
+            let out = cluster.cli(port, &["KEYS", pattern]).unwrap();
+            (port, out.lines().filter(|l| !l.is_empty()).count())
+        })
+        .collect()
+}
+
+/// Through a single seed, 300 keys (every master's slots) all work, and give the same
+/// decisions as the in-memory limiter on the same timeline, for every algorithm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_works_and_decides_as_in_memory() {
+    let cluster = cluster();
+    let one_seed = [cluster.urls()[0].clone()];
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let clock = ManualClock::new();
+        let quota: Quota = "5/s burst 3".parse().unwrap();
+        let remote = RedisLimiter::cluster_builder(&refs(&one_seed), quota)
+            .algorithm(algorithm)
+            .prefix(algorithm.name())
+            .timeout(Duration::from_secs(2))
+            .caller_clock(clock.clone())
+            .build()
+            .await
+            .unwrap();
+        let local: RateLimiter<String, ManualClock> = RateLimiter::builder(quota)
+            .algorithm(algorithm)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut real = Instant::now();
+        for step in 0..900 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let drawn = Duration::from_micros([0, 1, 900, 45_000, 250_000][(x % 5) as usize]);
+            // The caller clock never falls behind real time (Redis expires keys by it).
+            let behind = Duration::from_micros(real.elapsed().as_micros() as u64 + 1);
+            clock.advance(drawn.max(behind));
+            real = Instant::now();
+            let key = format!("key-{}", step % 300);
+            let r = remote.check(&key).await.unwrap();
+            let l = local.check(key.as_str());
+            assert_eq!(
+                (r.is_allowed(), r.remaining()),
+                (l.is_allowed(), l.remaining()),
+                "{algorithm:?} step {step} {key}: redis {r:?} local {l:?}"
+            );
+        }
+        let spread = keys_per_master(&cluster, &format!("{}:*", algorithm.name()));
+        assert_eq!(spread.len(), 3, "{spread:?}");
+        for (port, keys) in &spread {
+            assert!(
+                *keys >= 50,
+                "master {port} holds {keys} of 300 keys: {spread:?}"
+            );
+        }
+    }
+}
+
+fn synced(
+    cluster: &LocalCluster,
+    quota: Quota,
+    mode: SyncMode,
+    prefix: &str,
+    count: usize,
+) -> Vec<(RateLimiter<String>, SyncHandle)> {
+    let urls = seeds(cluster);
+    (0..count)
+        .map(|i| {
+            // Each node knows a different seed.
+            let seed = [urls[i % urls.len()].as_str()];
+            RateLimiter::builder(quota)
+                .build_synced(
+                    RedisSync::cluster(&seed)
+                        .mode(mode)
+                        .interval(Duration::from_millis(50))
+                        .prefix(prefix)
+                        .allow_shared_prefix(true),
+                )
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Offers `per_node` requests a second on each of `keys` to every node for `length`,
+/// one tick a millisecond; returns what all nodes admitted, per key.
+async fn offer(
+    nodes: &[(RateLimiter<String>, SyncHandle)],
+    keys: &[String],
+    per_node: f64,
+    length: Duration,
+) -> Vec<u64> {
+    let mut owed = 0.0f64;
+    let mut admitted = vec![0u64; keys.len()];
+    let start = Instant::now();
+    let mut ticker = tokio::time::interval(Duration::from_millis(1));
+    while start.elapsed() < length {
+        ticker.tick().await;
+        owed += per_node / 1_000.0;
+        while owed >= 1.0 {
+            owed -= 1.0;
+            for (limiter, _) in nodes {
+                for (k, key) in keys.iter().enumerate() {
+                    admitted[k] += u64::from(limiter.check(key.as_str()).is_allowed());
+                }
+            }
+        }
+    }
+    admitted
+}
+
+async fn stop(nodes: Vec<(RateLimiter<String>, SyncHandle)>) {
+    for (_, handle) in nodes {
+        handle.shutdown().await;
+    }
+}
+
+/// Four nodes in reconcile mode at 2× the limit on keys in different slots: each key's
+/// limit holds within ±5% over 8 s, as on one Redis; every node counts four nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sync_holds_the_global_limit_on_a_cluster() {
+    let cluster = cluster();
+    let quota = Quota::per_second(200).unwrap();
+    let nodes = synced(&cluster, quota, SyncMode::Reconcile, "acc", 4);
+    let keys: Vec<String> = (0..3).map(|i| format!("global-{i}")).collect();
+    // Spend the bursts and let the demands settle.
+    offer(&nodes, &keys, 100.0, Duration::from_secs(2)).await;
+    let admitted = offer(&nodes, &keys, 100.0, Duration::from_secs(8)).await;
+    for (key, &n) in keys.iter().zip(&admitted) {
+        let error = (n as f64 - 1_600.0) / 1_600.0;
+        assert!(
+            error.abs() <= 0.05,
+            "{key}: {n} admitted for 1,600 ({error:+.3})"
+        );
+    }
+    for (_, handle) in &nodes {
+        let stats = handle.stats();
+        assert_eq!(stats.nodes, 4, "{stats:?}");
+        assert!(!stats.fallback_active, "{stats:?}");
+    }
+    stop(nodes).await;
+}
+
+/// With 600 keys in use, each of the three masters holds at least 15% of the sync state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_state_spreads_over_the_masters() {
+    let cluster = cluster();
+    let nodes = synced(
+        &cluster,
+        Quota::per_second(10).unwrap(),
+        SyncMode::Reconcile,
+        "spread",
+        2,
+    );
+    for round in 0..3 {
+        for (limiter, handle) in &nodes {
+            for k in 0..600 {
+                limiter.check(format!("user-{k}").as_str());
+            }
+            handle.sync_now();
+        }
+        tokio::time::sleep(Duration::from_millis(300 + 100 * round)).await;
+    }
+    let spread = keys_per_master(&cluster, "spread:sync:*");
+    let total: usize = spread.iter().map(|(_, n)| n).sum();
+    assert!(total >= 600, "{total} keys synced: {spread:?}");
+    for (port, keys) in &spread {
+        assert!(
+            *keys * 100 >= total * 15,
+            "master {port} holds {keys} of {total}: {spread:?}"
+        );
+    }
+    for (_, handle) in &nodes {
+        let stats = handle.stats();
+        assert_eq!((stats.nodes, stats.keys_waiting), (2, 0), "{stats:?}");
+    }
+    stop(nodes).await;
+}
+
+/// A key of `limiter` whose state lives on the master at `port`.
+async fn key_on(cluster: &LocalCluster, limiter: &RedisLimiter, port: u16) -> String {
+    for i in 0..1_000 {
+        let key = format!("fo-{i}");
+        limiter.check(&key).await.unwrap();
+        let redis_key = String::from_utf8(limiter.redis_key(&key)).unwrap();
+        if cluster.cli(port, &["EXISTS", &redis_key]).unwrap().trim() == "1" {
+            return key;
+        }
+    }
+    panic!("no key of 1,000 lives on master {port}")
+}
+
+/// A master is killed mid-run. Both tiers fail within their timeouts meanwhile, then
+/// succeed again within 8 s of the death, without a restart; when the old master comes
+/// back (as a replica) nothing breaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_recovered_from_without_a_restart() {
+    let mut cluster = cluster();
+    let urls = seeds(&cluster);
+    let timeout = Duration::from_millis(100);
+    // A slow quota: its keys live for a minute, long enough to find one on the victim.
+    let limiter = RedisLimiter::cluster_builder(&refs(&urls), "1/min".parse().unwrap())
+        .timeout(timeout)
+        .build()
+        .await
+        .unwrap();
+    let victim = cluster.masters().unwrap()[0];
+    let key = key_on(&cluster, &limiter, victim).await;
+    let nodes = synced(
+        &cluster,
+        Quota::per_second(100).unwrap(),
+        SyncMode::Lease,
+        "fo",
+        2,
+    );
+    // Keys on every master, the victim's among them.
+    let sync_keys: Vec<String> = (0..30).map(|i| format!("s-{i}")).collect();
+    offer(&nodes, &sync_keys, 20.0, Duration::from_millis(500)).await;
+    let before = nodes[0].1.stats();
+    assert!(before.syncs > 0 && !before.fallback_active, "{before:?}");
+
+    let killed = Instant::now();
+    cluster.node(victim).stop();
+    let mut worst_failure = Duration::ZERO;
+    let mut failures = 0;
+    let mut redis_back = None;
+    let mut sync_failed = false;
+    let mut sync_back = None;
+    while killed.elapsed() < Duration::from_secs(12)
+        && (redis_back.is_none() || sync_back.is_none())
+    {
+        let started = Instant::now();
+        match limiter.check(&key).await {
+            Ok(_) => {
+                if failures > 0 && redis_back.is_none() {
+                    redis_back = Some(killed.elapsed());
+                }
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e, RedisError::Timeout(_) | RedisError::Unavailable(_)),
+                    "{e}"
+                );
+                failures += 1;
+                worst_failure = worst_failure.max(started.elapsed());
+            }
+        }
+        for (limiter, _) in &nodes {
+            for key in &sync_keys {
+                limiter.check(key.as_str());
+            }
+        }
+        let stats = nodes[0].1.stats();
+        sync_failed |= stats.errors > before.errors;
+        if sync_failed
+            && sync_back.is_none()
+            && stats.last_success_age < Some(Duration::from_millis(60))
+        {
+            sync_back = Some(killed.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "failover: RedisLimiter back after {redis_back:?} ({failures} failures, the slowest \
+         {worst_failure:?} for a {timeout:?} timeout); sync back after {sync_back:?}"
+    );
+    assert!(failures > 0, "the killed master was never missed");
+    assert!(
+        worst_failure < timeout + Duration::from_millis(50),
+        "a failure took {worst_failure:?}"
+    );
+    let limit = Duration::from_secs(8);
+    assert!(
+        redis_back.is_some_and(|t| t <= limit),
+        "RedisLimiter: {redis_back:?}"
+    );
+    assert!(
+        sync_failed && sync_back.is_some_and(|t| t <= limit),
+        "sync: {sync_back:?}"
+    );
+
+    // The old master comes back as a replica of its successor: no MOVED loop.
+    cluster.node(victim).restart().unwrap();
+    cluster.wait_ok(Duration::from_secs(20)).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for i in 0..300 {
+        limiter.check(&format!("after-{i}")).await.unwrap();
+    }
+    let errors = nodes[0].1.stats().errors;
+    offer(&nodes, &sync_keys, 20.0, Duration::from_millis(600)).await;
+    let stats = nodes[0].1.stats();
+    assert_eq!(stats.errors, errors, "{stats:?}");
+    assert!(!stats.fallback_active, "{stats:?}");
+    stop(nodes).await;
+}
