@@ -7,6 +7,11 @@
 //!
 //! `GET /` and `GET /api/{anything}` are limited; `GET /healthz` is not. Every second the
 //! server prints what it allowed and denied, how many keys it holds, and the sync state.
+//!
+//! With `--redis URL` (one server) or `--redis-cluster URL,URL,...` (seed nodes of a
+//! Redis Cluster) the limit is global: `--sync reconcile` (the default) or `lease` keeps
+//! checks local with a background sync; `--sync off` runs the Redis script on every
+//! request (exact, one round trip each).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -21,6 +26,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use clap::{Parser, ValueEnum};
 use tollgate::http::{Cidr, HeaderStyle, KeyExtractor, RateLimitLayer};
+use tollgate::redis::{FailMode, RedisLimiter};
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
 use tollgate::{Algorithm, Quota, RateLimiter};
 
@@ -45,12 +51,23 @@ struct Args {
     /// Which rate-limit headers to send.
     #[arg(long, value_enum, default_value = "both")]
     headers: Headers,
-    /// Redis URL: turns on background sync, one global limit across servers.
-    #[arg(long)]
+    /// Redis URL: one global limit across servers, through this Redis.
+    #[arg(long, conflicts_with = "redis_cluster")]
     redis: Option<String>,
-    /// The sync mode.
+    /// Seed nodes of a Redis Cluster, comma-separated: as --redis, on a cluster.
+    #[arg(long, value_delimiter = ',')]
+    redis_cluster: Vec<String>,
+    /// With Redis: reconcile or lease (local checks, background sync), or off (the Redis
+    /// script on every request).
     #[arg(long, value_enum, default_value = "reconcile")]
     sync: Sync,
+    /// With --sync off: admit (open) or deny (closed) a request when Redis fails.
+    #[arg(long, value_enum, default_value = "open")]
+    on_redis_failure: OnFailure,
+    /// Store a keyed hash of each key in Redis instead of the key (for API keys and
+    /// tokens); the secret is read from the TOLLGATE_KEY_SECRET environment variable.
+    #[arg(long)]
+    hash_keys: bool,
     /// How often to sync, e.g. "50ms" or "1s".
     #[arg(long, default_value = "50ms", value_parser = parse_interval)]
     sync_interval: Duration,
@@ -63,10 +80,25 @@ enum Headers {
     Both,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Sync {
     Reconcile,
     Lease,
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OnFailure {
+    Open,
+    Closed,
+}
+
+/// Where the limit lives.
+enum Tier {
+    /// In this process, maybe synced through Redis.
+    Local(RateLimiter<String>, Option<SyncHandle>),
+    /// In Redis, one script call per request.
+    Exact(RedisLimiter),
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -117,31 +149,7 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), String> {
     let key = key_extractor(&args)?;
-    let builder = RateLimiter::<String>::builder(args.quota).algorithm(args.algorithm);
-    let (limiter, sync): (RateLimiter<String>, Option<SyncHandle>) = match &args.redis {
-        Some(url) => {
-            let mode = match args.sync {
-                Sync::Reconcile => SyncMode::Reconcile,
-                Sync::Lease => SyncMode::Lease,
-            };
-            let (limiter, handle) = builder
-                .build_synced(RedisSync::new(url).mode(mode).interval(args.sync_interval))
-                .map_err(|e| e.to_string())?;
-            // An unreachable Redis is not fatal: the limiter serves by its fallback (the
-            // quota divided by the nodes last seen) until Redis answers.
-            let waited = std::time::Instant::now();
-            while handle.stats().syncs == 0 && waited.elapsed() < Duration::from_secs(1) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            if handle.stats().syncs == 0 {
-                eprintln!(
-                    "warning: Redis is not answering yet; serving by the local fallback until it does"
-                );
-            }
-            (limiter, Some(handle))
-        }
-        None => (builder.build().map_err(|e| e.to_string())?, None),
-    };
+    let tier = tier(&args).await?;
     let headers = match args.headers {
         Headers::Legacy => HeaderStyle::Legacy,
         Headers::Ietf => HeaderStyle::Ietf,
@@ -170,9 +178,18 @@ async fn run(args: Args) -> Result<(), String> {
             get(|Path(path): Path<String>| async move { json_object("path", &path) }),
         )
         .layer(
-            RateLimitLayer::new(limiter.clone())
-                .key(key)
-                .headers(headers),
+            match &tier {
+                Tier::Local(limiter, _) => RateLimitLayer::new(limiter.clone()),
+                Tier::Exact(limiter) => {
+                    let mode = match args.on_redis_failure {
+                        OnFailure::Open => FailMode::Open,
+                        OnFailure::Closed => FailMode::Closed,
+                    };
+                    RateLimitLayer::redis(limiter.clone(), mode)
+                }
+            }
+            .key(key)
+            .headers(headers),
         )
         .layer(axum::middleware::map_response(count));
     let app = Router::new()
@@ -188,7 +205,10 @@ async fn run(args: Args) -> Result<(), String> {
         args.quota, args.algorithm
     );
 
-    let sync = sync.map(Arc::new);
+    let (limiter, sync) = match tier {
+        Tier::Local(limiter, sync) => (Some(limiter), sync.map(Arc::new)),
+        Tier::Exact(_) => (None, None),
+    };
     let stats = tokio::spawn({
         let counters = Arc::clone(&counters);
         let limiter = limiter.clone();
@@ -202,6 +222,12 @@ async fn run(args: Args) -> Result<(), String> {
                     counters.allowed.swap(0, Ordering::Relaxed),
                     counters.denied.swap(0, Ordering::Relaxed),
                 );
+                let Some(limiter) = &limiter else {
+                    println!(
+                        "allowed {allowed:>6}  denied {denied:>6}  (exact: every request runs the Redis script)"
+                    );
+                    continue;
+                };
                 let sync = match &sync {
                     None => "off".to_owned(),
                     Some(handle) => {
@@ -237,6 +263,71 @@ async fn run(args: Args) -> Result<(), String> {
         handle.shutdown().await;
     }
     result
+}
+
+/// The limiter the flags ask for.
+async fn tier(args: &Args) -> Result<Tier, String> {
+    let builder = RateLimiter::<String>::builder(args.quota).algorithm(args.algorithm);
+    let seeds: Vec<&str> = args.redis_cluster.iter().map(String::as_str).collect();
+    let secret = if args.hash_keys {
+        match std::env::var("TOLLGATE_KEY_SECRET") {
+            Ok(secret) if !secret.is_empty() => Some(secret),
+            _ => return Err("--hash-keys needs the secret in TOLLGATE_KEY_SECRET".into()),
+        }
+    } else {
+        None
+    };
+    if args.redis.is_none() && seeds.is_empty() {
+        if args.sync == Sync::Off {
+            return Err("--sync off needs --redis or --redis-cluster".into());
+        }
+        return Ok(Tier::Local(
+            builder.build().map_err(|e| e.to_string())?,
+            None,
+        ));
+    }
+    let mode = match args.sync {
+        Sync::Reconcile => SyncMode::Reconcile,
+        Sync::Lease => SyncMode::Lease,
+        Sync::Off => {
+            let mut exact = match &args.redis {
+                Some(url) => RedisLimiter::builder(url, args.quota),
+                None => RedisLimiter::cluster_builder(&seeds, args.quota),
+            }
+            .algorithm(args.algorithm);
+            if let Some(secret) = &secret {
+                exact = exact.hash_keys(secret);
+            }
+            let limiter = exact
+                .timeout(Duration::from_millis(200))
+                .build()
+                .await
+                .map_err(|e| format!("cannot start the Redis tier: {e}"))?;
+            return Ok(Tier::Exact(limiter));
+        }
+    };
+    let mut config = match &args.redis {
+        Some(url) => RedisSync::new(url),
+        None => RedisSync::cluster(&seeds),
+    }
+    .mode(mode)
+    .interval(args.sync_interval);
+    if let Some(secret) = &secret {
+        config = config.hash_keys(secret);
+    }
+    let (limiter, handle) = builder.build_synced(config).map_err(|e| e.to_string())?;
+    // An unreachable Redis is not fatal: the limiter serves by its fallback (the quota
+    // divided by the nodes last seen) until Redis answers.
+    let waited = std::time::Instant::now();
+    while handle.stats().syncs == 0 && waited.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if handle.stats().syncs == 0 {
+        eprintln!(
+            "warning: Redis is not answering yet; serving by the local fallback until it does"
+        );
+    }
+    Ok(Tier::Local(limiter, Some(handle)))
 }
 
 /// A one-field JSON object.

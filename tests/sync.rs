@@ -2,8 +2,11 @@
 //! own node with its own sync task, sharing one global quota.
 #![cfg(feature = "redis")]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::example_server;
 use tollgate::redis::LocalRedis;
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
 use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
@@ -574,15 +577,6 @@ async fn the_clock_offset_is_meaningful() {
     assert!(stats.syncs > 0, "{stats:?}");
     assert!(stats.clock_offset.abs() < 50_000_000, "{stats:?}");
     handle.shutdown().await;
-}
-
-/// The example server, built by `cargo test` beside this test's binary.
-fn example_server() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let path = dir.join("examples").join("server");
-    assert!(path.exists(), "{} is not built", path.display());
-    path
 }
 
 /// `--redis not-a-url` is one clear line and exit status 2; an unreachable Redis is a

@@ -18,3 +18,12 @@ pub fn manual(
         .unwrap();
     (limiter, clock)
 }
+
+/// The example server, built by `cargo test` beside the test's binary.
+pub fn example_server() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    let path = dir.join("examples").join("server");
+    assert!(path.exists(), "{} is not built", path.display());
+    path
+}

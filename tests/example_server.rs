@@ -1,0 +1,122 @@
+//! The example server (`cargo run --release --example server`) with Redis: `--sync off`
+//! (the Redis script on every request) and `--redis-cluster` seeds, in every sync mode,
+//! answering real HTTP requests over a socket.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::example_server;
+use tollgate::redis::{LocalCluster, LocalRedis};
+
+/// The example server, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(args: &[&str]) -> Server {
+    let mut child = Command::new(example_server())
+        .args(["--listen", "127.0.0.1:0", "--quota", "5/min"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
+    let mut server = Server {
+        child,
+        addr: String::new(),
+    };
+    let addr = line
+        .strip_prefix("listening on http://")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{args:?}: {line:?}"));
+    server.addr = addr.to_owned();
+    server
+}
+
+/// The status of `GET /` from `server`.
+fn status(server: &Server) -> u16 {
+    let mut stream = TcpStream::connect(&server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        stream,
+        "GET / HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        server.addr
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// Eight requests to one server at 5/min: the statuses.
+fn eight(server: &Server) -> Vec<u16> {
+    (0..8).map(|_| status(server)).collect()
+}
+
+const FIVE_OF_EIGHT: [u16; 8] = [200, 200, 200, 200, 200, 429, 429, 429];
+
+#[test]
+fn sync_off_runs_the_redis_script_on_every_request() {
+    let redis = LocalRedis::start().unwrap();
+    let url = redis.url();
+    let a = start(&["--redis", &url, "--sync", "off"]);
+    let b = start(&["--redis", &url, "--sync", "off"]);
+    // Two servers share one exact limit: 5 in all.
+    let statuses: Vec<u16> = (0..8)
+        .map(|i| status(if i % 2 == 0 { &a } else { &b }))
+        .collect();
+    assert_eq!(statuses, FIVE_OF_EIGHT);
+
+    // Without Redis, `--sync off` is refused with one clear line.
+    let out = Command::new(example_server())
+        .args(["--sync", "off"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--sync off needs --redis"));
+}
+
+#[test]
+fn redis_cluster_seeds_work_in_every_sync_mode() {
+    let cluster = LocalCluster::start(3, 0, Duration::from_secs(2)).unwrap();
+    let seeds = cluster.urls().join(",");
+    for mode in ["off", "reconcile", "lease"] {
+        let server = start(&["--redis-cluster", &seeds, "--sync", mode]);
+        if mode == "lease" {
+            // A node spends only what it leased, and leases by demand: requests spread
+            // over rounds get the whole quota, and never more.
+            let allowed = (0..12)
+                .filter(|_| {
+                    std::thread::sleep(Duration::from_millis(100));
+                    status(&server) == 200
+                })
+                .count();
+            assert_eq!(allowed, 5, "--sync lease");
+        } else {
+            assert_eq!(eight(&server), FIVE_OF_EIGHT, "--sync {mode}");
+        }
+    }
+}
