@@ -493,6 +493,65 @@ fn redis_tier(c: &mut Criterion) {
     group.finish();
 }
 
+/// `RedisLimiter` checks per second on a 3-master Redis Cluster (no replicas) against one
+/// Redis, in the same run, with 1 and 50 checks in flight, on 10,000 keys. Needs
+/// `redis-server` and `redis-cli`.
+#[cfg(feature = "redis")]
+fn redis_cluster(c: &mut Criterion) {
+    use std::sync::Arc;
+    use tollgate::redis::{LocalCluster, RedisLimiter};
+
+    let Some((server, runtime)) = redis_and_runtime("redis_cluster", 2) else {
+        return;
+    };
+    let cluster = match LocalCluster::start(3, 0, Duration::from_secs(2)) {
+        Ok(cluster) => cluster,
+        Err(e) => return eprintln!("redis_cluster skipped: {e}"),
+    };
+    let quota = redis_quota();
+    let seeds = cluster.urls();
+    let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
+    let single = runtime
+        .block_on(
+            RedisLimiter::builder(&server.url(), quota)
+                .timeout(Duration::from_secs(5))
+                .build(),
+        )
+        .expect("connect");
+    let clustered = runtime
+        .block_on(
+            RedisLimiter::cluster_builder(&seeds, quota)
+                .timeout(Duration::from_secs(5))
+                .build(),
+        )
+        .expect("connect to the cluster");
+    let names: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("user-{i}")).collect());
+    let order = Arc::new(key_sequence(0xc1, KEYS));
+    let call = |limiter: RedisLimiter| {
+        let (names, order) = (names.clone(), order.clone());
+        move |i: usize| {
+            let (limiter, names, order) = (limiter.clone(), names.clone(), order.clone());
+            async move {
+                let key = &names[order[i & (SEQUENCE - 1)] as usize];
+                limiter.check(key).await.expect("redis check").is_allowed()
+            }
+        }
+    };
+    let mut group = c.benchmark_group("redis_cluster");
+    group.sample_size(20);
+    for in_flight in [1usize, 50] {
+        let id = |name: &str| BenchmarkId::new(name, format!("{in_flight}_in_flight"));
+        let (one, three) = (call(single.clone()), call(clustered.clone()));
+        group.bench_function(id("single_redis"), |b| {
+            b.iter_custom(|iters| runtime.block_on(run_in_flight(iters, in_flight, one.clone())))
+        });
+        group.bench_function(id("cluster_3_masters"), |b| {
+            b.iter_custom(|iters| runtime.block_on(run_in_flight(iters, in_flight, three.clone())))
+        });
+    }
+    group.finish();
+}
+
 /// Makes `iters` calls with `in_flight` of them outstanding at any time; returns the
 /// elapsed time (so the figure is the time per call at that concurrency).
 #[cfg(feature = "redis")]
@@ -693,12 +752,15 @@ fn redis_tier(_: &mut Criterion) {
     eprintln!("redis_tier skipped: run `cargo bench --all-features` to measure the Redis tier");
 }
 
+#[cfg(not(feature = "redis"))]
+fn redis_cluster(_: &mut Criterion) {}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, sync_check, http_layer
+    targets = keyed_10k, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer
 }
 
 fn main() {

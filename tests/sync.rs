@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::example_server;
+use common::{example_server, excess_over_rate};
 use tollgate::redis::LocalRedis;
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
 use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
@@ -127,19 +127,6 @@ fn per_window(admitted: &[u64], period: Duration, windows: u32) -> Vec<u64> {
         }
     }
     counts
-}
-
-/// The largest `count − rate·t` over any interval of admissions, i.e. the smallest `b`
-/// with "at most `b + rate·t` in any interval of length `t`".
-fn excess_over_rate(admitted: &[u64], rate_per_us: f64) -> f64 {
-    let mut worst = 0.0f64;
-    let mut min_before = f64::MAX;
-    for (k, &t) in admitted.iter().enumerate() {
-        let f = k as f64 - rate_per_us * t as f64;
-        min_before = min_before.min(f - 1.0);
-        worst = worst.max(f - min_before);
-    }
-    worst
 }
 
 async fn stop(nodes: Vec<(RateLimiter<String>, SyncHandle)>) {

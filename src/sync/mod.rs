@@ -90,6 +90,21 @@
 //! Each key's state is its own Redis hash, `prefix:sync:algorithm:{key}` (one Cluster
 //! slot per key), holding the global state and one record per node.
 //!
+//! # Redis Cluster
+//!
+//! With [`RedisSync::cluster`], a script call's keys must share a slot: a round sends
+//! each slot's keys in calls of their own (at most [`RedisSync::batch_size`] keys each),
+//! all at once over the cluster connection, and the heartbeat as one more call. Answers
+//! that arrive are applied even when another call of the round failed (a master in
+//! failover), so a key's books always match Redis; the round counts as failed, and the
+//! staleness (so the fallback) runs, until every call succeeds. Each key's state uses
+//! the clock of the master that holds it.
+//!
+//! Replication is asynchronous: a failover can lose the last writes of the dead master,
+//! the leases granted just before it died among them. Lease mode's bound then grows by
+//! one burst `B` (leases the new master does not know of), besides the fallback's
+//! `2·(B + N)` while the key's master is missing.
+//!
 //! # Clocks
 //!
 //! Global state uses Redis's `TIME` only, so a node whose clock is skewed or jumps cannot

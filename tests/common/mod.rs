@@ -27,3 +27,16 @@ pub fn example_server() -> std::path::PathBuf {
     assert!(path.exists(), "{} is not built", path.display());
     path
 }
+
+/// The largest `count − rate·t` over any interval of admissions, i.e. the smallest `b`
+/// with "at most `b + rate·t` in any interval of length `t`".
+pub fn excess_over_rate(admitted: &[u64], rate_per_us: f64) -> f64 {
+    let mut worst = 0.0f64;
+    let mut min_before = f64::MAX;
+    for (k, &t) in admitted.iter().enumerate() {
+        let f = k as f64 - rate_per_us * t as f64;
+        min_before = min_before.min(f - 1.0);
+        worst = worst.max(f - min_before);
+    }
+    worst
+}
