@@ -125,15 +125,35 @@ async fn passwords_and_acl_users_work_and_never_show() {
     }
 }
 
-/// A cluster whose nodes require a password: both tiers work through it.
+/// A cluster whose nodes require a password: both tiers work through it, with the
+/// default user's password and with an ACL user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_with_a_password_works() {
     let cluster =
         LocalCluster::start_with_password(3, 0, Duration::from_secs(2), PASSWORD).unwrap();
+    for port in cluster.ports() {
+        let acl = [
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            ">app-pw-77",
+            "~tollgate:*",
+            "~{tollgate}:*",
+            "+@all",
+        ];
+        assert_eq!(cluster.cli(port, &acl).unwrap().trim(), "OK");
+    }
+    for (user, password) in [("", PASSWORD), ("app", "app-pw-77")] {
+        one_cluster_user(&cluster, user, password).await;
+    }
+}
+
+async fn one_cluster_user(cluster: &LocalCluster, user: &str, password: &str) {
     let urls: Vec<String> = cluster
         .urls()
         .iter()
-        .map(|u| with_password(u, "", PASSWORD))
+        .map(|u| with_password(u, user, password))
         .collect();
     let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
     let quota = Quota::per_second(5).unwrap();
@@ -153,14 +173,14 @@ async fn a_cluster_with_a_password_works() {
     }
     wait_synced(&handle).await;
     assert_hidden(
-        PASSWORD,
+        password,
         &[format!("{limiter:?}"), format!("{:?}", handle.stats())],
     );
     assert_eq!(handle.stats().errors, 0, "{:?}", handle.stats());
     handle.shutdown().await;
 
     // A wrong password is refused, and does not show.
-    let bad = with_password(&cluster.urls()[0], "", "wrong-pw-31");
+    let bad = with_password(&cluster.urls()[0], user, "wrong-pw-31");
     let err = RedisLimiter::cluster_builder(&[&bad], quota)
         .timeout(Duration::from_millis(500))
         .build()
