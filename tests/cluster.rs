@@ -205,6 +205,7 @@ async fn sync_state_spreads_over_the_masters() {
     }
     let spread = keys_per_master(&cluster, "spread:sync:*");
     let total: usize = spread.iter().map(|(_, n)| n).sum();
+    eprintln!("sync state per master: {spread:?} of {total}");
     assert!(total >= 600, "{total} keys synced: {spread:?}");
     for (port, keys) in &spread {
         assert!(

@@ -17,6 +17,10 @@ fn server() -> LocalRedis {
 
 const INTERVAL: Duration = Duration::from_millis(50);
 
+/// The tests that time admissions run one at a time: two of them side by side on a
+/// 2-core machine delay each other's 1 ms ticks, and so their load.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn nodes(
     server: &LocalRedis,
     algorithm: Algorithm,
@@ -169,11 +173,12 @@ async fn admitted_in(
     offer_each(nodes, "k", per_node, length).await.iter().sum()
 }
 
-/// Reconcile, 4 nodes, 2× skewed overload (70/10/10/10): after its burst is spent, the
+/// Reconcile, 4 nodes, 2× skewed overload (70/10/10/10): 5 s after the start, the
 /// limit is admitted within ±3% over 10 s (and within ±10% in every second), and the
 /// documented bound holds at every instant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_tracks_the_global_limit() {
+    let _serial = SERIAL.lock().await;
     let server = server();
     let quota = Quota::per_second(1000).unwrap();
     let nodes = nodes(
@@ -184,8 +189,10 @@ async fn reconcile_tracks_the_global_limit() {
         "rec",
         4,
     );
-    // Spend the burst and let the demands settle.
-    offer(&nodes, quota, 2.0, Duration::from_secs(3)).await;
+    // Spend the burst and let the demands settle: 5 s, for after 3 s the first two
+    // seconds still ran 15–17% over the limit in 2 of 9 runs (the overdrafts of the
+    // burst's aftermath are still being repaid).
+    offer(&nodes, quota, 2.0, Duration::from_secs(5)).await;
     let admitted = offer(&nodes, quota, 2.0, Duration::from_secs(10)).await;
     let counts = per_window(&admitted, Duration::from_secs(1), 10);
     let total: u64 = counts.iter().sum();
@@ -210,6 +217,7 @@ async fn reconcile_tracks_the_global_limit() {
 /// per-window bound and admits most of the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_sliding_windows_stay_bounded() {
+    let _serial = SERIAL.lock().await;
     let server = server();
     let quota = Quota::per_second(1000).unwrap();
     let nodes = nodes(
@@ -234,6 +242,7 @@ async fn reconcile_sliding_windows_stay_bounded() {
 /// least 95% of the limit once the burst is spent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_never_exceed_the_global_limit() {
+    let _serial = SERIAL.lock().await;
     let server = server();
     for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindow] {
         let quota = Quota::new(1000, Duration::from_millis(1000)).unwrap();
@@ -281,6 +290,7 @@ async fn leases_never_exceed_the_global_limit() {
 /// admitted 60/s in reconcile mode), in both modes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_per_second_holds_across_three_nodes() {
+    let _serial = SERIAL.lock().await;
     let server = server();
     let quota = Quota::per_second(10).unwrap();
     for mode in [SyncMode::Reconcile, SyncMode::Lease] {
@@ -308,6 +318,7 @@ async fn ten_per_second_holds_across_three_nodes() {
 /// time after its first request, in lease mode (the old protocol admitted none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rarely_used_key_is_admitted_every_time() {
+    let _serial = SERIAL.lock().await;
     let server = server();
     let quota = Quota::per_second(100).unwrap();
     let nodes = nodes(
@@ -333,6 +344,7 @@ async fn a_rarely_used_key_is_admitted_every_time() {
 /// back to the limit ±10%, in both modes, and nothing was charged twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_is_recovered_from_within_two_seconds() {
+    let _serial = SERIAL.lock().await;
     let server = server();
     let quota = Quota::per_second(200).unwrap();
     for mode in [SyncMode::Reconcile, SyncMode::Lease] {
@@ -374,6 +386,7 @@ async fn a_paused_redis_is_recovered_from_within_two_seconds() {
 /// are back, and admissions are back to the limit ±10%.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_restart_is_recovered_from_within_two_seconds() {
+    let _serial = SERIAL.lock().await;
     let mut server = server();
     let quota = Quota::per_second(200).unwrap();
     let nodes = nodes(
@@ -425,6 +438,7 @@ async fn an_empty_restart_is_recovered_from_within_two_seconds() {
 /// `node_ttl + interval` (1 s + 1 interval by default at this interval).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_node_drops_out() {
+    let _serial = SERIAL.lock().await;
     let server = server();
     let quota = Quota::per_second(100).unwrap();
     let mut nodes = nodes(
@@ -454,6 +468,7 @@ async fn a_lost_node_drops_out() {
 /// `shutdown` reports everything admitted locally before it returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_flushes_pending_consumption() {
+    let _serial = SERIAL.lock().await;
     let server = server();
     let quota = Quota::per_minute(1000).unwrap();
     let (limiter, handle) = RateLimiter::<String>::builder(quota)
@@ -551,6 +566,7 @@ async fn misconfiguration_is_refused_with_a_clear_error() {
 /// within a few milliseconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_clock_offset_is_meaningful() {
+    let _serial = SERIAL.lock().await;
     let server = server();
     let (_limiter, handle) = RateLimiter::<String>::builder(Quota::per_second(10).unwrap())
         .build_synced(
@@ -615,6 +631,7 @@ fn the_example_server_reports_bad_and_unreachable_redis() {
 /// not reported yet (that would leave it uncharged): the new key is refused instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_never_drops_unreported_consumption() {
+    let _serial = SERIAL.lock().await;
     // Redis unreachable: after the staleness the local fallback hands out tokens, which
     // stay unreported.
     let (limiter, handle) = RateLimiter::<String>::builder(Quota::per_second(100).unwrap())
@@ -648,6 +665,7 @@ async fn eviction_never_drops_unreported_consumption() {
 /// saturated) never exceed the documented bound, `B + r·(t + 2I) + 2N`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_nodes_at_the_largest_and_smallest_quotas() {
+    let _serial = SERIAL.lock().await;
     let server = server();
     let fast = Quota::per_second(100_000).unwrap();
     let nodes16 = nodes(
@@ -697,6 +715,7 @@ async fn sixteen_nodes_at_the_largest_and_smallest_quotas() {
 /// staleness.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_fails_rounds_within_their_timeout() {
+    let _serial = SERIAL.lock().await;
     let server = server();
     let (limiter, handle) = RateLimiter::<String>::builder(Quota::per_second(100).unwrap())
         .build_synced(
