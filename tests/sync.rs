@@ -239,7 +239,7 @@ async fn reconcile_sliding_windows_stay_bounded() {
 }
 
 /// Lease, 4 nodes, saturating skewed load: never more than the documented bound, and at
-/// least 95% of the limit once the burst is spent.
+/// least 93% of the limit in every window once the burst is spent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_never_exceed_the_global_limit() {
     let _serial = SERIAL.lock().await;
@@ -257,9 +257,14 @@ async fn leases_never_exceed_the_global_limit() {
         let windows = 10;
         let admitted = drive(&server, &nodes, quota, 4.0, windows).await;
         let counts = per_window(&admitted, quota.period(), windows);
+        // At least 93% of the limit in every window. (The sliding window loses a round
+        // trip or two per window: a lease ends a round trip before its window does, and
+        // the renewal round runs half a round trip after the next one starts. On this
+        // machine, 2× slower on 2026-11-30 than when the floor was set at 95%, the
+        // windows measured 941–981, on the base commit as well.)
         for (w, &c) in counts.iter().enumerate().skip(1) {
             assert!(
-                c >= 950,
+                c >= 930,
                 "{algorithm:?}: window {w} admitted only {c}: {counts:?}"
             );
         }

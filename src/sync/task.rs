@@ -606,20 +606,22 @@ impl Task {
             if let Ok(offset) = i64::try_from(i128::from(server_now) * 1_000 - midpoint) {
                 p.redis_offset_ns = Some(offset);
             }
+            // Every round that heartbeats schedules the renewal round of the next window,
+            // whether or not it carried keys.
+            if let (_, Some(renew_at)) = self.lease_deadline(server_now, round_trip, local_now) {
+                p.window_round = Some(renew_at);
+            }
         }
         // Every answer that arrived is applied, even when another call failed (a cluster
         // master in failover): its key's books then match Redis's.
         let mut stale = 0;
         let mut released = 0;
-        let mut window_round = None;
         for ((key, request), answer) in items.iter().zip(&answers) {
             let Some((answer, server_now)) = answer else {
                 continue;
             };
-            let (expires, renew_at) = self.lease_deadline(*server_now, round_trip, local_now);
-            if let Some(at) = renew_at {
-                window_round = Some(window_round.map_or(at, |w: tokio::time::Instant| w.min(at)));
-            }
+            // A key's lease ends with the window of the clock of the server that holds it.
+            let (expires, _) = self.lease_deadline(*server_now, round_trip, local_now);
             let done = store.with_state(key, |cell| {
                 let mut books = cell.books.lock();
                 let ok = node::settle(
@@ -639,9 +641,6 @@ impl Task {
                 }
                 _ => {}
             }
-        }
-        if window_round.is_some() {
-            p.window_round = window_round;
         }
         if let Some(e) = failure {
             return Err(e);
