@@ -2,7 +2,10 @@
 //! with passwords kept out of every message.
 
 use std::fmt;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
@@ -164,6 +167,66 @@ impl Client {
             }
         }
         Ok(())
+    }
+}
+
+/// How often a failing cluster connection is rebuilt, at most.
+const REBUILD_EVERY: Duration = Duration::from_millis(500);
+
+/// A connection that heals itself. On one server the connection manager reconnects. On a
+/// cluster, a connection whose requests fail is rebuilt from the seeds (at most every
+/// 500 ms, in the background): redis-rs retries a dead master's address and learns the
+/// new slot map from a `MOVED`, which a client whose every request for those slots goes
+/// to the dead address may never get (a CI run saw a sync connection stay on it for
+/// 12 s after a failover that another connection had followed in 4 s). A fresh
+/// connection reads the slot map anew.
+pub(crate) struct Link {
+    client: Client,
+    timeout: Duration,
+    current: RwLock<Connection>,
+    /// When the last rebuild started, and whether one is under way.
+    rebuild: Mutex<(Option<Instant>, bool)>,
+}
+
+impl Link {
+    /// Connects, each step bounded by `timeout`.
+    pub(crate) async fn connect(client: Client, timeout: Duration) -> redis::RedisResult<Self> {
+        let current = client.connect(timeout).await?;
+        Ok(Self {
+            client,
+            timeout,
+            current: RwLock::new(current),
+            rebuild: Mutex::new((None, false)),
+        })
+    }
+
+    /// The connection to use now (a cheap clone).
+    pub(crate) fn get(&self) -> Connection {
+        self.current.read().clone()
+    }
+
+    /// A request failed for want of a server: on a cluster, rebuild the connection in
+    /// the background, unless that began less than 500 ms ago or is under way.
+    pub(crate) fn failed(self: &Arc<Self>) {
+        if matches!(self.client, Client::Single(_)) {
+            return;
+        }
+        {
+            let mut rebuild = self.rebuild.lock();
+            if rebuild.1 || rebuild.0.is_some_and(|at| at.elapsed() < REBUILD_EVERY) {
+                return;
+            }
+            *rebuild = (Some(Instant::now()), true);
+        }
+        let link = Arc::clone(self);
+        tokio::spawn(async move {
+            let within = link.timeout.max(Duration::from_secs(1));
+            let fresh = tokio::time::timeout(within, link.client.connect(link.timeout)).await;
+            if let Ok(Ok(fresh)) = fresh {
+                *link.current.write() = fresh;
+            }
+            link.rebuild.lock().1 = false;
+        });
     }
 }
 

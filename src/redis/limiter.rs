@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::RedisError;
-use super::connection::{Connection, Target};
+use super::connection::{Link, Target};
 use super::keys::{KeyHasher, write_key};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
@@ -204,13 +204,13 @@ impl RedisBuilder {
         let client = self.target.client(self.timeout)?;
         let script = redis::Script::new(source);
         let connect = async {
-            let mut connection = client.connect(self.timeout).await?;
+            let link = Link::connect(client, self.timeout).await?;
             // A cluster's nodes get the script on first use (`EVAL` after `NOSCRIPT`):
             // loading it on every node would make one unreachable replica fail the build.
             if !self.target.is_cluster() {
-                script.prepare_invoke().load_async(&mut connection).await?;
+                script.prepare_invoke().load_async(&mut link.get()).await?;
             }
-            Ok::<_, redis::RedisError>(connection)
+            Ok::<_, redis::RedisError>(Arc::new(link))
         };
         let connection = tokio::time::timeout(self.timeout, connect)
             .await
@@ -277,7 +277,7 @@ pub struct RedisLimiter {
 }
 
 struct Inner {
-    connection: Connection,
+    connection: Arc<Link>,
     script: redis::Script,
     source: &'static str,
     target: Target,
@@ -405,7 +405,7 @@ impl RedisLimiter {
             };
             cmd
         };
-        let mut connection = inner.connection.clone();
+        let mut connection = inner.connection.get();
         let run = async {
             match call(false).query_async::<Vec<i64>>(&mut connection).await {
                 // After a SCRIPT FLUSH, a restart or a failover (or a cluster node's first
@@ -418,8 +418,18 @@ impl RedisLimiter {
         };
         // One timer bounds the whole call, reconnection, retries and redirections included.
         let reply = match tokio::time::timeout(inner.timeout, run).await {
-            Ok(reply) => reply.map_err(|e| self.classify(e, &redis_key))?,
-            Err(_) => return Err(RedisError::Timeout(inner.timeout)),
+            Ok(Ok(reply)) => reply,
+            Ok(Err(e)) => {
+                let e = self.classify(e, &redis_key);
+                if matches!(e, RedisError::Unavailable(_)) {
+                    inner.connection.failed();
+                }
+                return Err(e);
+            }
+            Err(_) => {
+                inner.connection.failed();
+                return Err(RedisError::Timeout(inner.timeout));
+            }
         };
         decision_from(&reply)
     }

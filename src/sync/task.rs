@@ -21,7 +21,7 @@ use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::limiter::RateLimiter;
-use crate::redis::connection::Connection;
+use crate::redis::connection::{Connection, Link};
 use crate::redis::keys::write_key;
 use crate::redis::limiter::script_args;
 use crate::store::Store;
@@ -236,7 +236,7 @@ where
 
 /// The task's running state.
 struct Progress {
-    connection: Option<Connection>,
+    connection: Option<Arc<Link>>,
     seq: u64,
     nodes: u64,
     failures: u32,
@@ -331,8 +331,10 @@ struct Round {
 }
 
 impl Task {
-    async fn connect(&self) -> Result<Connection, redis::RedisError> {
-        self.settings.client.connect(self.config.timeout).await
+    async fn connect(&self) -> Result<Arc<Link>, redis::RedisError> {
+        Link::connect(self.settings.client.clone(), self.config.timeout)
+            .await
+            .map(Arc::new)
     }
 
     async fn run<K, C>(self: Arc<Self>, limiter: RateLimiter<K, C>)
@@ -422,10 +424,12 @@ impl Task {
                 break;
             }
         }
-        if let Some(c) = &mut p.connection {
+        if let Some(link) = &p.connection {
             let mut leave = redis::cmd("ZREM");
             leave.arg(&self.registry).arg(&self.node);
-            let _ = tokio::time::timeout(self.config.timeout, leave.query_async::<()>(c)).await;
+            let mut connection = link.get();
+            let query = leave.query_async::<()>(&mut connection);
+            let _ = tokio::time::timeout(self.config.timeout, query).await;
         }
     }
 
@@ -440,10 +444,10 @@ impl Task {
                 _ => return self.failed(p),
             }
         }
-        let Some(connection) = p.connection.clone() else {
+        let Some(link) = p.connection.clone() else {
             return;
         };
-        match self.round(store, connection, p, stopping).await {
+        match self.round(store, link.get(), p, stopping).await {
             Ok(round) => {
                 p.failures = 0;
                 if round.nodes != p.nodes {
@@ -466,7 +470,12 @@ impl Task {
                 stats.clock_offset = round.clock_offset;
                 stats.fallback_active = false;
             }
-            Err(_) => self.failed(p),
+            Err(_) => {
+                // On a cluster, a fresh connection is made in the background and replaces
+                // this one once it connects (see `Link`).
+                link.failed();
+                self.failed(p);
+            }
         }
     }
 
