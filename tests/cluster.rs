@@ -21,10 +21,6 @@ fn cluster() -> LocalCluster {
         .expect("these tests need redis-server and redis-cli (./scripts/test.sh installs them)")
 }
 
-fn seeds(cluster: &LocalCluster) -> Vec<String> {
-    cluster.urls()
-}
-
 fn refs(urls: &[String]) -> Vec<&str> {
     urls.iter().map(String::as_str).collect()
 }
@@ -106,7 +102,7 @@ fn synced(
     prefix: &str,
     count: usize,
 ) -> Vec<(RateLimiter<String>, SyncHandle)> {
-    let urls = seeds(cluster);
+    let urls = cluster.urls();
     (0..count)
         .map(|i| {
             // Each node knows a different seed.
@@ -239,7 +235,7 @@ async fn key_on(cluster: &LocalCluster, limiter: &RedisLimiter, port: u16) -> St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_is_recovered_from_without_a_restart() {
     let mut cluster = cluster();
-    let urls = seeds(&cluster);
+    let urls = cluster.urls();
     let timeout = Duration::from_millis(100);
     // A slow quota: its keys live for a minute, long enough to find one on the victim.
     let limiter = RedisLimiter::cluster_builder(&refs(&urls), "1/min".parse().unwrap())

@@ -265,31 +265,29 @@ impl redis::aio::ConnectionLike for Connection {
     }
 }
 
-/// The password in `url`'s user info, if any.
+/// A URL's scheme, its user info (before the `@` of the authority) and what follows that
+/// `@`; `None` without user info.
+fn split_user_info(url: &str) -> Option<(&str, &str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (user_info, _) = rest[..authority_end].rsplit_once('@')?;
+    Some((scheme, user_info, &rest[user_info.len() + 1..]))
+}
+
+/// The password in `url`'s user info, if any (`redis://password@host` has one too).
 fn password_of(url: &str) -> Option<&str> {
-    let (_, rest) = url.split_once("://")?;
-    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-    let (user_info, _) = authority.rsplit_once('@')?;
+    let (_, user_info, _) = split_user_info(url)?;
     Some(user_info.split_once(':').map_or(user_info, |(_, p)| p))
 }
 
 /// `url` with any password replaced by `***`.
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((user_info, host)) => {
-            let user = user_info.split_once(':').map_or(user_info, |(u, _)| u);
-            if user_info.contains(':') {
-                format!("{scheme}://{user}:***@{host}{path}")
-            } else {
-                // `redis://password@host` carries a password with no user.
-                format!("{scheme}://***@{host}{path}")
-            }
-        }
+    match split_user_info(url) {
+        Some((scheme, user_info, after)) => match user_info.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{after}"),
+            // `redis://password@host` carries a password with no user.
+            None => format!("{scheme}://***@{after}"),
+        },
         None => url.to_owned(),
     }
 }
