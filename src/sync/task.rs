@@ -732,36 +732,44 @@ impl Task {
         seq: u64,
     ) -> Result<Vec<Vec<u64>>, redis::RedisError> {
         let ttl_ms = millis(self.settings.node_ttl).max(1);
-        let mut pipe = redis::pipe();
-        for call in calls {
-            let registry = usize::from(call.registry);
-            let cmd = pipe
-                .cmd("EVALSHA")
-                .arg(self.script.get_hash())
-                .arg(call.items.len() + registry);
-            if call.registry {
-                cmd.arg(&self.registry);
+        // `EVALSHA`, or `EVAL` with the source, which also caches the script on the node.
+        let pipeline = |eval: bool| {
+            let mut pipe = redis::pipe();
+            for call in calls {
+                let registry = usize::from(call.registry);
+                let cmd = if eval {
+                    pipe.cmd("EVAL").arg(ROUND)
+                } else {
+                    pipe.cmd("EVALSHA").arg(self.script.get_hash())
+                };
+                cmd.arg(call.items.len() + registry);
+                if call.registry {
+                    cmd.arg(&self.registry);
+                }
+                for &i in &call.items {
+                    cmd.arg(&keys[i]);
+                }
+                cmd.arg(round_args(
+                    &self.params,
+                    &self.node,
+                    if call.registry { ttl_ms } else { 0 },
+                    seq,
+                    call.items.iter().map(|&i| &items[i].1),
+                ));
             }
-            for &i in &call.items {
-                cmd.arg(&keys[i]);
-            }
-            cmd.arg(round_args(
-                &self.params,
-                &self.node,
-                if call.registry { ttl_ms } else { 0 },
-                seq,
-                call.items.iter().map(|&i| &items[i].1),
-            ));
-        }
+            pipe
+        };
         let query = async {
-            match pipe.query_async::<Vec<Vec<u64>>>(&mut connection).await {
-                // Replaying the pipeline is safe: a call Redis applied answers `stale`.
+            match pipeline(false)
+                .query_async::<Vec<Vec<u64>>>(&mut connection)
+                .await
+            {
+                // After a restart or a failover the node lacks the script: `EVAL` goes to
+                // the node of these keys only, as the limiter's checks do (a `SCRIPT LOAD`
+                // goes to every node of a cluster, and fails while one is down). Replaying
+                // the pipeline is safe: a call Redis applied answers `stale`.
                 Err(e) if e.code() == Some("NOSCRIPT") => {
-                    self.script
-                        .prepare_invoke()
-                        .load_async(&mut connection)
-                        .await?;
-                    pipe.query_async(&mut connection).await
+                    pipeline(true).query_async(&mut connection).await
                 }
                 other => other,
             }
