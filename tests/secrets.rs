@@ -13,6 +13,19 @@ use tollgate::{ConfigError, Quota, RateLimiter};
 
 const PASSWORD: &str = "hunter2-Xq9";
 
+/// The ACL user `app` (password `app-pw-77`) with the keys both tiers write:
+/// `tollgate:…` and the sync's registry `{tollgate}:…`.
+const APP_USER: [&str; 8] = [
+    "ACL",
+    "SETUSER",
+    "app",
+    "on",
+    ">app-pw-77",
+    "~tollgate:*",
+    "~{tollgate}:*",
+    "+@all",
+];
+
 fn with_password(url: &str, user: &str, password: &str) -> String {
     url.replacen("redis://", &format!("redis://{user}:{password}@"), 1)
 }
@@ -64,17 +77,7 @@ async fn passwords_and_acl_users_work_and_never_show() {
             PASSWORD,
             "--no-auth-warning",
         ])
-        // The keys both tiers write: `tollgate:…` and the sync's registry `{tollgate}:…`.
-        .args([
-            "ACL",
-            "SETUSER",
-            "app",
-            "on",
-            ">app-pw-77",
-            "~tollgate:*",
-            "~{tollgate}:*",
-        ])
-        .args(["+@all"])
+        .args(APP_USER)
         .status()
         .unwrap();
     assert!(status.success());
@@ -132,17 +135,7 @@ async fn a_cluster_with_a_password_works() {
     let cluster =
         LocalCluster::start_with_password(3, 0, Duration::from_secs(2), PASSWORD).unwrap();
     for port in cluster.ports() {
-        let acl = [
-            "ACL",
-            "SETUSER",
-            "app",
-            "on",
-            ">app-pw-77",
-            "~tollgate:*",
-            "~{tollgate}:*",
-            "+@all",
-        ];
-        assert_eq!(cluster.cli(port, &acl).unwrap().trim(), "OK");
+        assert_eq!(cluster.cli(port, &APP_USER).unwrap().trim(), "OK");
     }
     for (user, password) in [("", PASSWORD), ("app", "app-pw-77")] {
         one_cluster_user(&cluster, user, password).await;
