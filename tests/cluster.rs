@@ -406,3 +406,77 @@ async fn lease_mode_over_admits_within_its_bound_across_a_failover() {
     }
     stop(nodes).await;
 }
+
+/// The edges on a cluster: 16 nodes at 100,000/s (reconcile, 2× load) hold the limit
+/// within ±3% over 5 s once the burst is spent; 16 nodes at 1/s (lease, saturated) never
+/// exceed the documented bound `B + r·(t + 2I) + 2N`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_nodes_at_the_largest_and_smallest_quotas() {
+    let cluster = cluster();
+    let key = ["k".to_owned()];
+    let fast = synced(
+        &cluster,
+        Quota::per_second(100_000).unwrap(),
+        SyncMode::Reconcile,
+        "edge-fast",
+        16,
+    );
+    offer(&fast, &key, 12_500.0, Duration::from_secs(3)).await;
+    let got = offer(&fast, &key, 12_500.0, Duration::from_secs(5)).await[0];
+    eprintln!("cluster, 16 nodes at 100,000/s: {got} in 5 s");
+    assert!(
+        (484_982..=515_018).contains(&got),
+        "{got} in 5 s at 100,000/s"
+    );
+    stop(fast).await;
+
+    let slow = synced(
+        &cluster,
+        Quota::per_second(1).unwrap(),
+        SyncMode::Lease,
+        "edge-slow",
+        16,
+    );
+    let total = offer(&slow, &key, 2.0, Duration::from_secs(12)).await[0];
+    eprintln!("cluster, 16 nodes at 1/s: {total} in 12 s");
+    // B + r·(t + 2I) + 2N = 1 + 12.1 + 32.
+    assert!(total <= 45, "{total} in 12 s at 1/s across 16 nodes");
+    assert!(total >= 9, "{total} in 12 s at 1/s");
+    stop(slow).await;
+}
+
+/// The key's master is paused (SIGSTOP) for 3 s: the nodes fall back meanwhile, and
+/// 2 s after it resumes the rate is back at the limit ±10%.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_master_is_recovered_from_within_two_seconds() {
+    let mut cluster = cluster();
+    let quota = Quota::per_second(200).unwrap();
+    let nodes = synced(&cluster, quota, SyncMode::Reconcile, "pause", 3);
+    let key = ["global".to_owned()];
+    offer(&nodes, &key, 150.0, Duration::from_secs(2)).await;
+    let master = cluster
+        .masters()
+        .unwrap()
+        .into_iter()
+        .find(|&port| {
+            cluster
+                .cli(port, &["EXISTS", "pause:sync:tb:{global}"])
+                .unwrap()
+                .trim()
+                == "1"
+        })
+        .expect("the key's master");
+    cluster.node(master).pause().unwrap();
+    offer(&nodes, &key, 150.0, Duration::from_secs(3)).await;
+    let during = nodes[0].1.stats();
+    cluster.node(master).resume().unwrap();
+    assert!(during.fallback_active, "{during:?}");
+    offer(&nodes, &key, 150.0, Duration::from_secs(2)).await;
+    let after = offer(&nodes, &key, 150.0, Duration::from_secs(2)).await[0];
+    eprintln!("cluster, after a 3 s pause of the key's master: {after} in 2 s");
+    assert!((360..=440).contains(&after), "{after} in the 2 s after");
+    for (_, handle) in &nodes {
+        assert!(!handle.stats().fallback_active, "{:?}", handle.stats());
+    }
+    stop(nodes).await;
+}
