@@ -3,7 +3,12 @@
 use std::time::Duration;
 
 /// What kind of answer a [`Decision`] is.
+///
+/// As wide as the other fields, so a `Decision` has no padding: copies of it (and of the
+/// `Result`s wrapping it) move whole words, and reading the verdict back never waits on
+/// a store of a different width (a store-forwarding stall).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
 enum Verdict {
     /// Admitted; `wait_ns` is the slot delay (leaky bucket), else 0.
     Allowed,

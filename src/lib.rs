@@ -3,9 +3,11 @@
 //! An embedded, in-memory, sharded rate limiter for servers that check every request from
 //! many threads at once.
 //!
-//! - Per-key state is one packed `AtomicU64` in a sharded map; a check on an existing key
-//!   is a hash, one probe under a shard read lock and one CAS, with no heap allocation.
-//!   A denied check writes nothing.
+//! - Per-key state is one packed `AtomicU64` beside its key in a sharded open-addressing
+//!   table; a check on an existing key is a hash, one probe and one CAS, with no lock
+//!   and no heap allocation, and writes no shared word but the key's state. A denied
+//!   check writes nothing. (The sliding log keeps a ring of timestamps per key, behind
+//!   a shard read lock.)
 //! - Time is integer nanoseconds from a monotonic clock ([`clock::MonotonicClock`], on
 //!   quanta); there is no floating point on the check path.
 //! - Every [`Decision`] says whether the request passed, the limit, what remains, when the
@@ -66,7 +68,8 @@
 //! Build the limiter with [`clock::ManualClock`] and move time by hand; nothing needs to
 //! sleep.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
 mod algorithm;
@@ -90,7 +93,7 @@ pub use algorithm::{
 };
 pub use decision::Decision;
 pub use error::{ConfigError, InsufficientCapacity};
-pub use limiter::{Builder, RateLimiter};
+pub use limiter::{Builder, Key, RateLimiter};
 pub use quota::Quota;
 pub use store::{StoreStats, WhenFull};
 #[cfg(feature = "tokio")]

@@ -5,7 +5,6 @@ use std::fmt;
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use crate::algorithm::{Algorithm, Plan, Policy, WordPolicy};
 use crate::clock::{Clock, MonotonicClock};
@@ -13,7 +12,17 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
 use crate::store::state::LogCell;
-use crate::store::{Limits, Store, StoreStats, WhenFull};
+use crate::store::{Limits, Store, StoreStats, WhenFull, WordStore};
+
+/// What a limiter's keys must be: hashable, comparable, and shareable between the
+/// threads that check them. Implemented for every such type (`String`, `u64`, `IpAddr`,
+/// tuples of them, …).
+///
+/// `Send + Sync + 'static` because a key can outlive the call that inserted it on another
+/// thread: a resized table is freed by whichever thread next advances crossbeam-epoch.
+pub trait Key: Hash + Eq + Send + Sync + 'static {}
+
+impl<T: Hash + Eq + Send + Sync + 'static> Key for T {}
 
 /// A keyed rate limiter: every key has its own quota state.
 ///
@@ -56,7 +65,7 @@ pub struct RateLimiter<K, C = MonotonicClock> {
 
 /// The store, typed by the state its algorithm keeps per key.
 enum Engine<K> {
-    Word(Store<K, AtomicU64>),
+    Word(WordStore<K>),
     Log(Store<K, LogCell>),
     /// A limiter whose keys hold allowances granted by a background sync.
     #[cfg(feature = "redis")]
@@ -100,7 +109,7 @@ impl<K, C> Clone for RateLimiter<K, C> {
     }
 }
 
-impl<K: Hash + Eq, C> fmt::Debug for RateLimiter<K, C> {
+impl<K: Key, C> fmt::Debug for RateLimiter<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
             .field("quota", &self.quota())
@@ -110,11 +119,11 @@ impl<K: Hash + Eq, C> fmt::Debug for RateLimiter<K, C> {
     }
 }
 
-impl<K: Hash + Eq> RateLimiter<K> {
+impl<K: Key> RateLimiter<K> {
     /// A token-bucket limiter with the default clock, shard count and no key cap.
     pub fn new(quota: Quota) -> Self {
         let builder: Builder<K> = Builder::new(quota);
-        let engine = Engine::Word(Store::new(
+        let engine = Engine::Word(WordStore::new(
             builder.limits(default_shards()),
             WordPolicy::token_bucket(quota),
         ));
@@ -127,7 +136,7 @@ impl<K: Hash + Eq> RateLimiter<K> {
     }
 }
 
-impl<K: Hash + Eq, C> RateLimiter<K, C> {
+impl<K: Key, C> RateLimiter<K, C> {
     /// How many keys hold state.
     pub fn len(&self) -> usize {
         on_store!(&self.inner.engine, s => s.len())
@@ -185,23 +194,40 @@ impl<K: Hash + Eq, C> RateLimiter<K, C> {
     }
 }
 
-impl<K: Hash + Eq, C: Clock> RateLimiter<K, C> {
+impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// Checks one request for `key` and consumes one unit if it is admitted.
     ///
     /// # Locking behaviour
-    /// Takes the read lock of the key's shard; a key seen for the first time takes that
-    /// shard's write lock to insert it. The sliding log also takes the key's own mutex.
-    /// Never holds more than one shard lock.
-    #[inline]
+    /// The token bucket, leaky bucket and window counters take no lock for a key they
+    /// hold (a key seen for the first time takes its shard's writer mutex to insert it).
+    /// The sliding log and synced limiters take the read lock of the key's shard (its
+    /// write lock for a new key); the sliding log also takes the key's own mutex. Never
+    /// holds more than one shard lock.
+    #[inline(always)]
     pub fn check<Q>(&self, key: &Q) -> Decision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.inner.clock.now_ns();
-        let decided = on_store!(&self.inner.engine, s => s.check(key, now, 1, u64::MAX));
-        // Every quota admits at least one unit at once, so a cost of 1 always fits.
-        decided.unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+        match &self.inner.engine {
+            // Inlined into the caller, so the decision's fields stay in registers.
+            Engine::Word(store) => {
+                let clock = &self.inner.clock;
+                unit(store.check(key, || clock.now_ns(), 1, u64::MAX))
+            }
+            _ => self.check_cell(key),
+        }
+    }
+
+    /// [`check`](Self::check) for the engines whose keys keep a cell of state.
+    #[inline(never)]
+    fn check_cell<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let clock = &self.inner.clock;
+        unit(on_store!(&self.inner.engine, s => s.check(key, || clock.now_ns(), 1, u64::MAX)))
     }
 
     /// Checks a request of cost `n` for `key`: all `n` units are admitted together, or
@@ -234,8 +260,8 @@ impl<K: Hash + Eq, C: Clock> RateLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.inner.clock.now_ns();
-        on_store!(&self.inner.engine, s => s.check(key, now, n, max_delay))
+        let clock = &self.inner.clock;
+        on_store!(&self.inner.engine, s => s.check(key, || clock.now_ns(), n, max_delay))
     }
 
     /// The decision a unit request for `key` would get now, without consuming anything
@@ -420,7 +446,7 @@ impl<K, C> fmt::Debug for Builder<K, C> {
     }
 }
 
-impl<K: Hash + Eq, C: Clock> Builder<K, C> {
+impl<K: Key, C: Clock> Builder<K, C> {
     /// The algorithm to run; [`Algorithm::TokenBucket`] by default.
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
@@ -496,7 +522,7 @@ impl<K: Hash + Eq, C: Clock> Builder<K, C> {
         }
         let limits = self.limits(shards);
         let engine = match Plan::new(self.algorithm, self.quota)? {
-            Plan::Word(policy) => Engine::Word(Store::new(limits, policy)),
+            Plan::Word(policy) => Engine::Word(WordStore::new(limits, policy)),
             Plan::Log(policy) => Engine::Log(Store::new(limits, policy)),
         };
         Ok(self.assemble(engine))
@@ -553,6 +579,13 @@ impl<K: Hash + Eq, C: Clock> Builder<K, C> {
             }),
         }
     }
+}
+
+/// The decision of a unit request: every quota admits at least one unit at once, so a
+/// cost of 1 always fits.
+#[inline(always)]
+fn unit(decided: Result<Decision, InsufficientCapacity>) -> Decision {
+    decided.unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
 }
 
 /// Four shards per CPU, rounded up to a power of two.

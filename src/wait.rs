@@ -124,7 +124,7 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-impl<K: Hash + Eq, C: Clock> RateLimiter<K, C> {
+impl<K: crate::Key, C: Clock> RateLimiter<K, C> {
     /// Waits until one request for `key` can be admitted, then admits it. For the leaky
     /// bucket, also waits for the request's slot.
     pub async fn until_ready<Q>(&self, key: &Q) -> Decision

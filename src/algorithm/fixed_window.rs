@@ -43,8 +43,10 @@ impl FixedWindow {
         self.limit
     }
 
+    /// The window tag's bits: all above the count but the top one, so that a state word
+    /// stays below the values the store reserves (`STATE_MAX`).
     fn tag_mask(&self) -> u64 {
-        u64::MAX >> self.count_bits
+        u64::MAX >> (self.count_bits + 1)
     }
 
     pub(crate) fn pack(&self, window: u64, count: u64) -> u64 {
@@ -81,7 +83,7 @@ impl FixedWindow {
         self.pack(now / self.period, count)
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn evaluate(&self, word: u64, now: u64, cost: u64) -> Outcome {
         let (window, elapsed, lead, count) = self.view(word, now);
         let to_end = clamp_ns(u128::from(self.period - elapsed) + u128::from(lead));

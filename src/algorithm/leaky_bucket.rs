@@ -30,7 +30,7 @@ impl LeakyBucket {
         Self(Gcra::new(quota))
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn evaluate(&self, empty_at: u64, now: u64, cost: u64) -> Outcome {
         match self.0.evaluate(empty_at, now, cost) {
             Outcome::Allow { decision, state } => Outcome::Allow {

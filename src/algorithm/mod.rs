@@ -195,7 +195,7 @@ impl WordPolicy {
     }
 
     /// Decides a request of `cost` (at most [`Policy::capacity`]) at `now`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn evaluate(&self, state: u64, now: u64, cost: u64) -> Outcome {
         match &self.kind {
             WordKind::TokenBucket(g) => g.evaluate(state, now, cost),
@@ -321,6 +321,12 @@ impl Divisor {
 
     pub(crate) fn get(&self) -> u64 {
         self.0.get()
+    }
+
+    /// `⌊n / divisor⌋`.
+    #[inline(always)]
+    pub(crate) fn div(&self, n: u64) -> u64 {
+        n / self.0
     }
 
     /// `⌈n / divisor⌉` for a 128-bit `n`, fast while `n` fits 64 bits.

@@ -72,7 +72,9 @@ impl SlidingWindow {
             limit,
             period: quota.period_ns(),
             count_bits,
-            tag_mask: u64::MAX >> (2 * count_bits),
+            // The top bit stays clear, so that a state word stays below the values the
+            // store reserves (`STATE_MAX`).
+            tag_mask: u64::MAX >> (2 * count_bits + 1),
             per_window: Divisor::new(quota.period_ns()),
         })
     }
@@ -158,7 +160,7 @@ impl SlidingWindow {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn evaluate(&self, word: u64, now: u64, cost: u64) -> Outcome {
         let v = self.view(word, now);
         // The previous window's weight, `prev·(period − elapsed)`, in units of ns·request.

@@ -14,7 +14,7 @@
 //! **Bound.** In any interval of length `t`, at most `burst + ⌊t / T⌋` unit requests are
 //! admitted (`≈ burst + t·limit/period`; equal when `limit` divides the period in ns).
 
-use super::{Outcome, clamp_ns};
+use super::{Divisor, Outcome, clamp_ns};
 use crate::decision::Decision;
 use crate::quota::Quota;
 
@@ -27,6 +27,8 @@ pub(crate) struct Gcra {
     tau: u64,
     /// Capacity.
     burst: u64,
+    /// `T` as a multiply-and-shift divisor: `remaining` divides by `T` on every check.
+    per_t: Divisor,
 }
 
 impl Gcra {
@@ -37,6 +39,7 @@ impl Gcra {
             t,
             tau: t * (quota.burst() - 1),
             burst: quota.burst(),
+            per_t: Divisor::new(t),
         }
     }
 
@@ -61,10 +64,11 @@ impl Gcra {
 
     /// Unit requests admissible at `now` when the bucket's TAT is `tat`.
     fn remaining(&self, tat: u64, now: u64) -> u64 {
-        (self.tau + self.t).saturating_sub(tat.saturating_sub(now)) / self.t
+        self.per_t
+            .div((self.tau + self.t).saturating_sub(tat.saturating_sub(now)))
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn evaluate(&self, tat: u64, now: u64, cost: u64) -> Outcome {
         if cost == 0 {
             let decision = Decision::allow(

@@ -13,8 +13,127 @@
 //! 64-bit hash, so a wrong hit needs a 128-bit collision.
 
 use std::cell::RefCell;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::decision::Decision;
+
+/// Hands out store identities for the deny cache (0 means "no store").
+static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One store's side of the cache: its identity, its generation and the hash that
+/// confirms hits.
+pub(crate) struct Denies {
+    id: u64,
+    /// Bumped by everything that can admit a cached-denied key early.
+    generation: AtomicU64,
+    /// Whether any deny was ever cached (until then the cache is not consulted).
+    live: AtomicBool,
+    /// An independent hash confirming hits.
+    checker: ahash::RandomState,
+}
+
+impl Denies {
+    pub(crate) fn new() -> Self {
+        Self {
+            id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
+            generation: AtomicU64::new(0),
+            live: AtomicBool::new(false),
+            checker: ahash::RandomState::new(),
+        }
+    }
+
+    /// Invalidates every cached deny of this store.
+    pub(crate) fn invalidate(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Whether a request of `cost` with `max_delay`, for a state whose denies are
+    /// `stable`, may use the cache: only unit requests with no delay bound.
+    #[inline(always)]
+    pub(crate) fn applies(stable: bool, cost: u64, max_delay: u64) -> bool {
+        stable && cost == 1 && max_delay == u64::MAX
+    }
+
+    /// The generation to pass to [`lookup`](Self::lookup) and
+    /// [`remember`](Self::remember): read before deciding, so that a reset racing with
+    /// the check invalidates the deny it may cache.
+    #[inline(always)]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// This thread's cached deny for the key, if it is still live at `now`.
+    #[inline(always)]
+    pub(crate) fn lookup<Q: Hash + ?Sized>(
+        &self,
+        generation: u64,
+        hash: u64,
+        key: &Q,
+        now: u64,
+    ) -> Option<Decision> {
+        if !self.live.load(Ordering::Relaxed) {
+            return None;
+        }
+        lookup(
+            self.id,
+            generation,
+            hash,
+            || self.checker.hash_one(key),
+            now,
+        )
+    }
+
+    /// Caches `decision` if it is a quota deny.
+    #[inline(always)]
+    pub(crate) fn remember<Q: Hash + ?Sized>(
+        &self,
+        generation: u64,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        decision: &Decision,
+    ) {
+        if !decision.is_allowed() && !decision.is_capacity_deny() {
+            self.insert(generation, hash, self.checker.hash_one(key), now, decision);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn insert(&self, generation: u64, hash: u64, check: u64, now: u64, decision: &Decision) {
+        insert(self.id, generation, hash, check, now, decision);
+        if !self.live.load(Ordering::Relaxed) {
+            self.live.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Answers a unit request from this thread's cache if it holds a live deny for the
+    /// key; otherwise runs `decide` and caches the deny it returns.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn check<Q: Hash + ?Sized, E>(
+        &self,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        max_delay: u64,
+        stable: bool,
+        decide: impl FnOnce() -> Result<Decision, E>,
+    ) -> Result<Decision, E> {
+        if !Self::applies(stable, cost, max_delay) {
+            return decide();
+        }
+        let generation = self.generation();
+        if let Some(d) = self.lookup(generation, hash, key, now) {
+            return Ok(d);
+        }
+        let decision = decide()?;
+        self.remember(generation, hash, key, now, &decision);
+        Ok(decision)
+    }
+}
 
 /// Entries per thread (a power of two); 64 × 56 bytes.
 const WAYS: usize = 64;
@@ -51,7 +170,7 @@ fn way(hash: u64) -> usize {
 /// A deny cached for this key of `store` at `generation` whose retry instant is still
 /// after `now`; `check` computes the key's second hash, only on a hit.
 #[inline]
-pub(crate) fn lookup(
+fn lookup(
     store: u64,
     generation: u64,
     hash: u64,
@@ -77,14 +196,7 @@ pub(crate) fn lookup(
 }
 
 /// Remembers that a unit request for this key was denied at `now` with `decision`.
-pub(crate) fn insert(
-    store: u64,
-    generation: u64,
-    hash: u64,
-    check: u64,
-    now: u64,
-    decision: &Decision,
-) {
+fn insert(store: u64, generation: u64, hash: u64, check: u64, now: u64, decision: &Decision) {
     let Some(retry) = decision.retry_after() else {
         return;
     };

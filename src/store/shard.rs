@@ -12,43 +12,15 @@ use std::hash::Hash;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as Occupancy;
 
-use super::WhenFull;
 use super::state::State;
 use super::table::{Entry, Table};
+use super::{FILTER_WORDS, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, WhenFull, filter_bit};
 use crate::algorithm::Policy;
-
-/// How many entries the eviction hand visits per inserted key, dropping the untouched
-/// ones: enough to keep pace with inserts, small enough to be O(1) per insert.
-const SWEEP_PER_INSERT: usize = 2;
-/// How far the hand looks for an untouched key when the store is full.
-const SCAN_WHEN_FULL: usize = 32;
-/// How many random keys the sampled eviction compares.
-const SAMPLES: usize = 8;
-
-/// Words of the override filter: 1,024 bits.
-const FILTER_WORDS: usize = 16;
-
-/// The filter bit of a hash: bits 40‥50, which neither the shard, the tag nor the home
-/// slot use.
-fn filter_bit(hash: u64) -> (usize, u64) {
-    let bit = (hash >> 40) as usize % (FILTER_WORDS * 64);
-    (bit / 64, 1 << (bit % 64))
-}
 
 /// A key with its own policy.
 struct Override<K, P> {
     key: K,
     policy: P,
-}
-
-/// How room was made for a new key in a full store.
-pub(crate) enum Room {
-    /// An untouched key was dropped: no decision changes.
-    Untouched,
-    /// A key with live state was dropped (sampled least-active eviction).
-    Active,
-    /// Nothing was dropped; the soonest key seen will be untouched after this many ns.
-    None { retry_after_ns: u64 },
 }
 
 /// The keys of one shard, under one lock.
@@ -139,11 +111,6 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         self.table
             .remove(hash, |k| k.borrow() == key, rehash)
             .is_some()
-    }
-
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.table.len()
     }
 
     /// The policy of the entry at `at`.

@@ -1,14 +1,12 @@
 //! Per-key state: what a store keeps for each key, and how it applies a policy.
 //!
-//! The word algorithms keep one [`AtomicU64`], changed by a CAS loop that writes only when
-//! a request is admitted. The sliding log keeps its ring of timestamps behind a per-key
-//! mutex.
-
-use std::sync::atomic::{AtomicU64, Ordering};
+//! The word algorithms keep one state word in the lock-free table of
+//! [`WordStore`](super::WordStore) and need no `State`. The sliding log keeps its ring of
+//! timestamps behind a per-key mutex; a synced key keeps its lease and books.
 
 use parking_lot::Mutex;
 
-use crate::algorithm::{Log, LogPolicy, Outcome, Policy, UNTOUCHED, WordPolicy};
+use crate::algorithm::{Log, LogPolicy, Policy};
 use crate::decision::Decision;
 
 /// The state a store keeps for one key, for the policy type `Policy`.
@@ -50,68 +48,6 @@ pub(crate) trait State: Send + Sync + Sized + 'static {
     /// yet reported is not: dropping it would leave that consumption uncharged.
     fn evictable(&self) -> bool {
         true
-    }
-}
-
-impl State for AtomicU64 {
-    type Policy = WordPolicy;
-
-    fn fresh(_: &WordPolicy) -> Self {
-        AtomicU64::new(UNTOUCHED)
-    }
-
-    /// A CAS loop: a deny returns without writing; an admission writes only if the state
-    /// changes.
-    #[inline]
-    fn check(&self, policy: &WordPolicy, now: u64, cost: u64, max_delay: u64) -> Decision {
-        let mut state = self.load(Ordering::Acquire);
-        loop {
-            match policy.evaluate(state, now, cost) {
-                Outcome::Deny(decision) => return decision,
-                Outcome::Allow { decision, .. } if decision.delay_ns() > max_delay => {
-                    return Decision::deny(
-                        decision.limit(),
-                        decision.remaining(),
-                        decision.reset_after_ns(),
-                        decision.delay_ns() - max_delay,
-                    );
-                }
-                Outcome::Allow {
-                    decision,
-                    state: next,
-                } => {
-                    if next == state {
-                        return decision;
-                    }
-                    match self.compare_exchange_weak(
-                        state,
-                        next,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        Ok(_) => return decision,
-                        Err(actual) => state = actual,
-                    }
-                }
-            }
-        }
-    }
-
-    fn peek(&self, policy: &WordPolicy, now: u64, cost: u64) -> Decision {
-        policy.peek(self.load(Ordering::Acquire), now, cost)
-    }
-
-    fn peek_vacant(policy: &WordPolicy, now: u64, cost: u64) -> Decision {
-        policy.peek(UNTOUCHED, now, cost)
-    }
-
-    fn reset_after_ns(&self, policy: &WordPolicy, now: u64) -> u64 {
-        policy.reset_after_ns(self.load(Ordering::Acquire), now)
-    }
-
-    fn convert(&self, now: u64, from: &WordPolicy, to: &WordPolicy) {
-        let state = self.load(Ordering::Acquire);
-        self.store(to.convert(state, now, from), Ordering::Release);
     }
 }
 

@@ -1,0 +1,812 @@
+//! The one module of tollgate with `unsafe` code: an open-addressing table of
+//! `{state word, key}` slots whose readers take no lock and write no shared word, kept
+//! alive by crossbeam-epoch and resized by freezing slots.
+//!
+//! ```text
+//! EpochTable ── current ──► Table { meta, slots: [ Slot { word: AtomicU64, key: K } … ] }
+//!               writer: Mutex<W>          │ linear probing from the hash's home slot
+//!                                         ▼
+//!                   word: EMPTY │ live state (≤ STATE_MAX) │ REMOVED │ FROZEN
+//! ```
+//!
+//! A check loads the current table, probes for its key and changes the key's state word
+//! by CAS. For `u64` keys a slot is 16 bytes, so the key and its state share one cache
+//! line. Everything else — inserting, removing, resizing, changing the table's `meta` —
+//! happens under the writer mutex.
+//!
+//! # The invariant
+//!
+//! A slot's `word` moves only along
+//!
+//! ```text
+//! EMPTY ──insert──► live ──CAS──► live …
+//!                    │ ├──remove──► REMOVED
+//!                    │ └──freeze──► FROZEN        (never back, within one table)
+//! ```
+//!
+//! and its key bytes are:
+//! - **unwritten** while the word is `EMPTY`; only the writer, holding the mutex, writes
+//!   them, and only into an `EMPTY` slot of the current table, before storing the word
+//!   with `Release`;
+//! - **owned by the table** while the word is live or `REMOVED` (the table drops them when
+//!   it is destroyed);
+//! - **owned by the next table** once `FROZEN`: the migration that froze the slot moved
+//!   the key there bit for bit. The bytes stay readable, because that next table keeps
+//!   the value alive and is destroyed only after this one.
+//!
+//! Readers read key bytes only after an `Acquire` load of a word other than `EMPTY`, so
+//! they never race with the write; nothing writes key bytes after that. A table is
+//! destroyed only through crossbeam-epoch (`defer_destroy`, after every thread pinned when
+//! it was unlinked has unpinned) or when the `EpochTable` itself is dropped, so no reader
+//! holding a guard ever sees freed memory.
+//!
+//! # Resizing without losing an update
+//!
+//! A migration freezes each live slot with a CAS (`state → FROZEN`) and copies the state
+//! it replaced. A check whose CAS raced with the freeze fails and sees `FROZEN`, so no
+//! check can update a copy that has already been taken: every admission lands either
+//! before the freeze (and is in the copy) or in the new table. A check that meets `FROZEN`
+//! waits for the writer mutex, after which the new table is published, and starts again.
+//!
+//! The loom models at the bottom of this file check these steps; `tests/stress.rs` checks
+//! every decision against a reference model while tiny tables resize, also under
+//! valgrind.
+
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+
+use crossbeam_epoch::{Atomic, Guard, Owned};
+
+use sync::{AtomicU8, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, UnsafeCell};
+
+/// The std and parking_lot primitives, or loom's under `--cfg crossbeam_loom`.
+#[cfg(not(crossbeam_loom))]
+mod sync {
+    pub(super) use parking_lot::{Mutex, MutexGuard};
+    pub(super) use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+
+    /// `std::cell::UnsafeCell` with loom's closure API, so one code path serves both.
+    pub(super) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        pub(super) fn new(value: T) -> Self {
+            Self(std::cell::UnsafeCell::new(value))
+        }
+
+        #[inline]
+        pub(super) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+            f(self.0.get())
+        }
+
+        #[inline]
+        pub(super) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+    }
+
+    pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+        mutex.lock()
+    }
+}
+
+/// The std and parking_lot primitives, or loom's under `--cfg crossbeam_loom`.
+#[cfg(crossbeam_loom)]
+mod sync {
+    pub(super) use loom::cell::UnsafeCell;
+    pub(super) use loom::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+    pub(super) use loom::sync::{Mutex, MutexGuard};
+
+    pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+        mutex.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The largest state a slot holds. Larger values are clamped to it; the word
+/// algorithms never produce one, except the token bucket's TAT saturating at the end of
+/// `u64` time, 3 ns later.
+pub(crate) const STATE_MAX: u64 = u64::MAX - 3;
+const FROZEN: u64 = u64::MAX - 2;
+const REMOVED: u64 = u64::MAX - 1;
+const EMPTY: u64 = u64::MAX;
+
+/// A table is resized before `used / capacity` passes `MAX_LOAD_NUM / MAX_LOAD_DEN`.
+const MAX_LOAD_NUM: usize = 7;
+const MAX_LOAD_DEN: usize = 8;
+/// The home slot is the low 32 bits of the hash scaled to the capacity, so a table has at
+/// most 2³² slots.
+const MAX_CAPACITY: usize = u32::MAX as usize;
+
+/// What a slot's word says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Word {
+    /// The key's state.
+    Live(u64),
+    /// The key was removed: look it up again.
+    Removed,
+    /// The key is being moved to a new table: wait for the writer, then look again.
+    Frozen,
+}
+
+impl Word {
+    #[inline]
+    fn from_raw(raw: u64) -> Self {
+        match raw {
+            FROZEN => Self::Frozen,
+            REMOVED | EMPTY => Self::Removed,
+            state => Self::Live(state),
+        }
+    }
+}
+
+/// One key and its state word.
+pub(crate) struct Slot<K> {
+    word: AtomicU64,
+    key: UnsafeCell<MaybeUninit<K>>,
+}
+
+// SAFETY: a `Slot` shared between threads hands out `&K` to all of them (so `K: Sync`)
+// and a migration or a table's destruction may move or drop the key on any thread (so
+// `K: Send`). Its key bytes are written only under the module invariant (by the writer,
+// into an `EMPTY` slot, before a `Release` store), so shared access never races a write.
+unsafe impl<K: Send + Sync> Sync for Slot<K> {}
+
+impl<K> Slot<K> {
+    fn empty() -> Self {
+        Self {
+            word: AtomicU64::new(EMPTY),
+            key: UnsafeCell::new(MaybeUninit::uninit()),
+        }
+    }
+
+    /// The slot's word.
+    #[inline]
+    pub(crate) fn load(&self) -> Word {
+        Word::from_raw(self.word.load(Ordering::Acquire))
+    }
+
+    /// Replaces the live state `current` with `next` (clamped to [`STATE_MAX`]); on
+    /// failure, returns what the word holds instead.
+    #[inline]
+    pub(crate) fn update(&self, current: u64, next: u64) -> Result<(), Word> {
+        self.word
+            .compare_exchange_weak(
+                current,
+                next.min(STATE_MAX),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map(|_| ())
+            .map_err(Word::from_raw)
+    }
+
+    /// Runs `f` on the slot's key; `None` if the slot never held one.
+    #[inline]
+    pub(crate) fn with_key<R>(&self, f: impl FnOnce(&K) -> R) -> Option<R> {
+        if self.word.load(Ordering::Acquire) == EMPTY {
+            return None;
+        }
+        // SAFETY: the word was not EMPTY when loaded with Acquire, so the key bytes were
+        // written before it (and are never written again); they are alive because the
+        // table owning them is destroyed only after every reference into this table is
+        // gone (the caller reached `self` through a guard or through `&mut`).
+        Some(self.key.with(|key| f(unsafe { (*key).assume_init_ref() })))
+    }
+
+    /// Marks a live slot removed and returns the state it had. The key stays in place
+    /// (readers may be comparing it) until the table is destroyed.
+    fn remove(&self) -> Option<u64> {
+        let mut raw = self.word.load(Ordering::Acquire);
+        loop {
+            if raw > STATE_MAX {
+                return None;
+            }
+            match self
+                .word
+                .compare_exchange_weak(raw, REMOVED, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(raw),
+                Err(actual) => raw = actual,
+            }
+        }
+    }
+
+    /// Freezes a live slot and returns the state it had; `None` if it was not live.
+    fn freeze(&self) -> Option<u64> {
+        let mut raw = self.word.load(Ordering::Acquire);
+        loop {
+            if raw > STATE_MAX {
+                return None;
+            }
+            match self
+                .word
+                .compare_exchange_weak(raw, FROZEN, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(raw),
+                Err(actual) => raw = actual,
+            }
+        }
+    }
+}
+
+/// The home slot of a hash: its low 32 bits scaled to the capacity (so the capacity need
+/// not be a power of two, and the hash's top bits stay free to pick a shard).
+#[inline]
+fn home(hash: u64, capacity: usize) -> usize {
+    (((hash & 0xffff_ffff) * capacity as u64) >> 32) as usize
+}
+
+/// The tag of a hash: its bits 32‥40, which neither the home slot, the shard nor the
+/// override filter use.
+#[inline]
+fn tag(hash: u64) -> u8 {
+    (hash >> 32) as u8
+}
+
+/// Whether `used` slots fit a table of `capacity` within the load limit.
+fn fits(used: usize, capacity: usize) -> bool {
+    used * MAX_LOAD_DEN <= capacity * MAX_LOAD_NUM
+}
+
+/// Slots of one fixed capacity, with the `meta` checks read alongside them.
+pub(crate) struct Table<K, M> {
+    slots: Box<[Slot<K>]>,
+    /// For keys whose comparison reads the heap (`String`, `Arc<str>`: types that need
+    /// drop), a tag of each slot's hash, so that a probe reads a key only when its tag
+    /// matches (1 in 256 false candidates). Empty for the others (`u64`, `IpAddr`), whose
+    /// comparison costs no more than the tag's. Written before the slot's word.
+    tags: Box<[AtomicU8]>,
+    /// Slots that are not `EMPTY`; changed only by the writer.
+    used: AtomicUsize,
+    /// Read by checks with the slots; replaced only by publishing a new table.
+    pub(crate) meta: M,
+}
+
+impl<K, M> Table<K, M> {
+    /// Whether this key type keeps tags.
+    const TAGGED: bool = std::mem::needs_drop::<K>();
+
+    fn new(capacity: usize, meta: M) -> Self {
+        let tags = if Self::TAGGED { capacity } else { 0 };
+        Self {
+            slots: (0..capacity).map(|_| Slot::empty()).collect(),
+            tags: (0..tags).map(|_| AtomicU8::new(0)).collect(),
+            used: AtomicUsize::new(0),
+            meta,
+        }
+    }
+
+    /// The number of slots.
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The slot at `index` (`< capacity`), for the eviction hand and sampling.
+    pub(crate) fn slot(&self, index: usize) -> &Slot<K> {
+        &self.slots[index]
+    }
+
+    /// The slot whose key matches `eq`, with its word; `None` when absent. Skips removed
+    /// slots; stops at the first empty one.
+    #[inline]
+    pub(crate) fn find(
+        &self,
+        hash: u64,
+        mut eq: impl FnMut(&K) -> bool,
+    ) -> Option<(&Slot<K>, Word)> {
+        let capacity = self.slots.len();
+        let mut index = home(hash, capacity);
+        let tag = tag(hash);
+        loop {
+            let slot = &self.slots[index];
+            let raw = slot.word.load(Ordering::Acquire);
+            if raw == EMPTY {
+                return None;
+            }
+            if raw != REMOVED && (!Self::TAGGED || self.tags[index].load(Ordering::Relaxed) == tag)
+            {
+                // SAFETY: as in `Slot::with_key`: the word was not EMPTY when loaded with
+                // Acquire, so the key was written before and is alive while `&self` is.
+                let equal = slot.key.with(|key| eq(unsafe { (*key).assume_init_ref() }));
+                if equal {
+                    return Some((slot, Word::from_raw(raw)));
+                }
+            }
+            index += 1;
+            if index == capacity {
+                index = 0;
+            }
+        }
+    }
+
+    /// Writes `key` with `state` into the first empty slot from `hash`'s home.
+    ///
+    /// # Safety
+    /// The caller has exclusive write access to the table's empty slots: it holds the
+    /// writer mutex and the table is current, or the table is not yet published. The
+    /// table has an empty slot.
+    unsafe fn place(&self, hash: u64, key: K, state: u64) -> &Slot<K> {
+        let capacity = self.slots.len();
+        let mut index = home(hash, capacity);
+        while self.slots[index].word.load(Ordering::Relaxed) != EMPTY {
+            index += 1;
+            if index == capacity {
+                index = 0;
+            }
+        }
+        let slot = &self.slots[index];
+        // SAFETY: the slot is EMPTY, so no reader reads its key bytes (they read them only
+        // after seeing another word), and by this function's contract no other writer
+        // touches it.
+        slot.key.with_mut(|bytes| unsafe { (*bytes).write(key) });
+        if Self::TAGGED {
+            self.tags[index].store(tag(hash), Ordering::Relaxed);
+        }
+        self.used.fetch_add(1, Ordering::Relaxed);
+        slot.word.store(state.min(STATE_MAX), Ordering::Release);
+        slot
+    }
+}
+
+impl<K, M> Drop for Table<K, M> {
+    fn drop(&mut self) {
+        for slot in self.slots.iter() {
+            let raw = slot.word.load(Ordering::Relaxed);
+            if raw != EMPTY && raw != FROZEN {
+                // SAFETY: `&mut self`: no reader is left. A live or REMOVED word means the
+                // key was written and is still owned by this table (a FROZEN one was moved
+                // out, an EMPTY one never written), so it is dropped exactly once.
+                slot.key
+                    .with_mut(|key| unsafe { (*key).assume_init_drop() });
+            }
+        }
+    }
+}
+
+/// The current table of one shard, and the mutex its writers take.
+pub(crate) struct EpochTable<K, M, W> {
+    current: Atomic<Table<K, M>>,
+    writer: Mutex<W>,
+    _owns: PhantomData<Table<K, M>>,
+}
+
+impl<K, M, W> EpochTable<K, M, W>
+where
+    K: Send + Sync + 'static,
+    M: Send + Sync + 'static,
+{
+    /// An empty table of `capacity` slots (at least 2) with `meta`; `writer` is the state
+    /// the writers keep.
+    pub(crate) fn new(capacity: usize, meta: M, writer: W) -> Self {
+        Self {
+            current: Atomic::new(Table::new(capacity.clamp(2, MAX_CAPACITY), meta)),
+            writer: Mutex::new(writer),
+            _owns: PhantomData,
+        }
+    }
+
+    /// The current table, for as long as `guard` is pinned.
+    #[inline]
+    pub(crate) fn read<'g>(&self, guard: &'g Guard) -> &'g Table<K, M> {
+        let table = self.current.load(Ordering::Acquire, guard);
+        // SAFETY: `current` is never null (set in `new`, replaced only by non-null tables
+        // in `migrate`), and a table it pointed to while `guard` was pinned is destroyed
+        // only by `defer_destroy` after `guard` unpins, or in `drop(&mut self)`, which no
+        // `&self` borrow outlives.
+        unsafe { table.deref() }
+    }
+
+    /// Waits until no writer holds the mutex (after a check met a frozen slot: the
+    /// migration that froze it has published its table by then).
+    pub(crate) fn wait_for_writer(&self) {
+        drop(sync::lock(&self.writer));
+    }
+
+    /// Takes the writer mutex.
+    pub(crate) fn write(&self) -> Writer<'_, K, M, W> {
+        Writer {
+            owner: self,
+            state: sync::lock(&self.writer),
+        }
+    }
+}
+
+impl<K, M, W> Drop for EpochTable<K, M, W> {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no guard-bound borrow of the current table is left, and no
+        // other thread can reach it (a retired table never points back here).
+        unsafe {
+            let current = self
+                .current
+                .load(Ordering::Relaxed, crossbeam_epoch::unprotected());
+            drop(current.into_owned());
+        }
+    }
+}
+
+/// The writer mutex of one [`EpochTable`], held: the only way to insert, remove or
+/// migrate.
+pub(crate) struct Writer<'a, K, M, W> {
+    owner: &'a EpochTable<K, M, W>,
+    state: MutexGuard<'a, W>,
+}
+
+impl<K, M, W> Writer<'_, K, M, W>
+where
+    K: Send + Sync + 'static,
+    M: Send + Sync + 'static,
+{
+    /// The state the writers keep.
+    pub(crate) fn state(&mut self) -> &mut W {
+        &mut self.state
+    }
+
+    /// The current table. While this writer lives, no one else publishes another.
+    pub(crate) fn table<'g>(&self, guard: &'g Guard) -> &'g Table<K, M> {
+        self.owner.read(guard)
+    }
+
+    /// Inserts `key`, known to be absent, with `state`; gives the key back when the table
+    /// has no room within its load limit (then [`migrate`](Self::migrate) first).
+    pub(crate) fn insert<'g>(
+        &mut self,
+        guard: &'g Guard,
+        hash: u64,
+        key: K,
+        state: u64,
+    ) -> Result<&'g Slot<K>, K> {
+        let table = self.table(guard);
+        if !fits(table.used.load(Ordering::Relaxed) + 1, table.capacity()) {
+            return Err(key);
+        }
+        // SAFETY: this writer holds the mutex and `table` is current (only mutex holders
+        // publish), so no one else writes its empty slots; the load limit is below 1, so
+        // an empty slot remains.
+        Ok(unsafe { table.place(hash, key, state) })
+    }
+
+    /// Marks `slot` (of any table) removed; returns the state it had, or `None` if it was
+    /// not live.
+    pub(crate) fn remove(&mut self, slot: &Slot<K>) -> Option<u64> {
+        slot.remove()
+    }
+
+    /// Marks `slot` removed if its word is still the live state `state`; false if a check
+    /// changed it meanwhile (or it was not live).
+    pub(crate) fn remove_unchanged(&mut self, slot: &Slot<K>, state: u64) -> bool {
+        state <= STATE_MAX
+            && slot
+                .word
+                .compare_exchange(state, REMOVED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// Whether one more key fits the current table within its load limit.
+    pub(crate) fn has_room(&self, guard: &Guard) -> bool {
+        let table = self.table(guard);
+        fits(table.used.load(Ordering::Relaxed) + 1, table.capacity())
+    }
+
+    /// Moves every live key into a new table of at least `capacity` slots (more if the
+    /// live keys need them; at most 2³²) carrying `meta`, publishes it, and retires the
+    /// old one. Each key's state is frozen, passed through `convert` and stored in the new
+    /// table (`convert` gets the slot's index in the old table); removed keys are left
+    /// behind. Returns the new capacity.
+    ///
+    /// `rehash` (the key's `Hash`, user code) runs before anything is frozen, so a panic
+    /// in it leaves the table as it was. `convert` must not panic.
+    pub(crate) fn migrate(
+        &mut self,
+        guard: &Guard,
+        capacity: usize,
+        meta: M,
+        rehash: impl Fn(&K) -> u64,
+        mut convert: impl FnMut(usize, u64) -> u64,
+    ) -> usize {
+        let old = self.table(guard);
+        // `rehash` is user code: run it over every key before anything is frozen, so a
+        // panic leaves the table as it was (a panicking `Hash` panics here, not below).
+        let mut live = 0;
+        for slot in old.slots.iter() {
+            if matches!(slot.load(), Word::Live(_)) && slot.with_key(&rehash).is_some() {
+                live += 1;
+            }
+        }
+        let mut capacity = capacity.clamp(2, MAX_CAPACITY);
+        while !fits(live + 1, capacity) {
+            capacity = (capacity + capacity / 4 + 1).min(MAX_CAPACITY);
+        }
+        let new = Table::new(capacity, meta);
+        for (index, slot) in old.slots.iter().enumerate() {
+            let Some(hash) = slot.with_key(&rehash) else {
+                continue;
+            };
+            let Some(state) = slot.freeze() else {
+                continue;
+            };
+            // SAFETY: this writer froze the slot, so it alone moves the key out: the old
+            // table's `Drop` skips FROZEN slots, and readers only read the bytes (which
+            // stay valid: `new` keeps the value alive and outlives `old`).
+            let key = slot.key.with(|key| unsafe { (*key).assume_init_read() });
+            let state = convert(index, state);
+            // SAFETY: `new` is not published yet, so this writer alone touches it, and it
+            // was sized above for every live key within the load limit (no key becomes
+            // live meanwhile: only this writer inserts).
+            unsafe { new.place(hash, key, state) };
+        }
+        let old = self
+            .owner
+            .current
+            .swap(Owned::new(new), Ordering::AcqRel, guard);
+        // SAFETY: `old` is no longer reachable from `current`, so only threads pinned now
+        // can hold it; crossbeam-epoch destroys it after they have all unpinned. Its keys
+        // are `Send + 'static`, so dropping them later on another thread is sound.
+        unsafe { guard.defer_destroy(old) };
+        guard.flush();
+        capacity
+    }
+}
+
+#[cfg(all(test, not(crossbeam_loom)))]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    fn h(key: &u64) -> u64 {
+        ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(key)
+    }
+
+    #[test]
+    fn matches_a_hashmap_through_inserts_removals_and_migrations() {
+        let table: EpochTable<u64, (), ()> = EpochTable::new(2, (), ());
+        let guard = crossbeam_epoch::pin();
+        let mut model: HashMap<u64, u64> = HashMap::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..100_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = x % 3_000;
+            let mut writer = table.write();
+            let found = writer.table(&guard).find(h(&key), |k| *k == key);
+            if x % 3 < 2 {
+                match found {
+                    Some((slot, Word::Live(state))) => {
+                        slot.update(state, step).unwrap();
+                        model.insert(key, step);
+                    }
+                    Some((_, word)) => panic!("{word:?} under the writer"),
+                    None => {
+                        if let Err(key) = writer.insert(&guard, h(&key), key, step) {
+                            let live = model.len();
+                            writer.migrate(&guard, live * 2, (), h, |_, s| s);
+                            assert!(writer.insert(&guard, h(&key), key, step).is_ok());
+                        }
+                        model.insert(key, step);
+                    }
+                }
+            } else {
+                let removed = found.and_then(|(slot, _)| writer.remove(slot));
+                assert_eq!(removed, model.remove(&key), "step {step}");
+            }
+            drop(writer);
+            if step % 1_000 == 0 {
+                let current = table.read(&guard);
+                for (k, v) in &model {
+                    assert_eq!(
+                        current.find(h(k), |x| x == k).map(|(_, w)| w),
+                        Some(Word::Live(*v))
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn states_are_clamped_below_the_reserved_words() {
+        let table: EpochTable<u64, (), ()> = EpochTable::new(8, (), ());
+        let guard = crossbeam_epoch::pin();
+        let slot = table.write().insert(&guard, 7, 7, u64::MAX).ok().unwrap();
+        assert_eq!(slot.load(), Word::Live(STATE_MAX));
+        slot.update(STATE_MAX, u64::MAX - 1).unwrap();
+        assert_eq!(slot.load(), Word::Live(STATE_MAX));
+    }
+
+    #[test]
+    fn keys_are_dropped_once_whether_moved_removed_or_kept() {
+        let counter = Arc::new(());
+        {
+            let table: EpochTable<Arc<()>, (), ()> = EpochTable::new(4, (), ());
+            let guard = crossbeam_epoch::pin();
+            let mut writer = table.write();
+            for i in 0..3u64 {
+                writer
+                    .insert(&guard, i * 0x1234_5678, Arc::clone(&counter), 0)
+                    .ok()
+                    .unwrap();
+            }
+            assert_eq!(Arc::strong_count(&counter), 4);
+            let slot = writer.table(&guard).find(0, |_| true).unwrap().0;
+            writer.remove(slot);
+            writer.migrate(&guard, 16, (), |k| Arc::as_ptr(k) as u64, |_, s| s);
+            // Two moved, one left behind as REMOVED in the retired table.
+            drop(writer);
+            drop(guard);
+        }
+        // The retired table is destroyed once the epoch advances.
+        for _ in 0..64 {
+            let mut guard = crossbeam_epoch::pin();
+            guard.flush();
+            guard.repin();
+            if Arc::strong_count(&counter) == 1 {
+                break;
+            }
+        }
+        assert_eq!(Arc::strong_count(&counter), 1);
+    }
+}
+
+/// Loom models of the publish, freeze and migrate protocol. Run with
+/// `RUSTFLAGS="--cfg crossbeam_loom" cargo test --release --lib loom_` (the test script
+/// does).
+#[cfg(all(test, crossbeam_loom))]
+mod loom_models {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    type Shelf = EpochTable<u64, u64, ()>;
+
+    /// Runs `f` under loom with every interleaving of up to `LOOM_MAX_PREEMPTIONS` (default 2)
+    /// preemptions per thread: the bound that keeps crossbeam-epoch's own atomics
+    /// tractable, as loom recommends.
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut builder = loom::model::Builder::new();
+        if builder.preemption_bound.is_none() {
+            builder.preemption_bound = Some(2);
+        }
+        builder.check(f);
+    }
+
+    fn shelf() -> Arc<Shelf> {
+        Arc::new(EpochTable::new(4, 0, ()))
+    }
+
+    /// A check as the store runs it: find the key, add `by` to its state by CAS, waiting
+    /// for the writer and looking again on FROZEN; `false` if the key is absent or was
+    /// removed.
+    fn add(shelf: &Shelf, key: u64, by: u64) -> bool {
+        loop {
+            let guard = crossbeam_epoch::pin();
+            let table = shelf.read(&guard);
+            let Some((slot, mut word)) = table.find(key, |k| *k == key) else {
+                return false;
+            };
+            loop {
+                match word {
+                    Word::Live(state) => match slot.update(state, state + by) {
+                        Ok(()) => return true,
+                        Err(actual) => word = actual,
+                    },
+                    Word::Removed => return false,
+                    Word::Frozen => break,
+                }
+            }
+            drop(guard);
+            shelf.wait_for_writer();
+        }
+    }
+
+    fn state_of(shelf: &Shelf, key: u64) -> Option<u64> {
+        let guard = crossbeam_epoch::pin();
+        match shelf.read(&guard).find(key, |k| *k == key)? {
+            (_, Word::Live(state)) => Some(state),
+            (_, word) => panic!("{word:?} after every thread joined"),
+        }
+    }
+
+    fn insert(shelf: &Shelf, key: u64) {
+        let guard = crossbeam_epoch::pin();
+        shelf.write().insert(&guard, key, key, 0).ok().unwrap();
+    }
+
+    fn migrate(shelf: &Shelf, capacity: usize, meta: u64) {
+        let guard = crossbeam_epoch::pin();
+        shelf
+            .write()
+            .migrate(&guard, capacity, meta, |k| *k, |_, s| s);
+    }
+
+    /// A check races a migration (and a check after it): no admission is lost, and
+    /// each lands exactly once.
+    #[test]
+    fn loom_checks_racing_a_migration_lose_no_update() {
+        model(|| {
+            let shelf = shelf();
+            insert(&shelf, 1);
+            let check = {
+                let shelf = Arc::clone(&shelf);
+                thread::spawn(move || assert!(add(&shelf, 1, 10)))
+            };
+            migrate(&shelf, 8, 1);
+            assert!(add(&shelf, 1, 1));
+            check.join().unwrap();
+            assert_eq!(state_of(&shelf, 1), Some(11));
+            let guard = crossbeam_epoch::pin();
+            assert_eq!(shelf.read(&guard).meta, 1);
+        });
+    }
+
+    /// A reader probing while the writer inserts the key finds it complete or not at
+    /// all, never half-written (loom checks the key bytes' accesses).
+    #[test]
+    fn loom_an_insert_is_published_whole() {
+        model(|| {
+            let shelf = shelf();
+            let reader = {
+                let shelf = Arc::clone(&shelf);
+                thread::spawn(move || {
+                    let guard = crossbeam_epoch::pin();
+                    let table = shelf.read(&guard);
+                    if let Some((slot, word)) = table.find(5, |k| *k == 5) {
+                        assert_eq!(word, Word::Live(0));
+                        assert_eq!(slot.with_key(|k| *k), Some(5));
+                    }
+                })
+            };
+            insert(&shelf, 5);
+            reader.join().unwrap();
+            assert_eq!(state_of(&shelf, 5), Some(0));
+        });
+    }
+
+    /// A check racing a removal either lands before it or sees the key removed.
+    #[test]
+    fn loom_a_check_racing_a_removal_sees_it() {
+        model(|| {
+            let shelf = shelf();
+            insert(&shelf, 2);
+            let check = {
+                let shelf = Arc::clone(&shelf);
+                thread::spawn(move || add(&shelf, 2, 1))
+            };
+            let guard = crossbeam_epoch::pin();
+            let before = {
+                let mut writer = shelf.write();
+                let slot = writer.table(&guard).find(2, |k| *k == 2).unwrap().0;
+                writer.remove(slot).unwrap()
+            };
+            let admitted = check.join().unwrap();
+            // Admitted before the removal, or found it removed: never both, never neither.
+            assert_eq!(admitted, before == 1);
+            assert_eq!(state_of(&shelf, 2), None);
+        });
+    }
+
+    /// Two migrations in a row while a reader holds the first table: the reader's
+    /// borrowed table and keys stay valid until it unpins (loom and crossbeam-epoch's
+    /// loom build check that nothing is freed early), and its check lands in the newest
+    /// table.
+    #[test]
+    fn loom_a_reader_outlives_two_migrations() {
+        model(|| {
+            let shelf = shelf();
+            insert(&shelf, 3);
+            let reader = {
+                let shelf = Arc::clone(&shelf);
+                thread::spawn(move || {
+                    let guard = crossbeam_epoch::pin();
+                    let table = shelf.read(&guard);
+                    let (slot, _) = table.find(3, |k| *k == 3).unwrap();
+                    assert_eq!(slot.with_key(|k| *k), Some(3));
+                    drop(guard);
+                    assert!(add(&shelf, 3, 4));
+                })
+            };
+            migrate(&shelf, 4, 1);
+            migrate(&shelf, 16, 2);
+            reader.join().unwrap();
+            assert_eq!(state_of(&shelf, 3), Some(4));
+        });
+    }
+}

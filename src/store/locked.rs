@@ -1,0 +1,370 @@
+//! The store of the sliding log and the synced limiters, whose per-key state is a cell
+//! of several words: each shard behind a [`parking_lot::RwLock`] around a [`Shard`],
+//! an existing key served under the read lock, its state changed by CAS or under a
+//! per-key mutex.
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crossbeam_utils::CachePadded;
+use parking_lot::{Mutex, RwLock};
+
+use super::deny_cache::Denies;
+use super::shard::Shard;
+use super::state::State;
+use super::table::Entry;
+use super::{Limits, Room, StoreStats, fits};
+use crate::algorithm::Policy;
+use crate::decision::Decision;
+use crate::error::{ConfigError, InsufficientCapacity};
+use crate::quota::Quota;
+
+/// One shard behind its lock, padded to its own cache lines.
+type Locked<K, S> = CachePadded<RwLock<Shard<K, S>>>;
+
+/// A sharded, capped map from keys to state, with per-shard policies.
+pub(crate) struct Store<K, S: State> {
+    shards: Box<[Locked<K, S>]>,
+    hasher: ahash::RandomState,
+    denies: Denies,
+    /// `log2(shards.len())`.
+    shard_bits: u32,
+    limits: Limits,
+    len: CachePadded<AtomicUsize>,
+    evicted_untouched: AtomicU64,
+    evicted_active: AtomicU64,
+    refused: AtomicU64,
+    /// Serialises default-policy changes, so all shards end on the same one.
+    reconfigure: Mutex<()>,
+}
+
+impl<K: Hash + Eq, S: State> Store<K, S> {
+    /// A store with `limits.shards` shards (a power of two), all under `policy`.
+    pub(crate) fn new(limits: Limits, policy: S::Policy) -> Self {
+        debug_assert!(limits.shards.is_power_of_two());
+        let hasher = ahash::RandomState::new();
+        Self {
+            shards: (0..limits.shards)
+                .map(|i| CachePadded::new(RwLock::new(Shard::new(policy, hasher.hash_one(i)))))
+                .collect(),
+            hasher,
+            denies: Denies::new(),
+            shard_bits: limits.shards.trailing_zeros(),
+            limits,
+            len: CachePadded::new(AtomicUsize::new(0)),
+            evicted_untouched: AtomicU64::new(0),
+            evicted_active: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            reconfigure: Mutex::new(()),
+        }
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> &RwLock<Shard<K, S>> {
+        let index = if self.shard_bits == 0 {
+            0
+        } else {
+            (hash >> (u64::BITS - self.shard_bits)) as usize
+        };
+        &self.shards[index]
+    }
+
+    fn rehash(&self) -> impl Fn(&K) -> u64 + '_ {
+        |key| self.hasher.hash_one(key)
+    }
+
+    /// Decides a request of `cost` for `key` at `now`, inserting the key if it is new
+    /// (and `cost > 0`). An admission that would be delayed more than `max_delay` ns is
+    /// refused instead (see [`State::check`]).
+    ///
+    /// Takes the shard's read lock for an existing key, its write lock for a new one, and
+    /// no lock at all for a unit request the thread saw denied until a later instant.
+    #[inline]
+    pub(crate) fn check<Q>(
+        &self,
+        key: &Q,
+        now: impl FnOnce() -> u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let now = now();
+        self.denies.check(
+            hash,
+            key,
+            now,
+            cost,
+            max_delay,
+            S::DENIES_ARE_STABLE,
+            || self.decide(hash, key, now, cost, max_delay),
+        )
+    }
+
+    #[inline]
+    fn decide<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let lock = self.shard(hash);
+        {
+            let shard = lock.read();
+            let policy = shard.policy_for(hash, key);
+            fits(policy, cost)?;
+            let entry = shard.find(hash, key);
+            if cost == 0 {
+                return Ok(match entry {
+                    Some(entry) => entry.state.peek(policy, now, 0),
+                    None => S::peek_vacant(policy, now, 0),
+                });
+            }
+            if let Some(entry) = entry {
+                return Ok(entry.state.check(policy, now, cost, max_delay));
+            }
+        }
+        let mut shard = lock.write();
+        // The policy may have changed between the two locks.
+        let policy = *shard.policy_for(hash, key);
+        fits(&policy, cost)?;
+        if let Some(entry) = shard.find(hash, key) {
+            return Ok(entry.state.check(&policy, now, cost, max_delay));
+        }
+        let rehash = self.rehash();
+        if self.limits.sweep {
+            let dropped = shard.sweep_on_insert(now, &rehash);
+            self.forget(dropped, &self.evicted_untouched);
+        }
+        if !self.reserve() {
+            match shard.make_room(now, self.limits.when_full, &rehash) {
+                Room::Untouched => self.forget(1, &self.evicted_untouched),
+                Room::Active => {
+                    self.forget(1, &self.evicted_active);
+                    self.denies.invalidate();
+                }
+                Room::None { retry_after_ns } => return Ok(self.refuse(&policy, retry_after_ns)),
+            }
+            // Another shard may take the freed place first; then this key is refused.
+            if !self.reserve() {
+                return Ok(self.refuse(&policy, 1));
+            }
+        }
+        let entry = Entry {
+            key: key.to_owned(),
+            state: S::fresh(&policy),
+        };
+        match shard.insert(hash, entry, &rehash) {
+            Ok(entry) => Ok(entry.state.check(&policy, now, cost, max_delay)),
+            Err(_) => {
+                self.len.fetch_sub(1, Ordering::AcqRel);
+                Ok(self.refuse(
+                    &policy,
+                    policy.quota().emission_interval().as_nanos() as u64,
+                ))
+            }
+        }
+    }
+
+    /// A deny for a new key that found no room.
+    fn refuse(&self, policy: &S::Policy, retry_after_ns: u64) -> Decision {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Decision::capacity_deny(policy.capacity(), retry_after_ns)
+    }
+
+    /// The decision a request of `cost` for `key` would get at `now`, consuming nothing
+    /// and storing nothing.
+    ///
+    /// Takes the key's shard read lock.
+    pub(crate) fn peek<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash).read();
+        let policy = shard.policy_for(hash, key);
+        fits(policy, cost)?;
+        Ok(match shard.find(hash, key) {
+            Some(entry) => entry.state.peek(policy, now, cost),
+            None => S::peek_vacant(policy, now, cost),
+        })
+    }
+
+    /// Takes a place for a new key; false when the store is full.
+    fn reserve(&self) -> bool {
+        self.len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.limits.max_keys).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Records that `dropped` keys left, counting them in `counter`.
+    fn forget(&self, dropped: usize, counter: &AtomicU64) {
+        if dropped > 0 {
+            self.len.fetch_sub(dropped, Ordering::AcqRel);
+            counter.fetch_add(dropped as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Removes `key`'s state (not its override); true if it held state.
+    ///
+    /// Takes the key's shard write lock.
+    pub(crate) fn remove<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let removed = self.shard(hash).write().remove(hash, key, self.rehash());
+        if removed {
+            self.len.fetch_sub(1, Ordering::AcqRel);
+            self.denies.invalidate();
+        }
+        removed
+    }
+
+    /// Removes `key`'s state if `drop_it` holds for it, under the shard write lock (so no
+    /// check can touch it in between); true if it was removed.
+    ///
+    /// Takes the key's shard write lock.
+    #[cfg(feature = "redis")]
+    pub(crate) fn remove_if<Q>(&self, key: &Q, drop_it: impl FnOnce(&S) -> bool) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shard(hash).write();
+        if !shard
+            .find(hash, key)
+            .is_some_and(|entry| drop_it(&entry.state))
+        {
+            return false;
+        }
+        let removed = shard.remove(hash, key, self.rehash());
+        drop(shard);
+        if removed {
+            self.len.fetch_sub(1, Ordering::AcqRel);
+            self.denies.invalidate();
+        }
+        removed
+    }
+
+    /// Gives `key` its own policy (`Some`) or returns it to the default (`None`),
+    /// converting its state.
+    ///
+    /// Takes the key's shard write lock.
+    pub(crate) fn set_override(&self, key: K, policy: Option<S::Policy>, now: u64) {
+        let hash = self.hasher.hash_one(&key);
+        self.shard(hash)
+            .write()
+            .set_override(hash, key, policy, now, self.rehash());
+        self.denies.invalidate();
+    }
+
+    /// The policy `key` is limited by.
+    ///
+    /// Takes the key's shard read lock.
+    pub(crate) fn policy_of<Q>(&self, key: &Q) -> S::Policy
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        *self.shard(hash).read().policy_for(hash, key)
+    }
+
+    /// The default policy.
+    pub(crate) fn default_policy(&self) -> S::Policy {
+        *self.shards[0].read().default_policy()
+    }
+
+    /// Replaces the default quota, keeping the algorithm, converting every key without an
+    /// override. Shards are converted one at a time, each under its write lock.
+    pub(crate) fn set_default_quota(
+        &self,
+        quota: Quota,
+        now: impl Fn() -> u64,
+    ) -> Result<(), ConfigError> {
+        let _serial = self.reconfigure.lock();
+        let policy = self.default_policy().with_quota(quota)?;
+        for lock in self.shards.iter() {
+            lock.write().set_default(policy, now(), self.rehash());
+        }
+        self.denies.invalidate();
+        Ok(())
+    }
+
+    #[cfg(feature = "redis")]
+    /// Replaces the default policy as is (each key's state converted by its `State`),
+    /// shard by shard under each write lock.
+    pub(crate) fn set_policy(&self, policy: S::Policy, now: u64) {
+        let _serial = self.reconfigure.lock();
+        for lock in self.shards.iter() {
+            lock.write().set_default(policy, now, self.rehash());
+        }
+        self.denies.invalidate();
+    }
+
+    #[cfg(feature = "redis")]
+    /// Runs `f` on `key`'s state, if it holds any.
+    ///
+    /// Takes the key's shard read lock.
+    pub(crate) fn with_state<Q, R>(&self, key: &Q, f: impl FnOnce(&S) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash).read();
+        shard.find(hash, key).map(|entry| f(&entry.state))
+    }
+
+    #[cfg(feature = "redis")]
+    /// Calls `f` on every key and its state, one shard at a time under its read lock
+    /// (checks go on; only inserts into that shard wait).
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &S)) {
+        for lock in self.shards.iter() {
+            let shard = lock.read();
+            shard.for_each(&mut f);
+        }
+    }
+
+    /// How many keys hold state.
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// The store's counters.
+    pub(crate) fn stats(&self) -> StoreStats {
+        StoreStats {
+            keys: self.len(),
+            evicted_untouched: self.evicted_untouched.load(Ordering::Relaxed),
+            evicted_active: self.evicted_active.load(Ordering::Relaxed),
+            refused_new_keys: self.refused.load(Ordering::Relaxed),
+            resizes: 0,
+        }
+    }
+
+    /// The number of shards.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+}

@@ -1,0 +1,1026 @@
+//! The store of the word algorithms (token bucket, leaky bucket, both window counters):
+//! checks that take no lock and write nothing shared but their key's state word.
+//!
+//! Each shard is an [`EpochTable`] of `{state word, key}` slots. A check on an existing
+//! key pins crossbeam-epoch (through a guard cached per thread), loads its shard's table,
+//! reads the key's policy from it, probes for the key and runs the algorithm on the
+//! state word with one CAS. The policies travel with the table: a quota change migrates
+//! the shard to a new table whose states are converted while frozen, so a check never
+//! pairs a new quota with an unconverted state, or the reverse.
+//!
+//! A new key, a removal, the eviction hand and a resize take the shard's writer mutex;
+//! checks on other keys go on meanwhile. Removal and eviction mark slots removed, and
+//! the next resize (when removed and live slots pass 87.5% of the table) leaves them
+//! behind, so a key flood under `max_keys` cycles through a table of bounded size.
+//!
+//! # Reclamation
+//! A thread keeps one crossbeam-epoch guard pinned between checks and repins it every
+//! [`REPIN_EVERY`] checks: pinning costs a fence, repinning does not. A retired table is
+//! freed once every thread that might hold it has repinned, so a thread that stops
+//! checking delays the freeing of tables retired since (not their correctness) until it
+//! checks again or exits.
+
+use std::borrow::Borrow;
+use std::cell::Cell;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crossbeam_epoch::Guard;
+use crossbeam_utils::CachePadded;
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+use super::deny_cache::Denies;
+use super::epoch_table::{EpochTable, Slot, Table, Word, Writer};
+use super::{
+    FILTER_WORDS, Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, WhenFull,
+    filter_bit, fits,
+};
+use crate::algorithm::{Outcome, Policy, UNTOUCHED, WordPolicy};
+use crate::decision::Decision;
+use crate::error::{ConfigError, InsufficientCapacity};
+use crate::quota::Quota;
+
+/// Checks between two repins of a thread's cached guard.
+pub(crate) const REPIN_EVERY: u32 = 64;
+/// The smallest table a shard keeps.
+const MIN_CAPACITY: usize = 8;
+/// A resize sizes the table for this load: 75%, so it grows by about 1.17× at 87.5%,
+/// and a `u64` key averages about 20 bytes (16-byte slots, ~80% full).
+const TARGET_LOAD_NUM: usize = 3;
+const TARGET_LOAD_DEN: usize = 4;
+
+/// A key with its own policy. The key is shared by the copies of the override set that
+/// successive tables carry.
+struct Override<K> {
+    key: Arc<K>,
+    policy: WordPolicy,
+}
+
+impl<K> Clone for Override<K> {
+    fn clone(&self) -> Self {
+        Self {
+            key: Arc::clone(&self.key),
+            policy: self.policy,
+        }
+    }
+}
+
+/// The keys of one shard with their own policy, and a one-hash Bloom filter over their
+/// hashes so that most checks skip the lookup.
+struct Overrides<K> {
+    map: HashTable<Override<K>>,
+    bits: [u64; FILTER_WORDS],
+}
+
+/// The policies a shard's checks read with its table.
+struct Policies<K> {
+    default: WordPolicy,
+    overrides: Option<Arc<Overrides<K>>>,
+}
+
+impl<K> Clone for Policies<K> {
+    fn clone(&self) -> Self {
+        Self {
+            default: self.default,
+            overrides: self.overrides.clone(),
+        }
+    }
+}
+
+impl<K: Hash + Eq> Policies<K> {
+    /// The policy of `key`: its override, or the default. Costs a branch while no key of
+    /// the shard has an override.
+    #[inline]
+    fn policy_for<Q>(&self, hash: u64, key: &Q) -> &WordPolicy
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let Some(overrides) = &self.overrides else {
+            return &self.default;
+        };
+        let (word, bit) = filter_bit(hash);
+        if overrides.bits[word] & bit == 0 {
+            return &self.default;
+        }
+        overrides
+            .map
+            .find(hash, |o| (*o.key).borrow() == key)
+            .map_or(&self.default, |o| &o.policy)
+    }
+}
+
+/// What the writers of one shard keep.
+struct Hand {
+    /// Live keys in the current table.
+    live: usize,
+    /// The next slot the eviction hand looks at.
+    at: usize,
+    /// Xorshift state for sampling.
+    rng: u64,
+}
+
+type Shelf<K> = EpochTable<K, Policies<K>, Hand>;
+
+/// What became of a check on a slot.
+enum Applied {
+    Done(Decision),
+    /// The slot is being migrated: wait for the writer, then look again.
+    Frozen,
+    /// The key was removed meanwhile: look again.
+    Removed,
+}
+
+/// Runs `policy` on the slot's state: a deny returns without writing, an admission
+/// writes by CAS only if the state changes. An admission delayed more than `max_delay`
+/// ns is refused, as a deny whose `retry_after` is the excess.
+#[inline(always)]
+fn apply<K>(
+    slot: &Slot<K>,
+    mut word: Word,
+    policy: &WordPolicy,
+    now: u64,
+    cost: u64,
+    max_delay: u64,
+) -> Applied {
+    loop {
+        let state = match word {
+            Word::Live(state) => state,
+            Word::Frozen => return Applied::Frozen,
+            Word::Removed => return Applied::Removed,
+        };
+        match policy.evaluate(state, now, cost) {
+            Outcome::Deny(decision) => return Applied::Done(decision),
+            Outcome::Allow { decision, .. } if decision.delay_ns() > max_delay => {
+                return Applied::Done(Decision::deny(
+                    decision.limit(),
+                    decision.remaining(),
+                    decision.reset_after_ns(),
+                    decision.delay_ns() - max_delay,
+                ));
+            }
+            Outcome::Allow {
+                decision,
+                state: next,
+            } => {
+                if next == state {
+                    return Applied::Done(decision);
+                }
+                match slot.update(state, next) {
+                    Ok(()) => return Applied::Done(decision),
+                    Err(actual) => word = actual,
+                }
+            }
+        }
+    }
+}
+
+/// A thread's cached guard, and how many checks it has served.
+struct Pinned {
+    guard: Cell<Option<Guard>>,
+    uses: Cell<u32>,
+}
+
+thread_local! {
+    static PINNED: Pinned = const {
+        Pinned {
+            guard: Cell::new(None),
+            uses: Cell::new(0),
+        }
+    };
+}
+
+/// Takes this thread's cached guard out of the cache, repinned every [`REPIN_EVERY`]
+/// calls; give it back with [`put_guard`]. A nested call (or one during thread teardown)
+/// finds the cache empty and pins a fresh guard instead. Written as two calls rather than
+/// a closure so the check's hot path stays one inlined function.
+#[inline(always)]
+fn take_guard() -> Guard {
+    let (cached, uses) = PINNED
+        .try_with(|p| {
+            let uses = p.uses.get().wrapping_add(1);
+            p.uses.set(uses);
+            (p.guard.take(), uses)
+        })
+        .unwrap_or((None, 1));
+    match cached {
+        Some(guard) if uses % REPIN_EVERY != 0 => guard,
+        stale => repin(stale),
+    }
+}
+
+/// Gives a guard from [`take_guard`] back to the cache (if the thread-local is gone,
+/// the guard is dropped: unpinned).
+#[inline(always)]
+fn put_guard(guard: Guard) {
+    let _ = PINNED.try_with(|p| p.guard.set(Some(guard)));
+}
+
+/// Runs `f` under this thread's cached guard (for the paths off the hot one). If `f`
+/// resized a table (`resizes` moved), moves the epoch on twice, so that the retired
+/// table is freed now unless another thread lags.
+fn with_guard<R>(resizes: &AtomicU64, f: impl FnOnce(&Guard) -> R) -> R {
+    let before = resizes.load(Ordering::Relaxed);
+    let mut guard = take_guard();
+    let result = f(&guard);
+    if resizes.load(Ordering::Relaxed) != before {
+        for _ in 0..2 {
+            guard.repin();
+            guard.flush();
+        }
+    }
+    put_guard(guard);
+    result
+}
+
+/// Unpins `stale` fully, then pins afresh: crossbeam collects garbage on every 128th
+/// pin, and a full pin lets the epoch move past this thread.
+#[cold]
+#[inline(never)]
+fn repin(stale: Option<Guard>) -> Guard {
+    drop(stale);
+    crossbeam_epoch::pin()
+}
+
+/// A sharded, capped map from keys to word states whose checks take no lock.
+pub(crate) struct WordStore<K> {
+    shards: Box<[CachePadded<Shelf<K>>]>,
+    hasher: ahash::RandomState,
+    denies: Denies,
+    /// `log2(shards.len())`.
+    shard_bits: u32,
+    limits: Limits,
+    len: CachePadded<AtomicUsize>,
+    evicted_untouched: AtomicU64,
+    evicted_active: AtomicU64,
+    refused: AtomicU64,
+    resizes: AtomicU64,
+    /// Serialises default-policy changes, so all shards end on the same one.
+    reconfigure: Mutex<()>,
+}
+
+impl<K: crate::Key> WordStore<K> {
+    /// A store with `limits.shards` shards (a power of two), all under `policy`.
+    pub(crate) fn new(limits: Limits, policy: WordPolicy) -> Self {
+        debug_assert!(limits.shards.is_power_of_two());
+        let hasher = ahash::RandomState::new();
+        let policies = || Policies {
+            default: policy,
+            overrides: None,
+        };
+        Self {
+            shards: (0..limits.shards)
+                .map(|i| {
+                    let hand = Hand {
+                        live: 0,
+                        at: 0,
+                        rng: hasher.hash_one(i) | 1,
+                    };
+                    CachePadded::new(EpochTable::new(MIN_CAPACITY, policies(), hand))
+                })
+                .collect(),
+            hasher,
+            denies: Denies::new(),
+            shard_bits: limits.shards.trailing_zeros(),
+            limits,
+            len: CachePadded::new(AtomicUsize::new(0)),
+            evicted_untouched: AtomicU64::new(0),
+            evicted_active: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            resizes: AtomicU64::new(0),
+            reconfigure: Mutex::new(()),
+        }
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> &Shelf<K> {
+        let index = if self.shard_bits == 0 {
+            0
+        } else {
+            (hash >> (u64::BITS - self.shard_bits)) as usize
+        };
+        &self.shards[index]
+    }
+
+    fn rehash(&self) -> impl Fn(&K) -> u64 + '_ {
+        |key| self.hasher.hash_one(key)
+    }
+
+    /// Decides a request of `cost` for `key` at `now`, inserting the key if it is new
+    /// (and `cost > 0`). An admission that would be delayed more than `max_delay` ns is
+    /// refused instead.
+    ///
+    /// Takes no lock for an existing key (unless a resize of its shard is moving it right
+    /// now, when it waits for that); a new key takes its shard's writer mutex.
+    #[inline(always)]
+    pub(crate) fn check<Q>(
+        &self,
+        key: &Q,
+        now: impl FnOnce() -> u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // The clock first: its latency overlaps the hash and the probe's loads.
+        let now = now();
+        let hash = self.hasher.hash_one(key);
+        let shelf = self.shard(hash);
+        let cacheable = Denies::applies(true, cost, max_delay);
+        let generation = if cacheable {
+            let generation = self.denies.generation();
+            if let Some(denied) = self.denies.lookup(generation, hash, key, now) {
+                return Ok(denied);
+            }
+            generation
+        } else {
+            0
+        };
+        let guard = take_guard();
+        let table = shelf.read(&guard);
+        let policy = table.meta.policy_for(hash, key);
+        let fast = if cost > policy.capacity() {
+            None
+        } else {
+            match table.find(hash, |k| k.borrow() == key) {
+                Some((slot, word)) => match apply(slot, word, policy, now, cost, max_delay) {
+                    Applied::Done(decision) => Some(decision),
+                    Applied::Frozen | Applied::Removed => None,
+                },
+                None => None,
+            }
+        };
+        put_guard(guard);
+        let decision = match fast {
+            Some(decision) => decision,
+            None => self.decide_slow(hash, key, now, cost, max_delay)?,
+        };
+        if cacheable {
+            self.denies.remember(generation, hash, key, now, &decision);
+        }
+        Ok(decision)
+    }
+
+    /// Every case the fast path leaves: a cost above capacity, an absent key (peeked or
+    /// inserted), a key being migrated (waits for the writer) or just removed.
+    #[cold]
+    #[inline(never)]
+    fn decide_slow<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let shelf = self.shard(hash);
+        with_guard(&self.resizes, |guard| {
+            loop {
+                let table = shelf.read(guard);
+                let policy = table.meta.policy_for(hash, key);
+                fits(policy, cost)?;
+                match table.find(hash, |k| k.borrow() == key) {
+                    Some((slot, word)) => match apply(slot, word, policy, now, cost, max_delay) {
+                        Applied::Done(decision) => return Ok(decision),
+                        Applied::Frozen => shelf.wait_for_writer(),
+                        Applied::Removed => {}
+                    },
+                    None if cost == 0 => return Ok(policy.peek(UNTOUCHED, now, 0)),
+                    None => {
+                        if let Some(decision) =
+                            self.insert(shelf, guard, hash, key, now, cost, max_delay)?
+                        {
+                            return Ok(decision);
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// The write path of a check on a key that was absent: under the writer mutex, finds
+    /// the key again (another thread may have inserted it), makes room, inserts it and
+    /// decides. `None`: look again.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    fn insert<Q>(
+        &self,
+        shelf: &Shelf<K>,
+        guard: &Guard,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Result<Option<Decision>, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut writer = shelf.write();
+        let table = writer.table(guard);
+        // The policy may have changed since the lock-free read.
+        let policy = *table.meta.policy_for(hash, key);
+        fits(&policy, cost)?;
+        let decide = |slot: &Slot<K>| match apply(slot, slot.load(), &policy, now, cost, max_delay)
+        {
+            Applied::Done(decision) => Some(decision),
+            Applied::Frozen | Applied::Removed => None,
+        };
+        if let Some((slot, _)) = table.find(hash, |k| k.borrow() == key) {
+            return Ok(decide(slot));
+        }
+        if self.limits.sweep {
+            let (dropped, _) = self.sweep(&mut writer, guard, now, SWEEP_PER_INSERT, true);
+            self.forget(dropped, &self.evicted_untouched);
+        }
+        if !self.reserve() {
+            match self.make_room(&mut writer, guard, now) {
+                Room::Untouched => self.forget(1, &self.evicted_untouched),
+                Room::Active => {
+                    self.forget(1, &self.evicted_active);
+                    self.denies.invalidate();
+                }
+                Room::None { retry_after_ns } => {
+                    return Ok(Some(self.refuse(&policy, retry_after_ns)));
+                }
+            }
+            // Another shard may take the freed place first; then this key is refused.
+            if !self.reserve() {
+                return Ok(Some(self.refuse(&policy, 1)));
+            }
+        }
+        let live = writer.state().live;
+        if !writer.has_room(guard) {
+            self.resize(&mut writer, guard, live + 1);
+        }
+        match writer.insert(guard, hash, key.to_owned(), UNTOUCHED) {
+            Ok(slot) => {
+                writer.state().live += 1;
+                Ok(decide(slot))
+            }
+            Err(_) => {
+                // The shard is at its largest table (2³² slots).
+                self.len.fetch_sub(1, Ordering::AcqRel);
+                Ok(Some(
+                    self.refuse(&policy, policy.quota().emission_interval_ns()),
+                ))
+            }
+        }
+    }
+
+    /// Migrates the shard to a table sized for `live` keys at the target load, with the
+    /// same policies, leaving removed slots behind.
+    fn resize(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>, guard: &Guard, live: usize) {
+        let capacity = (live * TARGET_LOAD_DEN / TARGET_LOAD_NUM).max(MIN_CAPACITY);
+        let meta = writer.table(guard).meta.clone();
+        writer.migrate(guard, capacity, meta, self.rehash(), |_, state| state);
+        self.retired(writer);
+    }
+
+    /// Bookkeeping after a migration published a new table.
+    fn retired(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>) {
+        writer.state().at = 0;
+        self.resizes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Shrinks the shard's table once it is under a quarter full, so memory taken by a
+    /// flood is given back.
+    fn shrink_if_sparse(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>, guard: &Guard) {
+        let live = writer.state().live;
+        let capacity = writer.table(guard).capacity();
+        if capacity > MIN_CAPACITY && live * 4 < capacity {
+            self.resize(writer, guard, live * 2 * TARGET_LOAD_NUM / TARGET_LOAD_DEN);
+        }
+    }
+
+    /// The policy of the key in `slot` (which must hold one).
+    fn slot_policy<'t>(&self, table: &'t Table<K, Policies<K>>, slot: &Slot<K>) -> &'t WordPolicy {
+        if table.meta.overrides.is_none() {
+            return &table.meta.default;
+        }
+        slot.with_key(|key| table.meta.policy_for(self.hasher.hash_one(key), key))
+            .unwrap_or(&table.meta.default)
+    }
+
+    /// Moves the eviction hand over up to `steps` live keys, removing those back to
+    /// untouched (which changes no decision) — with `grace`, only those untouched for at
+    /// least one period of their quota, so keys that come back soon are not dropped and
+    /// re-inserted over and over. Returns how many were removed and the soonest time, in
+    /// ns, at which a visited survivor will be droppable.
+    fn sweep(
+        &self,
+        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        guard: &Guard,
+        now: u64,
+        steps: usize,
+        grace: bool,
+    ) -> (usize, u64) {
+        let table = writer.table(guard);
+        let capacity = table.capacity();
+        let mut dropped = 0;
+        let mut soonest = u64::MAX;
+        let mut visited = 0;
+        // Live slots are at least a quarter of the table (it shrinks below that), so
+        // 8 slots per step find the steps' keys.
+        for _ in 0..(steps * 8).min(capacity) {
+            if visited == steps {
+                break;
+            }
+            let at = writer.state().at % capacity;
+            writer.state().at = at + 1;
+            let slot = table.slot(at);
+            let Word::Live(state) = slot.load() else {
+                continue;
+            };
+            visited += 1;
+            let policy = self.slot_policy(table, slot);
+            let since = if grace {
+                now.saturating_sub(policy.quota().period_ns())
+            } else {
+                now
+            };
+            let wait = policy.reset_after_ns(state, since);
+            if wait == 0 {
+                // A check that changed the state meanwhile keeps the key.
+                if writer.remove_unchanged(slot, state) {
+                    writer.state().live -= 1;
+                    dropped += 1;
+                }
+            } else {
+                soonest = soonest.min(wait);
+            }
+        }
+        if dropped > 0 {
+            self.shrink_if_sparse(writer, guard);
+        }
+        (dropped, soonest)
+    }
+
+    /// Makes room for one key in a full store: an untouched key near the hand if there is
+    /// one, else, under [`WhenFull::EvictLeastActive`], of a few sampled keys the one
+    /// whose eviction loses the least: the fewest units consumed, then the soonest reset.
+    fn make_room(
+        &self,
+        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        guard: &Guard,
+        now: u64,
+    ) -> Room {
+        let (dropped, soonest) = self.sweep(writer, guard, now, SCAN_WHEN_FULL, false);
+        if dropped > 0 {
+            return Room::Untouched;
+        }
+        let table = writer.table(guard);
+        let fallback = table.meta.default.quota().emission_interval_ns().max(1);
+        if self.limits.when_full == WhenFull::DenyNewKeys || writer.state().live == 0 {
+            return Room::None {
+                retry_after_ns: if soonest == u64::MAX {
+                    fallback
+                } else {
+                    soonest
+                }
+                .max(1),
+            };
+        }
+        let capacity = table.capacity() as u64;
+        let mut victim: Option<((u64, u64), usize, u64)> = None;
+        let mut seen = 0;
+        for _ in 0..SAMPLES * 8 {
+            if seen == SAMPLES {
+                break;
+            }
+            let rng = &mut writer.state().rng;
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            let at = (*rng % capacity) as usize;
+            let slot = table.slot(at);
+            let Word::Live(state) = slot.load() else {
+                continue;
+            };
+            seen += 1;
+            let snapshot = self.slot_policy(table, slot).peek(state, now, 0);
+            let cost = (
+                snapshot.limit() - snapshot.remaining(),
+                snapshot.reset_after_ns(),
+            );
+            if victim.is_none_or(|(best, _, _)| cost < best) {
+                victim = Some((cost, at, state));
+            }
+        }
+        let Some((_, at, _)) = victim else {
+            return Room::None {
+                retry_after_ns: fallback,
+            };
+        };
+        if writer.remove(table.slot(at)).is_some() {
+            writer.state().live -= 1;
+            Room::Active
+        } else {
+            Room::None {
+                retry_after_ns: fallback,
+            }
+        }
+    }
+
+    /// A deny for a new key that found no room.
+    fn refuse(&self, policy: &WordPolicy, retry_after_ns: u64) -> Decision {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Decision::capacity_deny(policy.capacity(), retry_after_ns)
+    }
+
+    /// Takes a place for a new key; false when the store is full.
+    fn reserve(&self) -> bool {
+        self.len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.limits.max_keys).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Records that `dropped` keys left, counting them in `counter`.
+    fn forget(&self, dropped: usize, counter: &AtomicU64) {
+        if dropped > 0 {
+            self.len.fetch_sub(dropped, Ordering::AcqRel);
+            counter.fetch_add(dropped as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The decision a request of `cost` for `key` would get at `now`, consuming nothing
+    /// and storing nothing. Takes no lock.
+    pub(crate) fn peek<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shelf = self.shard(hash);
+        with_guard(&self.resizes, |guard| {
+            loop {
+                let table = shelf.read(guard);
+                let policy = table.meta.policy_for(hash, key);
+                fits(policy, cost)?;
+                match table.find(hash, |k| k.borrow() == key) {
+                    Some((_, Word::Live(state))) => return Ok(policy.peek(state, now, cost)),
+                    Some((_, Word::Frozen)) => shelf.wait_for_writer(),
+                    Some((_, Word::Removed)) => {}
+                    None => return Ok(policy.peek(UNTOUCHED, now, cost)),
+                }
+            }
+        })
+    }
+
+    /// Removes `key`'s state (not its override); true if it held state.
+    ///
+    /// Takes the key's shard writer mutex.
+    pub(crate) fn remove<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let removed = with_guard(&self.resizes, |guard| {
+            let mut writer = self.shard(hash).write();
+            let table = writer.table(guard);
+            let Some((slot, _)) = table.find(hash, |k| k.borrow() == key) else {
+                return false;
+            };
+            if writer.remove(slot).is_none() {
+                return false;
+            }
+            writer.state().live -= 1;
+            self.shrink_if_sparse(&mut writer, guard);
+            true
+        });
+        if removed {
+            self.len.fetch_sub(1, Ordering::AcqRel);
+            self.denies.invalidate();
+        }
+        removed
+    }
+
+    /// Gives `key` its own policy (`Some`) or returns it to the default (`None`),
+    /// converting its state. The shard migrates to a table carrying the new policies.
+    ///
+    /// Takes the key's shard writer mutex.
+    pub(crate) fn set_override(&self, key: K, policy: Option<WordPolicy>, now: u64) {
+        let hash = self.hasher.hash_one(&key);
+        with_guard(&self.resizes, |guard| {
+            let mut writer = self.shard(hash).write();
+            let table = writer.table(guard);
+            let old = *table.meta.policy_for(hash, &key);
+            let new = policy.unwrap_or(table.meta.default);
+            let target = table
+                .find(hash, |k| *k == key)
+                .and_then(|(slot, _)| slot_index(table, slot));
+            let mut overrides = table.meta.overrides.as_deref().map_or_else(
+                || Overrides {
+                    map: HashTable::new(),
+                    bits: [0; FILTER_WORDS],
+                },
+                |o| Overrides {
+                    map: o.map.clone(),
+                    bits: o.bits,
+                },
+            );
+            let rehash = self.rehash();
+            match (overrides.map.find_mut(hash, |o| *o.key == key), policy) {
+                (Some(o), Some(policy)) => o.policy = policy,
+                (Some(_), None) => {
+                    if let Ok(o) = overrides.map.find_entry(hash, |o| *o.key == key) {
+                        o.remove();
+                    }
+                    overrides.bits = [0; FILTER_WORDS];
+                    for o in overrides.map.iter() {
+                        let (word, bit) = filter_bit(rehash(&o.key));
+                        overrides.bits[word] |= bit;
+                    }
+                }
+                (None, Some(policy)) => {
+                    overrides.map.insert_unique(
+                        hash,
+                        Override {
+                            key: Arc::new(key),
+                            policy,
+                        },
+                        |o| rehash(&o.key),
+                    );
+                    let (word, bit) = filter_bit(hash);
+                    overrides.bits[word] |= bit;
+                }
+                (None, None) => {}
+            }
+            let meta = Policies {
+                default: table.meta.default,
+                overrides: (!overrides.map.is_empty()).then(|| Arc::new(overrides)),
+            };
+            let capacity = table.capacity();
+            writer.migrate(guard, capacity, meta, self.rehash(), |index, state| {
+                if Some(index) == target {
+                    new.convert(state, now, &old)
+                } else {
+                    state
+                }
+            });
+            self.retired(&mut writer);
+        });
+        self.denies.invalidate();
+    }
+
+    /// The policy `key` is limited by. Takes no lock.
+    pub(crate) fn policy_of<Q>(&self, key: &Q) -> WordPolicy
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        with_guard(&self.resizes, |guard| {
+            *self.shard(hash).read(guard).meta.policy_for(hash, key)
+        })
+    }
+
+    /// The default policy. Takes no lock.
+    pub(crate) fn default_policy(&self) -> WordPolicy {
+        with_guard(&self.resizes, |guard| {
+            self.shards[0].read(guard).meta.default
+        })
+    }
+
+    /// Replaces the default quota, keeping the algorithm, converting every key without an
+    /// override. Shards migrate one at a time, each under its writer mutex.
+    pub(crate) fn set_default_quota(
+        &self,
+        quota: Quota,
+        now: impl Fn() -> u64,
+    ) -> Result<(), ConfigError> {
+        let _serial = self.reconfigure.lock();
+        let policy = self.default_policy().with_quota(quota)?;
+        for shelf in self.shards.iter() {
+            with_guard(&self.resizes, |guard| {
+                let mut writer = shelf.write();
+                let table = writer.table(guard);
+                let old = table.meta.default;
+                // Which slots keep their own policy: looked up before anything freezes.
+                let mut own = vec![false; table.capacity()];
+                if let Some(overrides) = &table.meta.overrides {
+                    for (index, flag) in own.iter_mut().enumerate() {
+                        *flag = table
+                            .slot(index)
+                            .with_key(|key| {
+                                overrides
+                                    .map
+                                    .find(self.hasher.hash_one(key), |o| *o.key == *key)
+                                    .is_some()
+                            })
+                            .unwrap_or(false);
+                    }
+                }
+                let meta = Policies {
+                    default: policy,
+                    overrides: table.meta.overrides.clone(),
+                };
+                let now = now();
+                let capacity = table.capacity();
+                writer.migrate(guard, capacity, meta, self.rehash(), |index, state| {
+                    if own[index] {
+                        state
+                    } else {
+                        policy.convert(state, now, &old)
+                    }
+                });
+                self.retired(&mut writer);
+            });
+        }
+        self.denies.invalidate();
+        Ok(())
+    }
+
+    /// How many keys hold state.
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// The store's counters.
+    pub(crate) fn stats(&self) -> StoreStats {
+        StoreStats {
+            keys: self.len(),
+            evicted_untouched: self.evicted_untouched.load(Ordering::Relaxed),
+            evicted_active: self.evicted_active.load(Ordering::Relaxed),
+            refused_new_keys: self.refused.load(Ordering::Relaxed),
+            resizes: self.resizes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The number of shards.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The keys held by each shard (for tests of the sharding).
+    #[cfg(test)]
+    fn shard_lens(&self) -> Vec<usize> {
+        self.shards.iter().map(|s| s.write().state().live).collect()
+    }
+}
+
+/// The index of `slot` in `table`.
+fn slot_index<K, M>(table: &Table<K, M>, slot: &Slot<K>) -> Option<usize> {
+    (0..table.capacity()).find(|&i| std::ptr::eq(table.slot(i), slot))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Plan;
+    use std::time::Duration;
+
+    fn limits(shards: usize, max_keys: usize) -> Limits {
+        Limits {
+            shards,
+            max_keys,
+            when_full: WhenFull::DenyNewKeys,
+            sweep: false,
+        }
+    }
+
+    fn store(shards: usize, max_keys: usize) -> WordStore<String> {
+        let quota = Quota::new(1, Duration::from_nanos(100)).unwrap();
+        WordStore::new(limits(shards, max_keys), WordPolicy::token_bucket(quota))
+    }
+
+    #[test]
+    fn borrowed_lookups_find_owned_keys() {
+        let store = store(4, usize::MAX);
+        assert!(store.check("a", || 0, 1, u64::MAX).unwrap().is_allowed());
+        assert!(!store.check("a", || 0, 1, u64::MAX).unwrap().is_allowed());
+        assert!(store.peek("b", 0, 1).unwrap().is_allowed());
+        assert_eq!(store.len(), 1);
+        assert!(store.remove("a"));
+        assert!(!store.remove("a"));
+        assert_eq!(store.len(), 0);
+    }
+
+    #[test]
+    fn keys_spread_over_all_shards() {
+        let store = store(8, usize::MAX);
+        for i in 0..8000 {
+            store
+                .check(format!("k{i}").as_str(), || 0, 1, u64::MAX)
+                .unwrap();
+        }
+        for len in store.shard_lens() {
+            assert!((800..1200).contains(&len), "{len} keys in one shard of 8");
+        }
+    }
+
+    #[test]
+    fn a_full_store_evicts_only_untouched_keys_and_says_when_to_retry() {
+        // One shard so the hand sees every key; T = 100ns, burst 1.
+        let store = store(1, 2);
+        store.check("old", || 0, 1, u64::MAX).unwrap();
+        store.check("busy", || 50, 1, u64::MAX).unwrap();
+        // At 120, "old" is untouched (full since 100) and "busy" is full at 150.
+        assert!(
+            store
+                .check("new", || 120, 1, u64::MAX)
+                .unwrap()
+                .is_allowed()
+        );
+        assert_eq!(store.stats().evicted_untouched, 1);
+        let d = store.check("other", || 120, 1, u64::MAX).unwrap();
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_nanos(30)));
+        assert_eq!(store.len(), 2);
+        assert_eq!(store.stats().refused_new_keys, 1);
+        assert!(
+            store
+                .check("other", || 150, 1, u64::MAX)
+                .unwrap()
+                .is_allowed()
+        );
+    }
+
+    #[test]
+    fn cached_denies_are_exact_and_invalidated_by_admin_changes() {
+        let store = store(2, usize::MAX);
+        store.check("k", || 0, 1, u64::MAX).unwrap();
+        let first = store.check("k", || 10, 1, u64::MAX).unwrap();
+        // Served from the cache: the same instants, seen from a later now.
+        let cached = store.check("k", || 30, 1, u64::MAX).unwrap();
+        assert_eq!(cached.retry_after(), Some(Duration::from_nanos(70)));
+        assert_eq!(
+            cached.reset_after(),
+            first.reset_after() - Duration::from_nanos(20)
+        );
+        assert_eq!(cached, store.peek("k", 30, 1).unwrap());
+        // At the retry instant the store answers again, and admits.
+        assert!(store.check("k", || 100, 1, u64::MAX).unwrap().is_allowed());
+        // A reset must not leave a stale deny behind.
+        assert!(!store.check("k", || 110, 1, u64::MAX).unwrap().is_allowed());
+        store.remove("k");
+        assert!(store.check("k", || 111, 1, u64::MAX).unwrap().is_allowed());
+    }
+
+    #[test]
+    fn a_quota_change_converts_state_in_the_migration() {
+        let Ok(Plan::Word(policy)) =
+            Plan::new(crate::Algorithm::TokenBucket, "10/s".parse().unwrap())
+        else {
+            panic!("word policy")
+        };
+        let store: WordStore<String> = WordStore::new(limits(2, usize::MAX), policy);
+        for _ in 0..5 {
+            store.check("k", || 0, 1, u64::MAX).unwrap();
+        }
+        store
+            .set_default_quota("100/s".parse().unwrap(), || 0)
+            .unwrap();
+        assert_eq!(store.peek("k", 0, 1).unwrap().remaining(), 95);
+        store.set_override("k".to_owned(), Some(policy), 0);
+        assert_eq!(store.peek("k", 0, 1).unwrap().remaining(), 5);
+        assert_eq!(store.policy_of("k").quota().limit(), 10);
+        assert_eq!(store.policy_of("j").quota().limit(), 100);
+        // Back to the default: the key's 5 consumed units carry over.
+        store.set_override("k".to_owned(), None, 0);
+        assert_eq!(store.peek("k", 0, 1).unwrap().remaining(), 95);
+        assert_eq!(store.policy_of("k").quota().limit(), 100);
+    }
+
+    #[test]
+    fn a_table_emptied_after_a_flood_shrinks_and_keeps_the_rest() {
+        let store = store(1, usize::MAX);
+        for i in 0..10_000 {
+            store
+                .check(format!("k{i}").as_str(), || 0, 1, u64::MAX)
+                .unwrap();
+        }
+        let grown = store.stats().resizes;
+        for i in 10..10_000 {
+            assert!(store.remove(format!("k{i}").as_str()));
+        }
+        assert!(store.stats().resizes > grown, "no shrink");
+        let capacity = with_guard(&store.resizes, |g| store.shards[0].read(g).capacity());
+        assert!(capacity <= 64, "{capacity} slots for 10 keys");
+        for i in 0..10 {
+            assert!(
+                !store
+                    .check(format!("k{i}").as_str(), || 1, 1, u64::MAX)
+                    .unwrap()
+                    .is_allowed()
+            );
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! The lock-free store under stress: threads check, remove and flood keys of tiny tables
+//! that resize, shrink, compact and migrate (per-key quota changes) all the time, and
+//! every decision is compared with a reference model of the token bucket.
+//!
+//! Time moves in phases: all threads work at one instant, then wait while it advances.
+//! Within a phase the sweep that drops untouched keys changes no decision, so the model is
+//! exact; with `max_keys`, live keys are evicted too, and a decision may then be that of a
+//! fresh key — accepted only as often as the store counts active evictions.
+//!
+//! `TOLLGATE_STRESS_PHASES` scales the run (`scripts/test.sh` runs it under valgrind with
+//! a small value).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::Duration;
+
+use tollgate::clock::{Clock, ManualClock};
+use tollgate::{Decision, Quota, RateLimiter, WhenFull};
+
+/// The token bucket as governor defines it, written independently of tollgate's.
+#[derive(Clone, Copy)]
+struct Reference {
+    t: u64,
+    tau: u64,
+}
+
+/// What the reference decides: allowed, remaining, reset after, retry after, next TAT.
+type Expected = (bool, u64, u64, Option<u64>, u64);
+
+impl Reference {
+    fn new(quota: Quota) -> Self {
+        let t = quota.period().as_nanos() as u64 / quota.limit();
+        Self {
+            t,
+            tau: t * (quota.burst() - 1),
+        }
+    }
+
+    fn remaining(&self, tat: u64, now: u64) -> u64 {
+        (self.tau + self.t).saturating_sub(tat.saturating_sub(now)) / self.t
+    }
+
+    fn decide(&self, tat: u64, now: u64, cost: u64) -> Expected {
+        let earliest = (tat + self.t * (cost - 1)).saturating_sub(self.tau);
+        if now < earliest {
+            return (
+                false,
+                self.remaining(tat, now),
+                tat.saturating_sub(now),
+                Some(earliest - now),
+                tat,
+            );
+        }
+        let next = tat.max(now) + self.t * cost;
+        (true, self.remaining(next, now), next - now, None, next)
+    }
+}
+
+fn observed(d: &Decision) -> (bool, u64, u64, Option<u64>) {
+    (
+        d.is_allowed(),
+        d.remaining(),
+        d.reset_after().as_nanos() as u64,
+        d.retry_after().map(|r| r.as_nanos() as u64),
+    )
+}
+
+/// One thread's keys and their reference states.
+struct Model {
+    reference: Reference,
+    tats: HashMap<u64, u64>,
+    /// Decisions accepted as those of a fresh key after an active eviction.
+    resets: u64,
+}
+
+impl Model {
+    /// Checks that the store's decision for `key` is the reference's, or (if `lossy`) a
+    /// fresh key's; updates the reference.
+    fn expect(&mut self, key: u64, now: u64, cost: u64, got: &Decision, lossy: bool, what: &str) {
+        let tat = self.tats.get(&key).copied().unwrap_or(0);
+        let (allowed, remaining, reset, retry, next) = self.reference.decide(tat, now, cost);
+        if observed(got) == (allowed, remaining, reset, retry) {
+            if allowed {
+                self.tats.insert(key, next);
+            }
+            return;
+        }
+        let fresh = self.reference.decide(0, now, cost);
+        let refused = lossy && got.is_capacity_deny();
+        assert!(
+            lossy && (refused || observed(got) == (fresh.0, fresh.1, fresh.2, fresh.3)),
+            "{what} of key {key} at {now}: got {got:?}, expected allowed={allowed} \
+             remaining={remaining} reset={reset} retry={retry:?} (state {tat})"
+        );
+        self.resets += 1;
+        if refused {
+            self.tats.remove(&key);
+        } else if fresh.0 {
+            self.tats.insert(key, fresh.4);
+        } else {
+            self.tats.remove(&key);
+        }
+    }
+}
+
+/// Xorshift64.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+struct Scale {
+    phases: u64,
+    ops: u64,
+}
+
+fn scale() -> Scale {
+    let phases = std::env::var("TOLLGATE_STRESS_PHASES")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(4_000);
+    Scale { phases, ops: 60 }
+}
+
+/// Runs `checkers` threads on 24 keys each, a flood thread cycling through 3,000 keys
+/// (inserting and removing them) and an admin thread changing one key's quota (which
+/// migrates its shard), for `scale.phases` phases. Returns (operations, resizes,
+/// accepted resets, active evictions).
+fn run(
+    limiter: &RateLimiter<u64, ManualClock>,
+    lossy: bool,
+    scale: &Scale,
+) -> (u64, u64, u64, u64) {
+    const CHECKERS: u64 = 3;
+    let quota = limiter.quota();
+    let reference = Reference::new(quota);
+    let period = reference.t;
+    let start = Barrier::new(CHECKERS as usize + 3);
+    let done = Barrier::new(CHECKERS as usize + 3);
+    let ops = AtomicU64::new(0);
+    let resets = AtomicU64::new(0);
+    let failure: Mutex<Option<String>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        // Checkers (0..CHECKERS) and the flood thread (CHECKERS).
+        for thread in 0..=CHECKERS {
+            let (start, done, ops, resets) = (&start, &done, &ops, &resets);
+            s.spawn(move || {
+                let flood = thread == CHECKERS;
+                let mut model = Model {
+                    reference,
+                    tats: HashMap::new(),
+                    resets: 0,
+                };
+                let mut x = 0x2545_f491_4f6c_dd1d ^ ((thread + 1) * 0x9e37_79b9);
+                let base = thread * 100_000;
+                let span = if flood { 3_000 } else { 24 };
+                for _ in 0..scale.phases {
+                    start.wait();
+                    let now = limiter.clock().now_ns();
+                    for _ in 0..scale.ops {
+                        let r = next(&mut x);
+                        let key = base + r % span;
+                        match (r >> 32) % 10 {
+                            0 => {
+                                limiter.reset(&key);
+                                model.tats.remove(&key);
+                            }
+                            1 => {
+                                let d = limiter.check_n(&key, 2).expect("burst 3");
+                                model.expect(key, now, 2, &d, lossy, "check_n");
+                            }
+                            2 => {
+                                let d = limiter.peek(&key);
+                                let tat = model.tats.get(&key).copied().unwrap_or(0);
+                                let e = reference.decide(tat, now, 1);
+                                // With evictions the key may have been reset meanwhile.
+                                if !lossy {
+                                    // A peek consumes nothing: compare verdict and retry.
+                                    assert_eq!(
+                                        (
+                                            d.is_allowed(),
+                                            d.retry_after().map(|r| r.as_nanos() as u64)
+                                        ),
+                                        (e.0, e.3),
+                                        "peek of key {key} at {now}"
+                                    );
+                                }
+                            }
+                            _ => {
+                                let d = limiter.check(&key);
+                                model.expect(key, now, 1, &d, lossy, "check");
+                            }
+                        }
+                        if flood && r % 3 == 0 {
+                            // Remove what was just inserted most of the time: the table
+                            // grows, fills with removed slots, compacts and shrinks.
+                            limiter.reset(&key);
+                            model.tats.remove(&key);
+                        }
+                    }
+                    ops.fetch_add(scale.ops, Ordering::Relaxed);
+                    done.wait();
+                }
+                resets.fetch_add(model.resets, Ordering::Relaxed);
+            });
+        }
+        // The admin thread: gives one key its own quota and takes it back, migrating the
+        // key's shard each time, while the others check.
+        {
+            let (start, done, failure) = (&start, &done, &failure);
+            s.spawn(move || {
+                let own: Quota = "7/s burst 3".parse().expect("valid quota");
+                let key = 999_999u64;
+                for phase in 0..scale.phases {
+                    start.wait();
+                    let expected = if phase % 2 == 0 {
+                        limiter.set_quota(&key, own).expect("same algorithm");
+                        own
+                    } else {
+                        limiter.remove_quota(&key);
+                        quota
+                    };
+                    if limiter.quota_for(&key) != expected || limiter.quota_for(&(key + 1)) != quota
+                    {
+                        *failure.lock().unwrap() = Some(format!("phase {phase}: quotas mixed up"));
+                    }
+                    done.wait();
+                }
+            });
+        }
+        // The clock: moves between phases, by up to two emission intervals.
+        let mut x = 0x1234_5678_9abc_def1u64;
+        for _ in 0..scale.phases {
+            start.wait();
+            done.wait();
+            limiter
+                .clock()
+                .advance(Duration::from_nanos(next(&mut x) % (2 * period)));
+        }
+    });
+    if let Some(failure) = failure.into_inner().unwrap() {
+        panic!("{failure}");
+    }
+    let stats = limiter.stats();
+    (
+        ops.into_inner(),
+        stats.resizes,
+        resets.into_inner(),
+        stats.evicted_active,
+    )
+}
+
+fn limiter(shards: usize) -> tollgate::Builder<u64, ManualClock> {
+    RateLimiter::builder("5/s burst 3".parse().expect("valid quota"))
+        .clock(ManualClock::new())
+        .shards(shards)
+}
+
+#[test]
+fn every_decision_matches_the_model_while_tiny_tables_resize() {
+    let scale = scale();
+    for shards in [1, 2] {
+        let limiter = limiter(shards).build().unwrap();
+        let (ops, resizes, resets, _) = run(&limiter, false, &scale);
+        assert_eq!(resets, 0);
+        // Tables migrate on quota changes alone once per phase.
+        assert!(resizes >= scale.phases, "{resizes} resizes");
+        println!(
+            "stress: {shards} shard(s), 5 threads, {ops} operations, {resizes} resizes, \
+             {} keys at the end",
+            limiter.len()
+        );
+    }
+}
+
+#[test]
+fn evictions_under_max_keys_reset_only_what_they_count() {
+    let scale = scale();
+    for when_full in [WhenFull::EvictLeastActive, WhenFull::DenyNewKeys] {
+        let limiter = limiter(2)
+            .max_keys(60)
+            .when_full(when_full)
+            .build()
+            .unwrap();
+        let (ops, resizes, resets, evicted) = run(&limiter, true, &scale);
+        assert!(limiter.len() <= 60);
+        let stats = limiter.stats();
+        // A fresh-key decision is accepted only after an active eviction or a refusal.
+        assert!(
+            resets <= evicted + stats.refused_new_keys,
+            "{resets} resets, {stats:?}"
+        );
+        if when_full == WhenFull::EvictLeastActive {
+            assert!(evicted > 0, "{stats:?}");
+        }
+        println!(
+            "stress ({when_full:?}): 5 threads, {ops} operations, {resizes} resizes, \
+             {evicted} active evictions, {resets} decisions of a fresh key"
+        );
+    }
+}
