@@ -110,8 +110,8 @@ const REMOVED: u64 = u64::MAX - 1;
 const EMPTY: u64 = u64::MAX;
 
 /// A table is resized before `used / capacity` passes `MAX_LOAD_NUM / MAX_LOAD_DEN`.
-const MAX_LOAD_NUM: usize = 7;
-const MAX_LOAD_DEN: usize = 8;
+const MAX_LOAD_NUM: usize = 43;
+const MAX_LOAD_DEN: usize = 50;
 /// The home slot is the low 32 bits of the hash scaled to the capacity, so a table has at
 /// most 2³² slots.
 const MAX_CAPACITY: usize = u32::MAX as usize;
