@@ -48,10 +48,12 @@ impl<T: Hash + Eq + Send + Sync + 'static> Key for T {}
 ///
 /// [`set_quota`](Self::set_quota) gives one key its own quota and
 /// [`set_default_quota`](Self::set_default_quota) changes everyone else's, while checks
-/// go on. Each shard keeps its policy next to its keys, so a check reads its key's quota
-/// under the shard read lock it takes anyway: no extra lock and no extra atomic on the
-/// check path. A change takes each affected shard's write lock in turn and converts the
-/// state of its keys, so no check ever pairs a new quota with unconverted state.
+/// go on. Each shard keeps its policies next to its keys (for the word algorithms, in
+/// the very table a check probes), so reading a key's quota costs no extra lock or
+/// atomic. A change takes each affected shard's writer lock in turn and converts the
+/// state of its keys (for the word algorithms, while each is frozen during the
+/// migration to a table carrying the new quota), so no check ever pairs a new quota with
+/// unconverted state.
 ///
 /// What a change does to a key's state: **the units it has consumed carry over, capped
 /// at the new quota's capacity**, so a change never refills a key. A token bucket with
@@ -157,7 +159,8 @@ impl<K: Key, C> RateLimiter<K, C> {
     /// The default quota: the one every key without its own quota is limited by.
     ///
     /// # Locking behaviour
-    /// Takes the first shard's read lock.
+    /// None for the token bucket, leaky bucket and window counters; the first shard's
+    /// read lock for the sliding log and synced limiters.
     pub fn quota(&self) -> Quota {
         on_store!(&self.inner.engine, s => s.default_policy().quota())
     }
@@ -269,7 +272,9 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// it stands.
     ///
     /// # Locking behaviour
-    /// Takes the read lock of the key's shard (and, for the sliding log, the key's mutex).
+    /// None for the token bucket, leaky bucket and window counters (unless a resize is
+    /// moving the key right then: it waits for that); the read lock of the key's shard for
+    /// the sliding log (and the key's mutex) and synced limiters.
     pub fn peek<Q>(&self, key: &Q) -> Decision
     where
         K: Borrow<Q>,
@@ -309,7 +314,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// with [`set_quota`](Self::set_quota) stays.
     ///
     /// # Locking behaviour
-    /// Takes the write lock of the key's shard.
+    /// Takes the writer lock of the key's shard; checks on the shard's other keys go on.
     pub fn reset<Q>(&self, key: &Q)
     where
         K: Borrow<Q>,
@@ -326,7 +331,9 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// [`ConfigError::LimitTooLarge`] when the algorithm cannot hold the quota's limit.
     ///
     /// # Locking behaviour
-    /// Takes the write lock of the key's shard.
+    /// Takes the writer lock of the key's shard. For the token bucket, leaky bucket and
+    /// window counters the shard then migrates to a table carrying the new quota
+    /// (O(keys in the shard)); checks go on, each key waiting only while it is moved.
     pub fn set_quota<Q>(&self, key: &Q, quota: Quota) -> Result<(), ConfigError>
     where
         K: Borrow<Q>,
@@ -343,7 +350,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// Returns `key` to the default quota, carrying its consumed units over.
     ///
     /// # Locking behaviour
-    /// Takes the write lock of the key's shard.
+    /// As [`set_quota`](Self::set_quota).
     pub fn remove_quota<Q>(&self, key: &Q)
     where
         K: Borrow<Q>,
@@ -356,7 +363,8 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// The quota `key` is limited by: its own, or the default.
     ///
     /// # Locking behaviour
-    /// Takes the read lock of the key's shard.
+    /// None for the token bucket, leaky bucket and window counters; the read lock of the
+    /// key's shard for the sliding log and synced limiters.
     pub fn quota_for<Q>(&self, key: &Q) -> Quota
     where
         K: Borrow<Q>,
@@ -373,8 +381,10 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// nothing changes then.
     ///
     /// # Locking behaviour
-    /// Takes each shard's write lock in turn, for as long as converting its keys takes;
-    /// checks on the other shards go on meanwhile. Concurrent calls are serialised.
+    /// Takes each shard's writer lock in turn, for as long as converting its keys takes;
+    /// checks on the other shards go on meanwhile (for the token bucket, leaky bucket and
+    /// window counters, on that shard's keys too, each waiting only while it is moved).
+    /// Concurrent calls are serialised.
     pub fn set_default_quota(&self, quota: Quota) -> Result<(), ConfigError> {
         let now = || self.inner.clock.now_ns();
         on_store!(&self.inner.engine, s => s.set_default_quota(quota, now))
