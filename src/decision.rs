@@ -128,4 +128,9 @@ impl Decision {
     pub(crate) fn reset_after_ns(&self) -> u64 {
         self.reset_after_ns
     }
+
+    /// `retry_after` in nanoseconds for a deny (never 0); 0 for an admission.
+    pub(crate) fn retry_after_ns(&self) -> u64 {
+        if self.is_allowed() { 0 } else { self.wait_ns }
+    }
 }

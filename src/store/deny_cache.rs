@@ -95,14 +95,26 @@ impl Denies {
         decision: &Decision,
     ) {
         if !decision.is_allowed() && !decision.is_capacity_deny() {
-            self.insert(generation, hash, self.checker.hash_one(key), now, decision);
+            // Fields by value: a reference to the decision would keep it in memory on
+            // every check, not only on this cold path.
+            let entry = Cached {
+                store: self.id,
+                generation,
+                hash,
+                check: self.checker.hash_one(key),
+                limit: decision.limit(),
+                retry_at: now.saturating_add(decision.retry_after_ns()),
+                reset_at: now.saturating_add(decision.reset_after_ns()),
+            };
+            self.insert(entry);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn insert(&self, generation: u64, hash: u64, check: u64, now: u64, decision: &Decision) {
-        insert(self.id, generation, hash, check, now, decision);
+    fn insert(&self, entry: Cached) {
+        // A thread being torn down has no cache: nothing to remember then.
+        let _ = CACHE.try_with(|cache| cache.borrow_mut()[way(entry.hash)] = entry);
         if !self.live.load(Ordering::Relaxed) {
             self.live.store(true, Ordering::Relaxed);
         }
@@ -193,22 +205,4 @@ fn lookup(
             hit.retry_at - now,
         )
     })
-}
-
-/// Remembers that a unit request for this key was denied at `now` with `decision`.
-fn insert(store: u64, generation: u64, hash: u64, check: u64, now: u64, decision: &Decision) {
-    let Some(retry) = decision.retry_after() else {
-        return;
-    };
-    let entry = Cached {
-        store,
-        generation,
-        hash,
-        check,
-        limit: decision.limit(),
-        retry_at: now.saturating_add(u64::try_from(retry.as_nanos()).unwrap_or(u64::MAX)),
-        reset_at: now.saturating_add(decision.reset_after_ns()),
-    };
-    // A thread being torn down has no cache: nothing to remember then.
-    let _ = CACHE.try_with(|cache| cache.borrow_mut()[way(hash)] = entry);
 }

@@ -207,11 +207,18 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
             };
         }
         let mut victim = None;
-        for _ in 0..SAMPLES {
-            self.rng ^= self.rng << 13;
-            self.rng ^= self.rng >> 7;
-            self.rng ^= self.rng << 17;
-            let at = (self.rng % self.table.len() as u64) as usize;
+        // With no more keys than samples, every key is a candidate: random draws could
+        // miss the one that loses least.
+        let len = self.table.len();
+        for draw in 0..SAMPLES.min(len) {
+            let at = if len <= SAMPLES {
+                draw
+            } else {
+                self.rng ^= self.rng << 13;
+                self.rng ^= self.rng >> 7;
+                self.rng ^= self.rng << 17;
+                (self.rng % len as u64) as usize
+            };
             if self.table.entry(at).state.evictable() {
                 let candidate = (self.eviction_cost(at, now, rehash), at);
                 victim = Some(victim.map_or(candidate, |v: ((u64, u64), usize)| v.min(candidate)));

@@ -333,18 +333,20 @@ impl<K: crate::Key> WordStore<K> {
         let shelf = self.shard(hash);
         let cacheable = Denies::applies(true, cost, max_delay);
         let generation = if cacheable {
-            let generation = self.denies.generation();
-            if let Some(denied) = self.denies.lookup(generation, hash, key, now) {
-                return Ok(denied);
-            }
-            generation
+            self.denies.generation()
         } else {
             0
         };
+        if cacheable {
+            if let Some(denied) = self.denies.lookup(generation, hash, key, now) {
+                return Ok(denied);
+            }
+        }
         let guard = take_guard();
         let table = shelf.read(&guard);
         let policy = table.meta.policy_for(hash, key);
-        let fast = if cost > policy.capacity() {
+        // Every policy admits at least one unit, so a unit check skips the capacity test.
+        let fast = if cost > 1 && cost > policy.capacity() {
             None
         } else {
             match table.find(hash, |k| k.borrow() == key) {
@@ -591,18 +593,27 @@ impl<K: crate::Key> WordStore<K> {
                 .max(1),
             };
         }
-        let capacity = table.capacity() as u64;
+        let capacity = table.capacity();
         let mut victim: Option<((u64, u64), usize, u64)> = None;
         let mut seen = 0;
-        for _ in 0..SAMPLES * 8 {
+        // With no more live keys than samples, every key is a candidate (the table is
+        // then small: it shrinks below a quarter full): random draws could miss the one
+        // that loses least.
+        let every = writer.state().live <= SAMPLES;
+        let draws = if every { capacity } else { SAMPLES * 8 };
+        for draw in 0..draws {
             if seen == SAMPLES {
                 break;
             }
-            let rng = &mut writer.state().rng;
-            *rng ^= *rng << 13;
-            *rng ^= *rng >> 7;
-            *rng ^= *rng << 17;
-            let at = (*rng % capacity) as usize;
+            let at = if every {
+                draw
+            } else {
+                let rng = &mut writer.state().rng;
+                *rng ^= *rng << 13;
+                *rng ^= *rng >> 7;
+                *rng ^= *rng << 17;
+                (*rng % capacity as u64) as usize
+            };
             let slot = table.slot(at);
             let Word::Live(state) = slot.load() else {
                 continue;
