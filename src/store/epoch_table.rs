@@ -195,23 +195,17 @@ impl<K> Slot<K> {
     /// Marks a live slot removed and returns the state it had. The key stays in place
     /// (readers may be comparing it) until the table is destroyed.
     fn remove(&self) -> Option<u64> {
-        let mut raw = self.word.load(Ordering::Acquire);
-        loop {
-            if raw > STATE_MAX {
-                return None;
-            }
-            match self
-                .word
-                .compare_exchange_weak(raw, REMOVED, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return Some(raw),
-                Err(actual) => raw = actual,
-            }
-        }
+        self.end(REMOVED)
     }
 
     /// Freezes a live slot and returns the state it had; `None` if it was not live.
     fn freeze(&self) -> Option<u64> {
+        self.end(FROZEN)
+    }
+
+    /// Replaces a live state, whatever it is, with the final word `to` (REMOVED or
+    /// FROZEN); returns the state it replaced, or `None` if the slot was not live.
+    fn end(&self, to: u64) -> Option<u64> {
         let mut raw = self.word.load(Ordering::Acquire);
         loop {
             if raw > STATE_MAX {
@@ -219,7 +213,7 @@ impl<K> Slot<K> {
             }
             match self
                 .word
-                .compare_exchange_weak(raw, FROZEN, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange_weak(raw, to, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return Some(raw),
                 Err(actual) => raw = actual,

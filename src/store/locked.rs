@@ -5,16 +5,16 @@
 
 use std::borrow::Borrow;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 
+use super::counts::Counts;
 use super::deny_cache::Denies;
 use super::shard::Shard;
 use super::state::State;
 use super::table::Entry;
-use super::{Limits, Room, StoreStats, fits};
+use super::{Limits, StoreStats, fits};
 use crate::algorithm::Policy;
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
@@ -31,10 +31,7 @@ pub(crate) struct Store<K, S: State> {
     /// `log2(shards.len())`.
     shard_bits: u32,
     limits: Limits,
-    len: CachePadded<AtomicUsize>,
-    evicted_untouched: AtomicU64,
-    evicted_active: AtomicU64,
-    refused: AtomicU64,
+    counts: Counts,
     /// Serialises default-policy changes, so all shards end on the same one.
     reconfigure: Mutex<()>,
 }
@@ -52,10 +49,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
             denies: Denies::new(),
             shard_bits: limits.shards.trailing_zeros(),
             limits,
-            len: CachePadded::new(AtomicUsize::new(0)),
-            evicted_untouched: AtomicU64::new(0),
-            evicted_active: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
+            counts: Counts::new(limits.max_keys),
             reconfigure: Mutex::new(()),
         }
     }
@@ -143,22 +137,13 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         }
         let rehash = self.rehash();
         if self.limits.sweep {
-            let dropped = shard.sweep_on_insert(now, &rehash);
-            self.forget(dropped, &self.evicted_untouched);
+            self.counts.swept(shard.sweep_on_insert(now, &rehash));
         }
-        if !self.reserve() {
-            match shard.make_room(now, self.limits.when_full, &rehash) {
-                Room::Untouched => self.forget(1, &self.evicted_untouched),
-                Room::Active => {
-                    self.forget(1, &self.evicted_active);
-                    self.denies.invalidate();
-                }
-                Room::None { retry_after_ns } => return Ok(self.refuse(&policy, retry_after_ns)),
-            }
-            // Another shard may take the freed place first; then this key is refused.
-            if !self.reserve() {
-                return Ok(self.refuse(&policy, 1));
-            }
+        if let Err(retry_after_ns) = self.counts.take_place(
+            || shard.make_room(now, self.limits.when_full, &rehash),
+            || self.denies.invalidate(),
+        ) {
+            return Ok(self.counts.refusal(policy.capacity(), retry_after_ns));
         }
         let entry = Entry {
             key: key.to_owned(),
@@ -167,19 +152,13 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         match shard.insert(hash, entry, &rehash) {
             Ok(entry) => Ok(entry.state.check(&policy, now, cost, max_delay)),
             Err(_) => {
-                self.len.fetch_sub(1, Ordering::AcqRel);
-                Ok(self.refuse(
-                    &policy,
+                self.counts.give_back();
+                Ok(self.counts.refusal(
+                    policy.capacity(),
                     policy.quota().emission_interval().as_nanos() as u64,
                 ))
             }
         }
-    }
-
-    /// A deny for a new key that found no room.
-    fn refuse(&self, policy: &S::Policy, retry_after_ns: u64) -> Decision {
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        Decision::capacity_deny(policy.capacity(), retry_after_ns)
     }
 
     /// The decision a request of `cost` for `key` would get at `now`, consuming nothing
@@ -206,23 +185,6 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         })
     }
 
-    /// Takes a place for a new key; false when the store is full.
-    fn reserve(&self) -> bool {
-        self.len
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.limits.max_keys).then_some(n + 1)
-            })
-            .is_ok()
-    }
-
-    /// Records that `dropped` keys left, counting them in `counter`.
-    fn forget(&self, dropped: usize, counter: &AtomicU64) {
-        if dropped > 0 {
-            self.len.fetch_sub(dropped, Ordering::AcqRel);
-            counter.fetch_add(dropped as u64, Ordering::Relaxed);
-        }
-    }
-
     /// Removes `key`'s state (not its override); true if it held state.
     ///
     /// Takes the key's shard write lock.
@@ -234,7 +196,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         let hash = self.hasher.hash_one(key);
         let removed = self.shard(hash).write().remove(hash, key, self.rehash());
         if removed {
-            self.len.fetch_sub(1, Ordering::AcqRel);
+            self.counts.removed();
             self.denies.invalidate();
         }
         removed
@@ -261,7 +223,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         let removed = shard.remove(hash, key, self.rehash());
         drop(shard);
         if removed {
-            self.len.fetch_sub(1, Ordering::AcqRel);
+            self.counts.removed();
             self.denies.invalidate();
         }
         removed
@@ -349,18 +311,12 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
 
     /// How many keys hold state.
     pub(crate) fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
+        self.counts.len()
     }
 
     /// The store's counters.
     pub(crate) fn stats(&self) -> StoreStats {
-        StoreStats {
-            keys: self.len(),
-            evicted_untouched: self.evicted_untouched.load(Ordering::Relaxed),
-            evicted_active: self.evicted_active.load(Ordering::Relaxed),
-            refused_new_keys: self.refused.load(Ordering::Relaxed),
-            resizes: 0,
-        }
+        self.counts.stats()
     }
 
     /// The number of shards.

@@ -20,6 +20,7 @@
 //! eviction hand over a couple of keys and drops those back to untouched, and
 //! `max_keys` caps the total (see [`WhenFull`]).
 
+mod counts;
 mod deny_cache;
 #[allow(unsafe_code)]
 mod epoch_table;
@@ -61,6 +62,29 @@ enum Room {
     Active,
     /// Nothing was dropped; the soonest key seen will be untouched after this many ns.
     None { retry_after_ns: u64 },
+}
+
+impl Room {
+    /// No room: retry when the soonest key seen is untouched (`u64::MAX` if none was
+    /// seen: then after `fallback`), at least 1 ns from now.
+    fn none_until(soonest: u64, fallback: u64) -> Self {
+        let retry = if soonest == u64::MAX {
+            fallback
+        } else {
+            soonest
+        };
+        Room::None {
+            retry_after_ns: retry.max(1),
+        }
+    }
+}
+
+/// The next draw of a xorshift64 generator (for sampling keys to evict).
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
 }
 
 /// What a limiter at [`max_keys`](crate::Builder::max_keys) does with a new key once no

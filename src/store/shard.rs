@@ -14,7 +14,9 @@ use hashbrown::hash_table::Entry as Occupancy;
 
 use super::state::State;
 use super::table::{Entry, Table};
-use super::{FILTER_WORDS, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, WhenFull, filter_bit};
+use super::{
+    FILTER_WORDS, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, WhenFull, filter_bit, xorshift,
+};
 use crate::algorithm::Policy;
 
 /// A key with its own policy.
@@ -195,16 +197,9 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         if dropped > 0 {
             return Room::Untouched;
         }
+        let fallback = self.policy.quota().emission_interval().as_nanos() as u64;
         if when_full == WhenFull::DenyNewKeys || before == 0 {
-            let fallback = self.policy.quota().emission_interval().as_nanos() as u64;
-            return Room::None {
-                retry_after_ns: if soonest == u64::MAX {
-                    fallback
-                } else {
-                    soonest
-                }
-                .max(1),
-            };
+            return Room::none_until(soonest, fallback);
         }
         let mut victim = None;
         // With no more keys than samples, every key is a candidate: random draws could
@@ -214,10 +209,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
             let at = if len <= SAMPLES {
                 draw
             } else {
-                self.rng ^= self.rng << 13;
-                self.rng ^= self.rng >> 7;
-                self.rng ^= self.rng << 17;
-                (self.rng % len as u64) as usize
+                (xorshift(&mut self.rng) % len as u64) as usize
             };
             if self.table.entry(at).state.evictable() {
                 let candidate = (self.eviction_cost(at, now, rehash), at);
@@ -227,10 +219,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         let Some((_, at)) = victim else {
             // Nothing sampled can go without losing what it owes: refuse the new key, as
             // `DenyNewKeys` would, until something can.
-            let fallback = self.policy.quota().emission_interval().as_nanos() as u64;
-            return Room::None {
-                retry_after_ns: fallback.max(1),
-            };
+            return Room::none_until(u64::MAX, fallback);
         };
         self.table.remove_position(at, rehash);
         Room::Active

@@ -24,18 +24,18 @@ use std::borrow::Borrow;
 use std::cell::Cell;
 use std::hash::Hash;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_epoch::Guard;
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
+use super::counts::Counts;
 use super::deny_cache::Denies;
 use super::epoch_table::{EpochTable, Slot, Table, Word, Writer};
 use super::{
     FILTER_WORDS, Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, WhenFull,
-    filter_bit, fits,
+    filter_bit, fits, xorshift,
 };
 use crate::algorithm::{Outcome, Policy, UNTOUCHED, WordPolicy};
 use crate::decision::Decision;
@@ -220,13 +220,13 @@ fn put_guard(guard: Guard) {
 }
 
 /// Runs `f` under this thread's cached guard (for the paths off the hot one). If `f`
-/// resized a table (`resizes` moved), moves the epoch on twice, so that the retired
+/// resized a table (the store's resize count moved), moves the epoch on twice, so that the retired
 /// table is freed now unless another thread lags.
-fn with_guard<R>(resizes: &AtomicU64, f: impl FnOnce(&Guard) -> R) -> R {
-    let before = resizes.load(Ordering::Relaxed);
+fn with_guard<R>(counts: &Counts, f: impl FnOnce(&Guard) -> R) -> R {
+    let before = counts.resizes();
     let mut guard = take_guard();
     let result = f(&guard);
-    if resizes.load(Ordering::Relaxed) != before {
+    if counts.resizes() != before {
         for _ in 0..2 {
             guard.repin();
             guard.flush();
@@ -253,11 +253,7 @@ pub(crate) struct WordStore<K> {
     /// `log2(shards.len())`.
     shard_bits: u32,
     limits: Limits,
-    len: CachePadded<AtomicUsize>,
-    evicted_untouched: AtomicU64,
-    evicted_active: AtomicU64,
-    refused: AtomicU64,
-    resizes: AtomicU64,
+    counts: Counts,
     /// Serialises default-policy changes, so all shards end on the same one.
     reconfigure: Mutex<()>,
 }
@@ -286,11 +282,7 @@ impl<K: crate::Key> WordStore<K> {
             denies: Denies::new(),
             shard_bits: limits.shards.trailing_zeros(),
             limits,
-            len: CachePadded::new(AtomicUsize::new(0)),
-            evicted_untouched: AtomicU64::new(0),
-            evicted_active: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
-            resizes: AtomicU64::new(0),
+            counts: Counts::new(limits.max_keys),
             reconfigure: Mutex::new(()),
         }
     }
@@ -385,7 +377,7 @@ impl<K: crate::Key> WordStore<K> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let shelf = self.shard(hash);
-        with_guard(&self.resizes, |guard| {
+        with_guard(&self.counts, |guard| {
             loop {
                 let table = shelf.read(guard);
                 let policy = table.meta.policy_for(hash, key);
@@ -443,23 +435,13 @@ impl<K: crate::Key> WordStore<K> {
         }
         if self.limits.sweep {
             let (dropped, _) = self.sweep(&mut writer, guard, now, SWEEP_PER_INSERT, true);
-            self.forget(dropped, &self.evicted_untouched);
+            self.counts.swept(dropped);
         }
-        if !self.reserve() {
-            match self.make_room(&mut writer, guard, now) {
-                Room::Untouched => self.forget(1, &self.evicted_untouched),
-                Room::Active => {
-                    self.forget(1, &self.evicted_active);
-                    self.denies.invalidate();
-                }
-                Room::None { retry_after_ns } => {
-                    return Ok(Some(self.refuse(&policy, retry_after_ns)));
-                }
-            }
-            // Another shard may take the freed place first; then this key is refused.
-            if !self.reserve() {
-                return Ok(Some(self.refuse(&policy, 1)));
-            }
+        if let Err(retry_after_ns) = self.counts.take_place(
+            || self.make_room(&mut writer, guard, now),
+            || self.denies.invalidate(),
+        ) {
+            return Ok(Some(self.counts.refusal(policy.capacity(), retry_after_ns)));
         }
         let live = writer.state().live;
         if !writer.has_room(guard) {
@@ -472,10 +454,11 @@ impl<K: crate::Key> WordStore<K> {
             }
             Err(_) => {
                 // The shard is at its largest table (2³² slots).
-                self.len.fetch_sub(1, Ordering::AcqRel);
-                Ok(Some(
-                    self.refuse(&policy, policy.quota().emission_interval_ns()),
-                ))
+                self.counts.give_back();
+                Ok(Some(self.counts.refusal(
+                    policy.capacity(),
+                    policy.quota().emission_interval_ns(),
+                )))
             }
         }
     }
@@ -492,7 +475,7 @@ impl<K: crate::Key> WordStore<K> {
     /// Bookkeeping after a migration published a new table.
     fn retired(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>) {
         writer.state().at = 0;
-        self.resizes.fetch_add(1, Ordering::Relaxed);
+        self.counts.resized();
     }
 
     /// Shrinks the shard's table once it is under a quarter full, so memory taken by a
@@ -584,14 +567,7 @@ impl<K: crate::Key> WordStore<K> {
         let table = writer.table(guard);
         let fallback = table.meta.default.quota().emission_interval_ns().max(1);
         if self.limits.when_full == WhenFull::DenyNewKeys || writer.state().live == 0 {
-            return Room::None {
-                retry_after_ns: if soonest == u64::MAX {
-                    fallback
-                } else {
-                    soonest
-                }
-                .max(1),
-            };
+            return Room::none_until(soonest, fallback);
         }
         let capacity = table.capacity();
         let mut victim: Option<((u64, u64), usize, u64)> = None;
@@ -608,11 +584,7 @@ impl<K: crate::Key> WordStore<K> {
             let at = if every {
                 draw
             } else {
-                let rng = &mut writer.state().rng;
-                *rng ^= *rng << 13;
-                *rng ^= *rng >> 7;
-                *rng ^= *rng << 17;
-                (*rng % capacity as u64) as usize
+                (xorshift(&mut writer.state().rng) % capacity as u64) as usize
             };
             let slot = table.slot(at);
             let Word::Live(state) = slot.load() else {
@@ -643,29 +615,6 @@ impl<K: crate::Key> WordStore<K> {
         }
     }
 
-    /// A deny for a new key that found no room.
-    fn refuse(&self, policy: &WordPolicy, retry_after_ns: u64) -> Decision {
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        Decision::capacity_deny(policy.capacity(), retry_after_ns)
-    }
-
-    /// Takes a place for a new key; false when the store is full.
-    fn reserve(&self) -> bool {
-        self.len
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.limits.max_keys).then_some(n + 1)
-            })
-            .is_ok()
-    }
-
-    /// Records that `dropped` keys left, counting them in `counter`.
-    fn forget(&self, dropped: usize, counter: &AtomicU64) {
-        if dropped > 0 {
-            self.len.fetch_sub(dropped, Ordering::AcqRel);
-            counter.fetch_add(dropped as u64, Ordering::Relaxed);
-        }
-    }
-
     /// The decision a request of `cost` for `key` would get at `now`, consuming nothing
     /// and storing nothing. Takes no lock.
     pub(crate) fn peek<Q>(
@@ -680,7 +629,7 @@ impl<K: crate::Key> WordStore<K> {
     {
         let hash = self.hasher.hash_one(key);
         let shelf = self.shard(hash);
-        with_guard(&self.resizes, |guard| {
+        with_guard(&self.counts, |guard| {
             loop {
                 let table = shelf.read(guard);
                 let policy = table.meta.policy_for(hash, key);
@@ -704,7 +653,7 @@ impl<K: crate::Key> WordStore<K> {
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hasher.hash_one(key);
-        let removed = with_guard(&self.resizes, |guard| {
+        let removed = with_guard(&self.counts, |guard| {
             let mut writer = self.shard(hash).write();
             let table = writer.table(guard);
             let Some((slot, _)) = table.find(hash, |k| k.borrow() == key) else {
@@ -718,7 +667,7 @@ impl<K: crate::Key> WordStore<K> {
             true
         });
         if removed {
-            self.len.fetch_sub(1, Ordering::AcqRel);
+            self.counts.removed();
             self.denies.invalidate();
         }
         removed
@@ -730,7 +679,7 @@ impl<K: crate::Key> WordStore<K> {
     /// Takes the key's shard writer mutex.
     pub(crate) fn set_override(&self, key: K, policy: Option<WordPolicy>, now: u64) {
         let hash = self.hasher.hash_one(&key);
-        with_guard(&self.resizes, |guard| {
+        with_guard(&self.counts, |guard| {
             let mut writer = self.shard(hash).write();
             let table = writer.table(guard);
             let old = *table.meta.policy_for(hash, &key);
@@ -799,14 +748,14 @@ impl<K: crate::Key> WordStore<K> {
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hasher.hash_one(key);
-        with_guard(&self.resizes, |guard| {
+        with_guard(&self.counts, |guard| {
             *self.shard(hash).read(guard).meta.policy_for(hash, key)
         })
     }
 
     /// The default policy. Takes no lock.
     pub(crate) fn default_policy(&self) -> WordPolicy {
-        with_guard(&self.resizes, |guard| {
+        with_guard(&self.counts, |guard| {
             self.shards[0].read(guard).meta.default
         })
     }
@@ -821,7 +770,7 @@ impl<K: crate::Key> WordStore<K> {
         let _serial = self.reconfigure.lock();
         let policy = self.default_policy().with_quota(quota)?;
         for shelf in self.shards.iter() {
-            with_guard(&self.resizes, |guard| {
+            with_guard(&self.counts, |guard| {
                 let mut writer = shelf.write();
                 let table = writer.table(guard);
                 let old = table.meta.default;
@@ -862,18 +811,12 @@ impl<K: crate::Key> WordStore<K> {
 
     /// How many keys hold state.
     pub(crate) fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
+        self.counts.len()
     }
 
     /// The store's counters.
     pub(crate) fn stats(&self) -> StoreStats {
-        StoreStats {
-            keys: self.len(),
-            evicted_untouched: self.evicted_untouched.load(Ordering::Relaxed),
-            evicted_active: self.evicted_active.load(Ordering::Relaxed),
-            refused_new_keys: self.refused.load(Ordering::Relaxed),
-            resizes: self.resizes.load(Ordering::Relaxed),
-        }
+        self.counts.stats()
     }
 
     /// The number of shards.
@@ -1024,7 +967,7 @@ mod tests {
             assert!(store.remove(format!("k{i}").as_str()));
         }
         assert!(store.stats().resizes > grown, "no shrink");
-        let capacity = with_guard(&store.resizes, |g| store.shards[0].read(g).capacity());
+        let capacity = with_guard(&store.counts, |g| store.shards[0].read(g).capacity());
         assert!(capacity <= 64, "{capacity} slots for 10 keys");
         for i in 0..10 {
             assert!(
