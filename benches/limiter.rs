@@ -690,56 +690,82 @@ fn sync_check(c: &mut Criterion) {
 fn sync_check(_: &mut Criterion) {}
 
 /// A request through the HTTP layer (keyed by peer address, 10k addresses, quota high
-/// enough to admit) against the same tower service without it, in-process.
+/// enough to admit) against the same tower service without a limiter, and with
+/// tower_governor's layer keyed the same way, in-process and in the same run.
 #[cfg(feature = "tower")]
 fn http_layer(c: &mut Criterion) {
     use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use std::sync::Arc;
+
+    use axum::body::Body;
+    use axum::extract::ConnectInfo;
     use tower::{Layer, Service, ServiceExt};
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("tokio runtime");
-    let handler = tower::service_fn(|_req: http::Request<()>| async {
-        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("hello")))
+    let handler = tower::service_fn(|_req: http::Request<Body>| async {
+        let mut response = http::Response::new(Body::from("hello"));
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain"),
+        );
+        Ok::<_, std::convert::Infallible>(response)
     });
-    let quota = generous(Algorithm::TokenBucket);
-    let layer = tollgate::http::RateLimitLayer::new(RateLimiter::<String>::new(quota));
-    let limited = layer.layer(handler);
-    let requests: Vec<SocketAddr> = key_sequence(0x4777, KEYS)
+    // 1,000/s with a burst of 1,000 per address: realistic header values, and over a
+    // run no address comes near its limit (10k addresses share the requests).
+    let quota = Quota::per_second(1_000)
+        .and_then(|q| q.with_burst(1_000))
+        .expect("valid quota");
+    let ours =
+        tollgate::http::RateLimitLayer::new(RateLimiter::<String>::new(quota)).layer(handler);
+    let config = tower_governor::governor::GovernorConfigBuilder::default()
+        .per_millisecond(1)
+        .burst_size(1_000)
+        .key_extractor(tower_governor::key_extractor::PeerIpKeyExtractor)
+        .use_headers()
+        .finish()
+        .expect("a valid tower_governor config");
+    let theirs = tower_governor::GovernorLayer::new(Arc::new(config)).layer(handler);
+    let peers: Vec<SocketAddr> = key_sequence(0x4777, KEYS)
         .into_iter()
         .map(|k| SocketAddr::new(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + k as u32)), 443))
         .collect();
     let mut group = c.benchmark_group("http_layer");
-    fn run<S>(
+    fn run<S, B>(
         runtime: &tokio::runtime::Runtime,
         service: &S,
         peers: &[SocketAddr],
         iters: u64,
     ) -> Duration
     where
-        S: Service<
-                http::Request<()>,
-                Response = http::Response<String>,
-                Error = std::convert::Infallible,
-            > + Clone,
+        S: Service<http::Request<Body>, Response = http::Response<B>> + Clone,
+        S::Error: std::fmt::Debug,
     {
         runtime.block_on(async {
             let mut service = service.clone();
             let t0 = Instant::now();
             for i in 0..iters as usize {
-                let mut request = http::Request::new(());
-                request.extensions_mut().insert(peers[i & (SEQUENCE - 1)]);
+                let mut request = http::Request::new(Body::empty());
+                request
+                    .extensions_mut()
+                    .insert(ConnectInfo(peers[i & (SEQUENCE - 1)]));
                 let ready = service.ready().await.expect("ready");
-                black_box(ready.call(request).await.expect("response").status());
+                let response = ready.call(request).await.expect("response");
+                assert_eq!(response.status(), 200, "the quota admits every request");
+                black_box(response);
             }
             t0.elapsed()
         })
     }
     group.bench_function(BenchmarkId::new("without_layer", "1_thread"), |b| {
-        b.iter_custom(|iters| run(&runtime, &handler, &requests, iters))
+        b.iter_custom(|iters| run(&runtime, &handler, &peers, iters))
     });
     group.bench_function(BenchmarkId::new("with_layer", "1_thread"), |b| {
-        b.iter_custom(|iters| run(&runtime, &limited, &requests, iters))
+        b.iter_custom(|iters| run(&runtime, &ours, &peers, iters))
+    });
+    group.bench_function(BenchmarkId::new("tower_governor", "1_thread"), |b| {
+        b.iter_custom(|iters| run(&runtime, &theirs, &peers, iters))
     });
     group.finish();
 }

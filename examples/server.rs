@@ -177,7 +177,9 @@ async fn run(args: Args) -> Result<(), String> {
             "/api/{*path}",
             get(|Path(path): Path<String>| async move { json_object("path", &path) }),
         )
-        .layer(
+        // `route_layer`: only these routes are limited; a request for an unknown path
+        // (the fallback's 404) uses up no quota.
+        .route_layer(
             match &tier {
                 Tier::Local(limiter, _) => RateLimitLayer::new(limiter.clone()),
                 Tier::Exact(limiter) => {
@@ -191,7 +193,7 @@ async fn run(args: Args) -> Result<(), String> {
             .key(key)
             .headers(headers),
         )
-        .layer(axum::middleware::map_response(count));
+        .route_layer(axum::middleware::map_response(count));
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(limited);

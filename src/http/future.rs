@@ -2,22 +2,24 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use http::Response;
 use pin_project_lite::pin_project;
 
-use super::layer::Config;
+use super::body::RateLimitBody;
+use super::response::Style;
 use crate::decision::Decision;
 
-/// A boxed future, for the Redis tier whose decision itself must be awaited.
-pub(crate) type BoxFuture<B, E> = Pin<Box<dyn Future<Output = Result<Response<B>, E>> + Send>>;
+/// A boxed future, for responses that wait: on the Redis tier's decision, or on a shaped
+/// request's slot.
+pub(crate) type BoxFuture<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
 
 pin_project! {
     /// The response to a rate-limited request: the inner service's, with the rate-limit
-    /// headers added, or the layer's own 429 (or 400).
+    /// headers added, or the layer's own 429 (or 400, or gRPC status).
     #[project = Projection]
     pub struct ResponseFuture<F, B, E> {
         #[pin]
@@ -28,33 +30,28 @@ pin_project! {
 pin_project! {
     #[project = StateProjection]
     enum State<F, B, E> {
-        /// Admitted: the inner service's future, and the decision whose headers its
-        /// response gets.
+        /// Passed to the inner service: its future, and the decision whose headers its
+        /// response gets (none for an exempt request).
         Admitted {
             #[pin]
             inner: F,
-            decision: Decision,
-            config: Arc<Config>,
+            headers: Option<(Decision, Arc<Style>)>,
         },
         /// Answered by the layer.
-        Ready { response: Option<Response<B>> },
-        /// Decided and served later (the Redis tier).
+        Ready { response: Option<Response<RateLimitBody<B>>> },
+        /// Decided or served later.
         Deferred { future: BoxFuture<B, E> },
     }
 }
 
 impl<F, B, E> ResponseFuture<F, B, E> {
-    pub(crate) fn admitted(inner: F, decision: Decision, config: Arc<Config>) -> Self {
+    pub(crate) fn admitted(inner: F, headers: Option<(Decision, Arc<Style>)>) -> Self {
         Self {
-            state: State::Admitted {
-                inner,
-                decision,
-                config,
-            },
+            state: State::Admitted { inner, headers },
         }
     }
 
-    pub(crate) fn ready(response: Response<B>) -> Self {
+    pub(crate) fn ready(response: Response<RateLimitBody<B>>) -> Self {
         Self {
             state: State::Ready {
                 response: Some(response),
@@ -62,7 +59,6 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn deferred(future: BoxFuture<B, E>) -> Self {
         Self {
             state: State::Deferred { future },
@@ -74,17 +70,15 @@ impl<F, B, E> Future for ResponseFuture<F, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<RateLimitBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            StateProjection::Admitted {
-                inner,
-                decision,
-                config,
-            } => {
-                let mut response = std::task::ready!(inner.poll(cx))?;
-                config.style.apply(decision, response.headers_mut());
+            StateProjection::Admitted { inner, headers } => {
+                let mut response = std::task::ready!(inner.poll(cx))?.map(RateLimitBody::inner);
+                if let Some((decision, style)) = headers {
+                    style.apply(decision, response.headers_mut());
+                }
                 Poll::Ready(Ok(response))
             }
             StateProjection::Ready { response } => match response.take() {

@@ -6,9 +6,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use http::Request;
 use http::header::{FORWARDED, HeaderName};
+use http::{Extensions, Request};
 
+use super::extract::{ExtractKey, KeyLimits, KeyRejection, RequestHead, TextKey};
 use crate::error::ConfigError;
 
 /// An IP network: an address and a prefix length, as in `10.0.0.0/8` or `2001:db8::/32`.
@@ -89,75 +90,61 @@ fn mask_v6(ip: Ipv6Addr, prefix: u8) -> Ipv6Addr {
     })
 }
 
-/// A request's key, written on the stack: an address key never allocates.
-pub(crate) enum Key<'a> {
-    /// Written into a buffer (an address).
-    Buffer { bytes: [u8; 48], len: usize },
-    /// Borrowed from the request (a header value).
-    Borrowed(&'a str),
-    /// Made by a closure.
-    Owned(String),
-}
-
-impl Key<'_> {
-    pub(crate) fn as_str(&self) -> &str {
-        match self {
-            // Only whole `str`s are written into the buffer, so this cannot fail.
-            Self::Buffer { bytes, len } => std::str::from_utf8(&bytes[..*len]).unwrap_or_default(),
-            Self::Borrowed(s) => s,
-            Self::Owned(s) => s,
-        }
-    }
-}
-
-/// A `fmt::Write` into a fixed buffer; fails if it would overflow.
-struct StackWriter<'b> {
-    bytes: &'b mut [u8; 48],
-    len: usize,
-}
-
-impl fmt::Write for StackWriter<'_> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self.len + s.len();
-        self.bytes
-            .get_mut(self.len..end)
-            .ok_or(fmt::Error)?
-            .copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
-    }
-}
-
 /// The bucket of an address: IPv6 addresses are cut to `v6_prefix` bits (one subscriber
 /// usually holds a whole /64), IPv4 addresses are kept whole.
-pub(crate) fn ip_key(ip: IpAddr, v6_prefix: u8) -> Key<'static> {
-    use fmt::Write as _;
-    let mut bytes = [0u8; 48];
-    let mut w = StackWriter {
-        bytes: &mut bytes,
-        len: 0,
-    };
-    // The longest, "ffff:…:ffff/128", is 43 bytes: this cannot overflow.
-    let _ = match canonical(ip) {
-        IpAddr::V4(v4) => write!(w, "{v4}"),
+pub(crate) fn ip_key(ip: IpAddr, v6_prefix: u8) -> TextKey<'static> {
+    let written = TextKey::inline(|w| match canonical(ip) {
+        IpAddr::V4(v4) => write_v4(w, v4),
         IpAddr::V6(v6) => write!(w, "{}/{v6_prefix}", mask_v6(v6, v6_prefix)),
-    };
-    let len = w.len;
-    Key::Buffer { bytes, len }
+    });
+    // The longest, "ffff:…:ffff/128", is 43 bytes: it always fits the stack buffer.
+    written.unwrap_or_else(|| TextKey::owned(ip.to_string()))
+}
+
+/// Writes `ip` in dotted decimal, as `Display` does, without the formatting machinery
+/// (this runs on every request keyed by an IPv4 address).
+fn write_v4(w: &mut dyn fmt::Write, ip: Ipv4Addr) -> fmt::Result {
+    let mut text = [0u8; 15];
+    let mut len = 0;
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            text[len] = b'.';
+            len += 1;
+        }
+        if octet >= 100 {
+            text[len] = b'0' + octet / 100;
+            len += 1;
+        }
+        if octet >= 10 {
+            text[len] = b'0' + octet / 10 % 10;
+            len += 1;
+        }
+        text[len] = b'0' + octet % 10;
+        len += 1;
+    }
+    // Only ASCII digits and dots were written.
+    w.write_str(std::str::from_utf8(&text[..len]).map_err(|_| fmt::Error)?)
 }
 
 /// The peer address of the connection, as the server recorded it in the request's
-/// extensions: axum's `ConnectInfo<SocketAddr>` (with the `axum` feature) or a plain
-/// `SocketAddr` (which a hyper server can insert).
-pub(crate) fn peer_ip<B>(req: &Request<B>) -> Option<IpAddr> {
+/// extensions: axum's `ConnectInfo<SocketAddr>` (with the `axum` feature), tonic's
+/// `TcpConnectInfo` (with the `tonic` feature) or a plain `SocketAddr` (which a hyper
+/// server can insert).
+pub(crate) fn peer_ip(extensions: &Extensions) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
-    if let Some(axum::extract::ConnectInfo(addr)) = req
-        .extensions()
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    if let Some(axum::extract::ConnectInfo(addr)) =
+        extensions.get::<axum::extract::ConnectInfo<SocketAddr>>()
     {
         return Some(addr.ip());
     }
-    req.extensions().get::<SocketAddr>().map(SocketAddr::ip)
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(tonic::transport::server::TcpConnectInfo::remote_addr)
+    {
+        return Some(addr.ip());
+    }
+    extensions.get::<SocketAddr>().map(SocketAddr::ip)
 }
 
 /// The hops that forwarding headers claim, in order from the client to the last proxy:
@@ -208,7 +195,7 @@ fn parse_hop(s: &str) -> Option<IpAddr> {
 /// an address stops the walk at the last trusted proxy (so a forged entry never picks a
 /// bucket); if every hop is trusted, the first one is the client.
 pub(crate) fn client_ip<B>(req: &Request<B>, trusted: &[Cidr]) -> Option<IpAddr> {
-    let peer = peer_ip(req)?;
+    let peer = peer_ip(req.extensions())?;
     if !trusted.iter().any(|net| net.contains(peer)) {
         return Some(peer);
     }
@@ -223,14 +210,15 @@ pub(crate) fn client_ip<B>(req: &Request<B>, trusted: &[Cidr]) -> Option<IpAddr>
     Some(last)
 }
 
-/// A closure that picks a request's key.
-pub type KeyFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
+/// A closure that picks a request's key from its head (extensions included).
+pub type KeyFn = Arc<dyn Fn(&RequestHead<'_>) -> Option<String> + Send + Sync>;
 
 /// How the layer finds a request's bucket.
 #[derive(Clone)]
 pub enum KeyExtractor {
-    /// The connection's peer address (axum's `ConnectInfo`, or a `SocketAddr` extension); IPv6 addresses are grouped by
-    /// their first `v6_prefix` bits (64 by default). Forwarding headers are ignored.
+    /// The connection's peer address (axum's `ConnectInfo`, tonic's `TcpConnectInfo`, or
+    /// a `SocketAddr` extension); IPv6 addresses are grouped by their first `v6_prefix`
+    /// bits (64 by default). Forwarding headers are ignored.
     PeerIp {
         /// Bits of an IPv6 address that name a client.
         v6_prefix: u8,
@@ -244,9 +232,10 @@ pub enum KeyExtractor {
         /// Bits of an IPv6 address that name a client.
         v6_prefix: u8,
     },
-    /// A header's value, such as an API key.
+    /// A header's value, such as an API key. A value that is not UTF-8 gets a 400; an
+    /// empty one is missing.
     Header(HeaderName),
-    /// A closure of the request's head.
+    /// A closure of the request's head (extensions included; nothing is cloned).
     Custom(KeyFn),
 }
 
@@ -288,36 +277,35 @@ impl KeyExtractor {
             .map_err(|_| ConfigError::InvalidHeaderName(name.to_owned()))
     }
 
-    /// A closure of the request's head.
-    pub fn custom(
-        f: impl Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
+    /// A closure of the request's head (extensions included; nothing is cloned).
+    pub fn custom(f: impl Fn(&RequestHead<'_>) -> Option<String> + Send + Sync + 'static) -> Self {
         Self::Custom(Arc::new(f))
     }
+}
 
-    /// The request's key, or `None` if it has none.
-    pub(crate) fn extract<'r, B>(&self, req: &'r Request<B>) -> Option<Key<'r>> {
+impl ExtractKey<String> for KeyExtractor {
+    type Lookup = str;
+    type Key<'r> = TextKey<'r>;
+
+    fn extract<'r, B>(
+        &self,
+        req: &'r Request<B>,
+        limits: &KeyLimits,
+    ) -> Result<TextKey<'r>, KeyRejection> {
         match self {
-            Self::PeerIp { v6_prefix } => peer_ip(req).map(|ip| ip_key(ip, *v6_prefix)),
-            Self::ClientIp { trusted, v6_prefix } => {
-                client_ip(req, trusted).map(|ip| ip_key(ip, *v6_prefix))
-            }
-            Self::Header(name) => req
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .filter(|v| !v.is_empty())
-                .map(Key::Borrowed),
-            Self::Custom(f) => {
-                // The closure sees the head only; rebuild one without the body.
-                let mut head = Request::new(());
-                *head.method_mut() = req.method().clone();
-                *head.uri_mut() = req.uri().clone();
-                *head.version_mut() = req.version();
-                *head.headers_mut() = req.headers().clone();
-                let (parts, ()) = head.into_parts();
-                f(&parts).map(Key::Owned)
-            }
+            Self::PeerIp { v6_prefix } => peer_ip(req.extensions())
+                .map(|ip| ip_key(ip, *v6_prefix))
+                .ok_or(KeyRejection::Missing),
+            Self::ClientIp { trusted, v6_prefix } => client_ip(req, trusted)
+                .map(|ip| ip_key(ip, *v6_prefix))
+                .ok_or(KeyRejection::Missing),
+            Self::Header(name) => match req.headers().get(name) {
+                Some(value) => limits.bytes(value.as_bytes()),
+                None => Err(KeyRejection::Missing),
+            },
+            Self::Custom(f) => f(&RequestHead::of(req))
+                .ok_or(KeyRejection::Missing)
+                .and_then(|key| limits.owned(key)),
         }
     }
 }
@@ -418,6 +406,23 @@ mod tests {
             client_ip(&req, &trusted),
             Some("198.51.100.4".parse().unwrap())
         );
+    }
+
+    #[test]
+    fn ipv4_keys_are_written_as_display_writes_them() {
+        for ip in [
+            "0.0.0.0",
+            "1.2.3.4",
+            "10.0.0.255",
+            "99.100.101.9",
+            "255.255.255.255",
+        ] {
+            assert_eq!(ip_key(ip.parse().unwrap(), 64).as_str(), ip);
+        }
+        for n in (0..=u32::MAX).step_by(65_537) {
+            let ip = Ipv4Addr::from(n);
+            assert_eq!(ip_key(IpAddr::V4(ip), 64).as_str(), ip.to_string());
+        }
     }
 
     #[test]

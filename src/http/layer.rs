@@ -1,13 +1,20 @@
 //! `RateLimitLayer`: the configuration shared by every service it wraps.
 
+use std::borrow::Borrow;
 use std::fmt;
+use std::future::Future;
 use std::hash::Hash;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
+use http::Method;
 use tower::Layer;
 
-use super::key::KeyExtractor;
-use super::response::{ErrorBody, HeaderStyle, Style};
+use super::exempt::Exempt;
+use super::extract::{ExtractKey, KeyLimits, OversizedKey, RequestHead};
+use super::key::{Cidr, KeyExtractor};
+use super::response::{DenyHook, ErrorBody, GrpcCode, HeaderStyle, Style};
 use super::service::RateLimitService;
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -17,43 +24,89 @@ use crate::quota::Quota;
 /// What the layer does with a request it finds no key for (no peer address, no key
 /// header, or a custom extractor that returned `None`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum MissingKey {
-    /// Answer `400 Bad Request` with a JSON error; the inner service is not called.
+pub enum MissingKey<K = String> {
+    /// Answer `400 Bad Request` (gRPC: `INVALID_ARGUMENT`) with a JSON error; the inner
+    /// service is not called.
     #[default]
     Reject,
-    /// Limit all such requests together, in one bucket of this name.
-    Shared(String),
+    /// Limit all such requests together, in one bucket of this key.
+    Shared(K),
+    /// Let them through unlimited (and without rate-limit headers).
+    Allow,
 }
 
-/// A local limiter, as the layer uses it.
-pub(crate) trait LocalLimiter: Send + Sync {
-    fn check(&self, key: &str) -> Decision;
+/// A local limiter, as the layer uses it: looked up by `Q`.
+pub(crate) trait LocalLimiter<Q: ?Sized>: Send + Sync {
+    /// Decides one request; a leaky bucket's admission more than `max_delay` ns away is
+    /// a deny instead (`u64::MAX`: never).
+    fn check(&self, key: &Q, max_delay: u64) -> Decision;
 }
 
-impl<C: Clock> LocalLimiter for RateLimiter<String, C>
+impl<K, Q, C> LocalLimiter<Q> for RateLimiter<K, C>
 where
-    String: Hash + Eq,
+    K: crate::Key + Borrow<Q>,
+    Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    C: Clock,
 {
-    fn check(&self, key: &str) -> Decision {
-        RateLimiter::check(self, key)
+    #[inline]
+    fn check(&self, key: &Q, max_delay: u64) -> Decision {
+        if max_delay == u64::MAX {
+            RateLimiter::check(self, key)
+        } else {
+            self.check_within(key, 1, max_delay)
+                .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+        }
     }
 }
 
+/// A decision that must be awaited (the Redis tier).
+pub(crate) type RemoteDecision = Pin<Box<dyn Future<Output = Decision> + Send>>;
+
+/// A remote limiter, as the layer uses it: starts the decision for a key.
+pub(crate) type RemoteLimiter<Q> = Arc<dyn Fn(&Q) -> RemoteDecision + Send + Sync>;
+
 /// Where decisions come from.
-#[derive(Clone)]
-pub(crate) enum Backend {
-    Local(Arc<dyn LocalLimiter>),
-    #[cfg(feature = "redis")]
-    Redis(crate::redis::RedisLimiter, crate::redis::FailMode),
+pub(crate) enum Backend<Q: ?Sized> {
+    Local(Arc<dyn LocalLimiter<Q>>),
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Remote(RemoteLimiter<Q>),
+}
+
+impl<Q: ?Sized> Clone for Backend<Q> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Local(l) => Self::Local(Arc::clone(l)),
+            Self::Remote(r) => Self::Remote(Arc::clone(r)),
+        }
+    }
 }
 
 /// Everything a [`RateLimitService`] needs, shared by all its clones.
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) backend: Backend,
-    pub(crate) key: KeyExtractor,
-    pub(crate) missing: MissingKey,
-    pub(crate) style: Style,
+pub(crate) struct Config<K, E: ExtractKey<K>> {
+    pub(crate) backend: Backend<E::Lookup>,
+    pub(crate) key: E,
+    pub(crate) missing: MissingKey<K>,
+    pub(crate) style: Arc<Style>,
+    pub(crate) limits: KeyLimits,
+    pub(crate) exempt: Exempt,
+    pub(crate) deny_hook: Option<DenyHook>,
+    /// Leaky-bucket shaping: the longest an admitted request is held; `None`: off.
+    pub(crate) shape: Option<Duration>,
+}
+
+impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
+    fn clone(&self) -> Self {
+        Self {
+            backend: self.backend.clone(),
+            key: self.key.clone(),
+            missing: self.missing.clone(),
+            style: Arc::clone(&self.style),
+            limits: self.limits,
+            exempt: self.exempt.clone(),
+            deny_hook: self.deny_hook.clone(),
+            shape: self.shape,
+        }
+    }
 }
 
 /// A tower layer that rate-limits requests with a tollgate limiter.
@@ -61,7 +114,14 @@ pub(crate) struct Config {
 /// Admitted requests reach the inner service, and their responses get the rate-limit
 /// headers ([`HeaderStyle`]). Denied requests get `429 Too Many Requests` with the same
 /// headers, `Retry-After` (whole seconds, rounded up, at least 1) and a JSON body
-/// ([`ErrorBody`]); the inner service is not called.
+/// ([`ErrorBody`]); the inner service is not called. A gRPC call (`content-type:
+/// application/grpc…`) is denied the gRPC way instead: HTTP 200 with `grpc-status: 8`
+/// (`RESOURCE_EXHAUSTED`, or [`grpc_code`](Self::grpc_code)), a `grpc-message`, the same
+/// headers as metadata and an empty body.
+///
+/// The response body is [`RateLimitBody`](super::RateLimitBody): the inner service's body
+/// or the layer's own, so the layer wraps any service whose body is an
+/// `http_body::Body<Data = Bytes>` (axum, hyper, tonic, tower-http's layers).
 ///
 /// ```
 /// use std::net::SocketAddr;
@@ -72,41 +132,54 @@ pub(crate) struct Config {
 /// let limiter: RateLimiter<String> = RateLimiter::new("10/s burst 20".parse()?);
 /// let app: Router = Router::new()
 ///     .route("/", get(|| async { "hello" }))
-///     .layer(RateLimitLayer::new(limiter).key(KeyExtractor::peer_ip()));
+///     .layer(
+///         RateLimitLayer::new(limiter)
+///             .key(KeyExtractor::peer_ip())
+///             .exempt_paths(["/healthz"]),
+///     );
 /// // Serve with `app.into_make_service_with_connect_info::<SocketAddr>()` so the layer
 /// // sees each connection's address.
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
-/// **Per-route quotas.** The recommended way is one layer per group of routes, each
-/// with its own limiter (`Router::new().route(..).layer(..)` per group, then `merge`):
-/// each group's quota, headers and keys stay independent and visible in one place. To
-/// give some clients a different quota on the same routes, use
-/// [`RateLimiter::set_quota`] on the layer's limiter.
-#[derive(Clone)]
-pub struct RateLimitLayer {
-    config: Arc<Config>,
+/// **Per-route quotas.** Give each group of routes its own layer with
+/// `Router::route_layer` (not `layer`), then `merge` the groups: `route_layer` limits only
+/// requests that match one of the group's routes, so an unknown path (axum's fallback)
+/// consumes no group's quota. To give some clients a different quota on the same routes,
+/// use [`RateLimiter::set_quota`] on the layer's limiter.
+pub struct RateLimitLayer<K = String, E: ExtractKey<K> = KeyExtractor> {
+    config: Arc<Config<K, E>>,
 }
 
-impl fmt::Debug for RateLimitLayer {
+impl<K, E: ExtractKey<K>> Clone for RateLimitLayer<K, E> {
+    fn clone(&self) -> Self {
+        Self {
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<K: fmt::Debug, E: ExtractKey<K> + fmt::Debug> fmt::Debug for RateLimitLayer<K, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("key", &self.config.key)
             .field("missing", &self.config.missing)
             .field("style", &self.config.style)
+            .field("limits", &self.config.limits)
+            .field("exempt", &self.config.exempt)
+            .field("shape", &self.config.shape)
             .finish_non_exhaustive()
     }
 }
 
-impl RateLimitLayer {
+impl RateLimitLayer<String, KeyExtractor> {
     /// Limits with `limiter`, keyed by the peer address (see [`KeyExtractor`]).
     pub fn new<C: Clock>(limiter: RateLimiter<String, C>) -> Self {
-        let quota = limiter.quota();
-        let capacity = limiter.capacity();
-        Self::with_backend(Backend::Local(Arc::new(limiter)), quota, capacity)
+        Self::keyed(limiter, KeyExtractor::peer_ip())
     }
 
-    /// Limits with the Redis tier; when Redis fails, `on_failure` decides.
+    /// Limits with the Redis tier, keyed by the peer address; when Redis fails,
+    /// `on_failure` decides.
     #[cfg(feature = "redis")]
     pub fn redis(limiter: crate::redis::RedisLimiter, on_failure: crate::redis::FailMode) -> Self {
         let quota = limiter.quota();
@@ -114,10 +187,40 @@ impl RateLimitLayer {
             crate::Algorithm::TokenBucket => quota.burst(),
             _ => quota.limit(),
         };
-        Self::with_backend(Backend::Redis(limiter, on_failure), quota, capacity)
+        let remote: RemoteLimiter<str> = Arc::new(move |key: &str| {
+            let limiter = limiter.clone();
+            let key = key.to_owned();
+            Box::pin(async move { limiter.check_or(&key, on_failure).await })
+        });
+        Self::with_backend(
+            Backend::Remote(remote),
+            KeyExtractor::peer_ip(),
+            quota,
+            capacity,
+        )
+    }
+}
+
+impl<K, E> RateLimitLayer<K, E>
+where
+    K: crate::Key + Clone + Borrow<E::Lookup>,
+    E: ExtractKey<K> + Clone,
+{
+    /// Limits with `limiter` (of any key type), keyed by `extractor`: a
+    /// [`KeyExtractor`] for `String` keys, [`key_fn`](super::key_fn) or your own
+    /// [`ExtractKey`].
+    pub fn keyed<C: Clock>(limiter: RateLimiter<K, C>, extractor: E) -> Self {
+        let quota = limiter.quota();
+        let capacity = limiter.capacity();
+        Self::with_backend(
+            Backend::Local(Arc::new(limiter)),
+            extractor,
+            quota,
+            capacity,
+        )
     }
 
-    fn with_backend(backend: Backend, quota: Quota, capacity: u64) -> Self {
+    fn with_backend(backend: Backend<E::Lookup>, key: E, quota: Quota, capacity: u64) -> Self {
         let period = quota.period();
         let mut style = Style {
             headers: HeaderStyle::Both,
@@ -125,41 +228,127 @@ impl RateLimitLayer {
             policy: "\"default\"".to_owned(),
             window_secs: period.as_secs() + u64::from(period.subsec_nanos() > 0),
             policy_value: None,
+            limit_value: http::HeaderValue::from_static("0"),
+            states: Default::default(),
+            grpc: GrpcCode::default(),
         };
         style.cache_policy(capacity);
         Self {
             config: Arc::new(Config {
                 backend,
-                key: KeyExtractor::peer_ip(),
+                key,
                 missing: MissingKey::Reject,
-                style,
+                style: Arc::new(style),
+                limits: KeyLimits::default(),
+                exempt: Exempt::default(),
+                deny_hook: None,
+                shape: None,
             }),
         }
     }
 
-    fn edit(mut self, f: impl FnOnce(&mut Config)) -> Self {
+    fn edit(mut self, f: impl FnOnce(&mut Config<K, E>)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
     }
 
-    /// How requests are keyed; [`KeyExtractor::peer_ip`] by default.
-    pub fn key(self, key: KeyExtractor) -> Self {
-        self.edit(|c| c.key = key)
+    /// How requests are keyed; [`KeyExtractor::peer_ip`] by default for `String` keys.
+    /// The new extractor looks keys up the same way (`str` for `String` keys).
+    pub fn key<E2>(self, key: E2) -> RateLimitLayer<K, E2>
+    where
+        E2: ExtractKey<K, Lookup = E::Lookup> + Clone,
+    {
+        let config = Arc::unwrap_or_clone(self.config);
+        RateLimitLayer {
+            config: Arc::new(Config {
+                backend: config.backend,
+                key,
+                missing: config.missing,
+                style: config.style,
+                limits: config.limits,
+                exempt: config.exempt,
+                deny_hook: config.deny_hook,
+                shape: config.shape,
+            }),
+        }
     }
 
     /// What to do with a request that has no key; [`MissingKey::Reject`] by default.
-    pub fn on_missing_key(self, missing: MissingKey) -> Self {
+    pub fn on_missing_key(self, missing: MissingKey<K>) -> Self {
         self.edit(|c| c.missing = missing)
+    }
+
+    /// The longest text key accepted, in bytes (256 by default), and what a longer one
+    /// gets: a 400, or its digest as the key.
+    pub fn max_key_len(self, max_len: usize, oversized: OversizedKey) -> Self {
+        self.edit(|c| c.limits = KeyLimits { max_len, oversized })
+    }
+
+    /// Lets requests for these paths through unlimited: exact paths (`/healthz`), or
+    /// prefixes ending in `*` (`/static/*`). The query string is not part of the path.
+    pub fn exempt_paths<I, P>(self, paths: I) -> Self
+    where
+        I: IntoIterator<Item = P>,
+        P: Into<String>,
+    {
+        self.edit(|c| c.exempt.paths(paths))
+    }
+
+    /// Lets requests with these methods through unlimited (`OPTIONS` preflights, say).
+    pub fn exempt_methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.edit(|c| c.exempt.methods(methods))
+    }
+
+    /// Lets requests whose connection comes from these networks through unlimited (the
+    /// peer address, as [`KeyExtractor::peer_ip`] reads it; forwarding headers are not
+    /// trusted for this).
+    pub fn exempt_networks(self, networks: impl IntoIterator<Item = Cidr>) -> Self {
+        self.edit(|c| c.exempt.networks(networks))
+    }
+
+    /// Lets requests for which `predicate` holds through unlimited.
+    pub fn exempt_if(
+        self,
+        predicate: impl Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.edit(|c| c.exempt.predicate(Arc::new(predicate)))
+    }
+
+    /// Answers denied HTTP requests with `hook`'s response instead of the JSON 429. The
+    /// layer adds the rate-limit headers and `Retry-After` where the hook did not set
+    /// them. gRPC calls are still denied with a gRPC status.
+    pub fn on_deny(
+        self,
+        hook: impl Fn(&Decision, &RequestHead<'_>) -> http::Response<bytes::Bytes>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.edit(|c| c.deny_hook = Some(Arc::new(hook)))
+    }
+
+    /// Shapes traffic like nginx's `limit_req` without `nodelay`: a request the leaky
+    /// bucket admits for a later slot waits for that slot (at most `max_delay`) before it
+    /// reaches the inner service, so requests leave evenly spaced. A request whose slot
+    /// is further away is denied, consuming nothing. Other algorithms admit no delay, so
+    /// this changes nothing for them.
+    pub fn shape(self, max_delay: Duration) -> Self {
+        self.edit(|c| c.shape = Some(max_delay))
+    }
+
+    /// The gRPC status of a denied gRPC call; [`GrpcCode::ResourceExhausted`] by default.
+    pub fn grpc_code(self, code: GrpcCode) -> Self {
+        self.edit(|c| Arc::make_mut(&mut c.style).grpc = code)
     }
 
     /// Which rate-limit headers responses carry; [`HeaderStyle::Both`] by default.
     pub fn headers(self, headers: HeaderStyle) -> Self {
-        self.edit(|c| c.style.headers = headers)
+        self.edit(|c| Arc::make_mut(&mut c.style).headers = headers)
     }
 
     /// The body of a 429; [`ErrorBody::Json`] by default.
     pub fn error_body(self, body: ErrorBody) -> Self {
-        self.edit(|c| c.style.body = body)
+        self.edit(|c| Arc::make_mut(&mut c.style).body = body)
     }
 
     /// The policy name in the IETF fields; `default` by default. Quotes and backslashes
@@ -167,16 +356,17 @@ impl RateLimitLayer {
     pub fn policy_name(self, name: &str) -> Self {
         let quoted = format!("\"{}\"", name.replace('\\', "\\\\").replace('"', "\\\""));
         self.edit(|c| {
-            c.style.policy = quoted;
-            if let Some((limit, _)) = c.style.policy_value {
-                c.style.cache_policy(limit);
+            let style = Arc::make_mut(&mut c.style);
+            style.policy = quoted;
+            if let Some((limit, _)) = style.policy_value {
+                style.cache_policy(limit);
             }
         })
     }
 }
 
-impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimitService<S>;
+impl<S, K, E: ExtractKey<K>> Layer<S> for RateLimitLayer<K, E> {
+    type Service = RateLimitService<S, K, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimitService::new(inner, Arc::clone(&self.config))

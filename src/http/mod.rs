@@ -37,14 +37,21 @@
 //! The problem type of [`ErrorBody::ProblemJson`] bodies: the client sent more requests
 //! than its quota admits; retry after `retry_after_seconds`.
 
+mod body;
+mod exempt;
+mod extract;
 mod future;
 mod key;
 mod layer;
 mod response;
 mod service;
 
+pub use body::RateLimitBody;
+pub use extract::{
+    ExtractKey, KeyFromFn, KeyLimits, KeyRejection, OversizedKey, RequestHead, TextKey, key_fn,
+};
 pub use future::ResponseFuture;
 pub use key::{Cidr, KeyExtractor, KeyFn};
 pub use layer::{MissingKey, RateLimitLayer};
-pub use response::{ErrorBody, HeaderStyle};
+pub use response::{DenyHook, ErrorBody, GrpcCode, HeaderStyle};
 pub use service::RateLimitService;

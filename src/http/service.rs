@@ -1,70 +1,101 @@
 //! `RateLimitService`: decides, then calls the inner service or answers itself.
 
+use std::borrow::Borrow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use tower::Service;
 
+use super::body::RateLimitBody;
+use super::extract::{ExtractKey, KeyRejection, RequestHead};
 use super::future::ResponseFuture;
-use super::layer::{Backend, Config, MissingKey};
+use super::key::KeyExtractor;
+use super::layer::{Backend, Config, MissingKey, RemoteDecision};
 use crate::decision::Decision;
 
 /// A service rate-limited by a [`RateLimitLayer`](super::RateLimitLayer).
-#[derive(Clone)]
-pub struct RateLimitService<S> {
+pub struct RateLimitService<S, K = String, E: ExtractKey<K> = KeyExtractor> {
     inner: S,
-    config: Arc<Config>,
+    config: Arc<Config<K, E>>,
 }
 
-impl<S> std::fmt::Debug for RateLimitService<S> {
+impl<S: Clone, K, E: ExtractKey<K>> Clone for RateLimitService<S, K, E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S, K, E: ExtractKey<K>> std::fmt::Debug for RateLimitService<S, K, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimitService").finish_non_exhaustive()
     }
 }
 
-/// What a request needs once its key is known.
+/// What a request needs once the layer has looked at it.
 enum Step {
+    /// Let through unlimited (exempt, or keyless under [`MissingKey::Allow`]).
+    Pass,
+    /// Answer with a 400 (or gRPC `INVALID_ARGUMENT`).
+    Reject(KeyRejection),
     /// The local limiter decided.
     Decided(Decision),
-    /// The Redis tier will decide, for this key.
-    #[cfg(feature = "redis")]
-    Remote(crate::redis::RedisLimiter, crate::redis::FailMode, String),
+    /// The remote tier will decide.
+    Remote(RemoteDecision),
 }
 
-impl<S> RateLimitService<S> {
-    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
+/// Whether `req` is a gRPC call (`content-type: application/grpc`, `+proto`, `+json`…).
+fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// `d` in whole nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
+    pub(crate) fn new(inner: S, config: Arc<Config<K, E>>) -> Self {
         Self { inner, config }
     }
 
-    /// Calls the inner service for an admitted request (its response gets the headers),
-    /// or answers a denied one with a 429.
-    fn respond<ReqBody, ResBody>(
-        &mut self,
-        decision: Decision,
-        req: Request<ReqBody>,
-    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    /// Takes the inner service, made ready for this call, and leaves a clone for the
+    /// next one (for work that finishes after `call` returns).
+    fn take_inner(&mut self) -> S
     where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-        ResBody: From<String>,
+        S: Clone,
     {
-        if decision.is_allowed() {
-            ResponseFuture::admitted(self.inner.call(req), decision, Arc::clone(&self.config))
-        } else {
-            ResponseFuture::ready(self.config.style.too_many_requests(&decision))
-        }
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
+/// Decides `key` with `backend`.
+fn start<Q: ?Sized>(backend: &Backend<Q>, key: &Q, max_delay: u64) -> Step {
+    match backend {
+        Backend::Local(limiter) => Step::Decided(limiter.check(key, max_delay)),
+        Backend::Remote(remote) => Step::Remote(remote(key)),
+    }
+}
+
+impl<S, K, E, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S, K, E>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Send + 'static,
-    ResBody: From<String> + Send + 'static,
+    ResBody: Send + 'static,
+    K: Borrow<E::Lookup> + Send + Sync + 'static,
+    E: ExtractKey<K>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<RateLimitBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
@@ -73,38 +104,92 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let config = Arc::clone(&self.config);
-        let step = {
-            let extracted = config.key.extract(&req);
-            let key = match (&extracted, &config.missing) {
-                (Some(key), _) => key.as_str(),
-                (None, MissingKey::Shared(bucket)) => bucket.as_str(),
-                (None, MissingKey::Reject) => {
-                    return ResponseFuture::ready(config.style.missing_key());
-                }
-            };
-            match &config.backend {
-                Backend::Local(limiter) => Step::Decided(limiter.check(key)),
-                #[cfg(feature = "redis")]
-                Backend::Redis(limiter, on_failure) => {
-                    Step::Remote(limiter.clone(), *on_failure, key.to_owned())
-                }
+        let config = &*self.config;
+        let max_delay = config.shape.map_or(u64::MAX, nanos);
+        let step = if config.exempt.matches(&req) {
+            Step::Pass
+        } else {
+            match config.key.extract(&req, &config.limits) {
+                Ok(key) => start(&config.backend, key.borrow(), max_delay),
+                Err(KeyRejection::Missing) => match &config.missing {
+                    MissingKey::Reject => Step::Reject(KeyRejection::Missing),
+                    MissingKey::Shared(key) => start(&config.backend, key.borrow(), max_delay),
+                    MissingKey::Allow => Step::Pass,
+                },
+                Err(why) => Step::Reject(why),
             }
         };
         match step {
+            Step::Pass => ResponseFuture::admitted(self.inner.call(req), None),
+            Step::Reject(why) => {
+                ResponseFuture::ready(self.config.style.rejected(why, is_grpc(&req)))
+            }
             Step::Decided(decision) => self.respond(decision, req),
-            #[cfg(feature = "redis")]
-            Step::Remote(limiter, on_failure, key) => {
-                // The inner service was made ready for this call: take it, and leave a
-                // clone for the next one.
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
+            Step::Remote(decision) => {
+                let mut service = Self {
+                    inner: self.take_inner(),
+                    config: Arc::clone(&self.config),
+                };
                 ResponseFuture::deferred(Box::pin(async move {
-                    let decision = limiter.check_or(&key, on_failure).await;
-                    let mut service = RateLimitService { inner, config };
+                    let decision = decision.await;
                     service.respond(decision, req).await
                 }))
             }
+        }
+    }
+}
+
+impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
+    /// Calls the inner service for an admitted request (its response gets the headers;
+    /// under shaping, after its slot's delay), or answers a denied one.
+    fn respond<ReqBody, ResBody>(
+        &mut self,
+        decision: Decision,
+        req: Request<ReqBody>,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Send + 'static,
+        ResBody: Send + 'static,
+    {
+        if decision.is_allowed() {
+            let delay = decision.delay();
+            if self.config.shape.is_some() && !delay.is_zero() {
+                let mut inner = self.take_inner();
+                let style = Arc::clone(&self.config.style);
+                return ResponseFuture::deferred(Box::pin(async move {
+                    tokio::time::sleep(delay).await;
+                    let mut response = inner.call(req).await?.map(RateLimitBody::inner);
+                    style.apply(&decision, response.headers_mut());
+                    Ok(response)
+                }));
+            }
+            let style = Arc::clone(&self.config.style);
+            ResponseFuture::admitted(self.inner.call(req), Some((decision, style)))
+        } else {
+            self.denied(&decision, &req)
+        }
+    }
+
+    /// The layer's own answer to a denied request: a gRPC status, the user's deny
+    /// response, or the JSON 429.
+    fn denied<ReqBody, ResBody>(
+        &self,
+        decision: &Decision,
+        req: &Request<ReqBody>,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    {
+        let style = &self.config.style;
+        if is_grpc(req) {
+            ResponseFuture::ready(style.grpc_denied(decision))
+        } else if let Some(hook) = &self.config.deny_hook {
+            ResponseFuture::ready(style.hooked(hook, decision, &RequestHead::of(req)))
+        } else {
+            ResponseFuture::ready(style.too_many_requests(decision))
         }
     }
 }
