@@ -224,6 +224,25 @@ fn config_read(c: &mut Criterion) {
     group.finish();
 }
 
+/// What counting decisions costs a check: the token bucket with its counters on (the
+/// default) and off, 10k keys, 1 and 2 threads, in the same run.
+fn counters(c: &mut Criterion) {
+    let keys = key_sequences();
+    let quota = generous(Algorithm::TokenBucket);
+    let mut group = c.benchmark_group("counters");
+    for threads in [1, 2] {
+        for (name, on) in [("counted", true), ("not_counted", false)] {
+            let limiter = RateLimiter::builder(quota)
+                .counters(on)
+                .build()
+                .expect("valid limiter");
+            let id = BenchmarkId::new(name, format!("{threads}_thread"));
+            bench_keyed(&mut group, id, &Tollgate(limiter), threads, &keys);
+        }
+    }
+    group.finish();
+}
+
 /// Two threads hammering one key limited to 100/s: an abusive client, ≥ 99% denied.
 fn hot_key_denied(c: &mut Criterion) {
     let mut group = c.benchmark_group("hot_key_denied");
@@ -786,7 +805,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer
+    targets = keyed_10k, counters, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer
 }
 
 fn main() {

@@ -5,7 +5,8 @@
 //! curl -i http://127.0.0.1:3000/
 //! ```
 //!
-//! `GET /` and `GET /api/{anything}` are limited; `GET /healthz` is not. Every second the
+//! `GET /` and `GET /api/{anything}` are limited; `GET /healthz` and `GET /metrics`
+//! (every tollgate metric, Prometheus text format, limiter `api`) are not. Every second the
 //! server prints what it allowed and denied, how many keys it holds, and the sync state.
 //!
 //! With `--redis URL` (one server) or `--redis-cluster URL,URL,...` (seed nodes of a
@@ -148,6 +149,10 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    // Every tollgate metric, in Prometheus text format at `GET /metrics`.
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     let key = key_extractor(&args)?;
     let tier = tier(&args).await?;
     let headers = match args.headers {
@@ -194,8 +199,22 @@ async fn run(args: Args) -> Result<(), String> {
             .headers(headers),
         )
         .route_layer(axum::middleware::map_response(count));
+    let scrape = match &tier {
+        Tier::Local(limiter, _) => Some(limiter.clone()),
+        Tier::Exact(_) => None,
+    };
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(move || {
+                // Fresh totals first: `stats` publishes them.
+                if let Some(limiter) = &scrape {
+                    limiter.stats();
+                }
+                std::future::ready(prometheus.render())
+            }),
+        )
         .merge(limited);
 
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -269,7 +288,9 @@ async fn run(args: Args) -> Result<(), String> {
 
 /// The limiter the flags ask for.
 async fn tier(args: &Args) -> Result<Tier, String> {
-    let builder = RateLimiter::<String>::builder(args.quota).algorithm(args.algorithm);
+    let builder = RateLimiter::<String>::builder(args.quota)
+        .algorithm(args.algorithm)
+        .name("api");
     let seeds: Vec<&str> = args.redis_cluster.iter().map(String::as_str).collect();
     let secret = if args.hash_keys {
         match std::env::var("TOLLGATE_KEY_SECRET") {
@@ -296,7 +317,8 @@ async fn tier(args: &Args) -> Result<Tier, String> {
                 Some(url) => RedisLimiter::builder(url, args.quota),
                 None => RedisLimiter::cluster_builder(&seeds, args.quota),
             }
-            .algorithm(args.algorithm);
+            .algorithm(args.algorithm)
+            .name("api");
             if let Some(secret) = &secret {
                 exact = exact.hash_keys(secret);
             }

@@ -79,12 +79,14 @@ mod error;
 #[cfg(feature = "tower")]
 pub mod http;
 mod limiter;
+mod observe;
 mod quota;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod store;
 #[cfg(feature = "redis")]
 pub mod sync;
+mod tally;
 #[cfg(feature = "tokio")]
 mod wait;
 

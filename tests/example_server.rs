@@ -120,3 +120,73 @@ fn redis_cluster_seeds_work_in_every_sync_mode() {
         }
     }
 }
+
+/// `GET path` from `server`: the status and the body.
+fn get(server: &Server, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(&server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        server.addr
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let status = reply.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// The value of the Prometheus sample `series` (name and labels as exposed) in `text`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[test]
+fn metrics_show_exactly_what_the_clients_saw() {
+    let server = start(&[]);
+    // 5/min: of 8 requests, 5 pass and 3 are denied; health checks and scrapes are not
+    // limited and not counted.
+    let statuses = eight(&server);
+    assert_eq!(statuses, FIVE_OF_EIGHT);
+    for _ in 0..3 {
+        assert_eq!(get(&server, "/healthz").0, 200);
+        assert_eq!(get(&server, "/metrics").0, 200);
+    }
+    let (status, text) = get(&server, "/metrics");
+    assert_eq!(status, 200);
+    let allowed = statuses.iter().filter(|s| **s == 200).count() as f64;
+    let denied = statuses.iter().filter(|s| **s == 429).count() as f64;
+    assert_eq!(
+        sample(
+            &text,
+            r#"tollgate_decisions_total{limiter="api",outcome="allowed"}"#
+        ),
+        Some(allowed),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"tollgate_decisions_total{limiter="api",outcome="denied"}"#
+        ),
+        Some(denied),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"tollgate_keys{limiter="api"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE tollgate_decisions_total counter"),
+        "{text}"
+    );
+}

@@ -35,6 +35,25 @@ pub enum RedisError {
     UnexpectedReply(String),
 }
 
+impl RedisError {
+    /// A short, stable name of the error's kind, for metrics and logs: `config`,
+    /// `unsupported_algorithm`, `insufficient_capacity`, `timeout`, `unavailable`,
+    /// `wrong_type`, `rejected`, `redis` or `unexpected_reply`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Config(_) => "config",
+            Self::UnsupportedAlgorithm(_) => "unsupported_algorithm",
+            Self::InsufficientCapacity(_) => "insufficient_capacity",
+            Self::Timeout(_) => "timeout",
+            Self::Unavailable(_) => "unavailable",
+            Self::WrongType { .. } => "wrong_type",
+            Self::Rejected(_) => "rejected",
+            Self::Redis(_) => "redis",
+            Self::UnexpectedReply(_) => "unexpected_reply",
+        }
+    }
+}
+
 impl fmt::Display for RedisError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

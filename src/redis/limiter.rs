@@ -118,6 +118,7 @@ pub struct RedisBuilder {
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     hasher: Option<KeyHasher>,
+    name: Arc<str>,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -130,11 +131,19 @@ impl fmt::Debug for RedisBuilder {
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("caller_clock", &self.clock.is_some())
+            .field("name", &self.name)
             .finish()
     }
 }
 
 impl RedisBuilder {
+    /// Names the limiter, for metrics (the `limiter` label) and logs; `"default"`
+    /// unless set.
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Arc::from(name);
+        self
+    }
+
     /// `TokenBucket` (the default), `SlidingWindow` or `FixedWindow`.
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
@@ -230,6 +239,7 @@ impl RedisBuilder {
                 clock: self.clock,
                 quota: self.quota,
                 algorithm: self.algorithm,
+                name: self.name,
             }),
         })
     }
@@ -288,6 +298,7 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     quota: Quota,
     algorithm: Algorithm,
+    name: Arc<str>,
 }
 
 impl fmt::Debug for RedisLimiter {
@@ -300,6 +311,7 @@ impl fmt::Debug for RedisLimiter {
             .field("algorithm", &inner.algorithm)
             .field("prefix", &inner.prefix)
             .field("timeout", &inner.timeout)
+            .field("name", &inner.name)
             .finish_non_exhaustive()
     }
 }
@@ -327,7 +339,13 @@ impl RedisLimiter {
             timeout: DEFAULT_TIMEOUT,
             clock: None,
             hasher: None,
+            name: Arc::from("default"),
         }
+    }
+
+    /// The limiter's name ([`RedisBuilder::name`]).
+    pub fn name(&self) -> &str {
+        &self.inner.name
     }
 
     /// The quota every key is limited by.
@@ -372,6 +390,14 @@ impl RedisLimiter {
     /// exceeds the burst (token bucket) or the limit (windows); otherwise as
     /// [`check`](Self::check).
     pub async fn check_n(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
+        let decided = self.decide(key, n).await;
+        if let Err(e) = &decided {
+            crate::observe::redis_error(&self.inner.name, e);
+        }
+        decided
+    }
+
+    async fn decide(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
         let inner = &*self.inner;
         let capacity = inner.rule.capacity();
         if n > capacity {

@@ -90,8 +90,11 @@ impl Counts {
         self.resizes.load(Ordering::Relaxed)
     }
 
+    /// The store's counters (the limiter adds its decision counts).
     pub(crate) fn stats(&self) -> StoreStats {
         StoreStats {
+            allowed: 0,
+            denied: 0,
             keys: self.len(),
             evicted_untouched: self.evicted_untouched.load(Ordering::Relaxed),
             evicted_active: self.evicted_active.load(Ordering::Relaxed),

@@ -108,6 +108,11 @@ pub enum WhenFull {
 /// Counters for monitoring a limiter's key store.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
+    /// Requests admitted (`check`, `check_n`, the waiting API's admissions; `peek`s are
+    /// not decisions).
+    pub allowed: u64,
+    /// Requests denied, including costs beyond the quota's capacity.
+    pub denied: u64,
     /// Keys holding state now.
     pub keys: usize,
     /// Keys dropped because their state was back to untouched (no decision changed).

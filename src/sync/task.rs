@@ -83,6 +83,8 @@ struct Task {
     key_prefix: String,
     node: String,
     shared: Arc<Shared>,
+    /// The limiter's name, for metrics.
+    name: Arc<str>,
 }
 
 /// Validates `config` for the limiter's algorithm and spawns the task for `limiter`,
@@ -153,6 +155,7 @@ where
     let interval_us = micros(config.interval);
     let hold = interval_us * 2;
     let task = Task {
+        name: Arc::from(limiter.name()),
         params: Params {
             shape,
             overdraft_horizon: if config.mode == SyncMode::Reconcile {
@@ -397,6 +400,7 @@ impl Task {
                 if !p.fallback {
                     p.fallback = true;
                     self.shared.stats.lock().stats.fallback_active = true;
+                    crate::observe::sync_state(&self.name, true, p.nodes);
                     match self.config.fallback {
                         Fallback::AllowAll => self.set_override(store, Override::AllowAll),
                         Fallback::DenyAll => self.set_override(store, Override::DenyAll),
@@ -438,10 +442,15 @@ impl Task {
     where
         K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     {
+        let started = Instant::now();
         if p.connection.is_none() {
             match tokio::time::timeout(self.config.timeout, self.connect()).await {
                 Ok(Ok(c)) => p.connection = Some(c),
-                _ => return self.failed(p),
+                _ => {
+                    let took = started.elapsed();
+                    crate::observe::sync_round(&self.name, false, took, p.fallback, p.nodes);
+                    return self.failed(p);
+                }
             }
         }
         let Some(link) = p.connection.clone() else {
@@ -449,6 +458,7 @@ impl Task {
         };
         match self.round(store, link.get(), p, stopping).await {
             Ok(round) => {
+                crate::observe::sync_round(&self.name, true, started.elapsed(), false, round.nodes);
                 p.failures = 0;
                 if round.nodes != p.nodes {
                     p.nodes = round.nodes;
@@ -471,6 +481,13 @@ impl Task {
                 stats.fallback_active = false;
             }
             Err(_) => {
+                crate::observe::sync_round(
+                    &self.name,
+                    false,
+                    started.elapsed(),
+                    p.fallback,
+                    p.nodes,
+                );
                 // On a cluster, a fresh connection is made in the background and replaces
                 // this one once it connects (see `Link`).
                 link.failed();

@@ -1,0 +1,283 @@
+//! The `metrics` facade sees exact totals: after concurrent checks from several threads,
+//! with and without a `stats()` call, for evictions, sync rounds and Redis errors.
+#![cfg(feature = "metrics")]
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tollgate::clock::ManualClock;
+use tollgate::redis::{LocalRedis, RedisLimiter};
+use tollgate::sync::RedisSync;
+use tollgate::{Quota, RateLimiter, WhenFull};
+
+/// The process's recorder: installed once, shared by the tests (each uses its own
+/// limiter names).
+fn snapshotter() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("no other recorder in this test binary");
+        snapshotter
+    })
+}
+
+/// The recorder's snapshot, which also resets what it read: tests take one snapshot per
+/// look and run one at a time.
+struct Snap(Vec<(metrics_util::CompositeKey, DebugValue)>);
+
+fn snap() -> Snap {
+    Snap(
+        snapshotter()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| (key, value))
+            .collect(),
+    )
+}
+
+impl Snap {
+    /// The value of metric `name` whose labels include all of `labels`, if recorded.
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<&DebugValue> {
+        self.0
+            .iter()
+            .find(|(key, _)| {
+                let key = key.key();
+                key.name() == name
+                    && labels
+                        .iter()
+                        .all(|(l, v)| key.labels().any(|x| x.key() == *l && x.value() == *v))
+            })
+            .map(|(_, value)| value)
+    }
+
+    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
+        match self.value(name, labels)? {
+            DebugValue::Counter(n) => Some(*n),
+            other => panic!("{name} is not a counter: {other:?}"),
+        }
+    }
+
+    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        match self.value(name, labels)? {
+            DebugValue::Gauge(g) => Some(g.into_inner()),
+            other => panic!("{name} is not a gauge: {other:?}"),
+        }
+    }
+}
+
+fn snap_counter(name: &str, labels: &[(&str, &str)]) -> u64 {
+    snap().counter(name, labels).unwrap_or(0)
+}
+
+/// One test at a time: a snapshot resets what it reads, for every test.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[test]
+fn decisions_from_many_threads_are_exact() {
+    let _serial = SERIAL.blocking_lock();
+    snapshotter();
+    // 100 per minute and a still clock: exactly 100 of the 8,000 checks pass, whatever the
+    // threads' interleaving.
+    let limiter: RateLimiter<String, ManualClock> =
+        RateLimiter::builder("100/min".parse::<Quota>().unwrap())
+            .clock(ManualClock::new())
+            .name("threads")
+            .build()
+            .unwrap();
+    assert_eq!(limiter.name(), "threads");
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let limiter = &limiter;
+            s.spawn(move || {
+                for i in 0..2_000 {
+                    limiter.check(if i % 2 == 0 {
+                        "shared"
+                    } else {
+                        ["a", "b", "c", "d"][t]
+                    });
+                }
+            });
+        }
+    });
+    let stats = limiter.stats();
+    let snap = snap();
+    assert_eq!(stats.allowed + stats.denied, 8_000);
+    // "shared" admits 100; each of a..d admits 100 of its 1,000.
+    assert_eq!(stats.allowed, 500);
+    assert_eq!(stats.denied, 7_500);
+    let limiter_is = [("limiter", "threads")];
+    assert_eq!(
+        snap.counter(
+            "tollgate_decisions_total",
+            &[limiter_is[0], ("outcome", "allowed")]
+        ),
+        Some(500)
+    );
+    assert_eq!(
+        snap.counter(
+            "tollgate_decisions_total",
+            &[limiter_is[0], ("outcome", "denied")]
+        ),
+        Some(7_500)
+    );
+    assert_eq!(snap.gauge("tollgate_keys", &limiter_is), Some(5.0));
+    // Counters off: nothing counted.
+    let quiet: RateLimiter<String> = RateLimiter::builder("1/s".parse::<Quota>().unwrap())
+        .counters(false)
+        .name("quiet")
+        .build()
+        .unwrap();
+    quiet.check("x");
+    assert_eq!((quiet.stats().allowed, quiet.stats().denied), (0, 0));
+}
+
+#[test]
+fn evictions_and_refusals_are_published() {
+    let _serial = SERIAL.blocking_lock();
+    snapshotter();
+    let limiter: RateLimiter<u64> = RateLimiter::builder("10/s".parse::<Quota>().unwrap())
+        .max_keys(2)
+        .when_full(WhenFull::DenyNewKeys)
+        .name("full")
+        .build()
+        .unwrap();
+    for key in 0..5u64 {
+        limiter.check(&key);
+    }
+    let stats = limiter.stats();
+    let snap = snap();
+    assert_eq!(stats.refused_new_keys, 3);
+    assert_eq!(stats.denied, 3);
+    assert_eq!(
+        snap.counter(
+            "tollgate_evictions_total",
+            &[("limiter", "full"), ("reason", "refused")]
+        ),
+        Some(3)
+    );
+    assert_eq!(
+        snap.counter(
+            "tollgate_evictions_total",
+            &[("limiter", "full"), ("reason", "active")]
+        ),
+        Some(0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn totals_are_published_every_second_without_a_call() {
+    let _serial = SERIAL.lock().await;
+    snapshotter();
+    let limiter: RateLimiter<String> = RateLimiter::builder("1000/s".parse::<Quota>().unwrap())
+        .name("periodic")
+        .build()
+        .unwrap();
+    for i in 0..300 {
+        limiter.check(&format!("k{}", i % 7));
+    }
+    let allowed = [("limiter", "periodic"), ("outcome", "allowed")];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let snap = snap();
+        if snap.counter("tollgate_decisions_total", &allowed) == Some(300) {
+            assert_eq!(
+                snap.gauge("tollgate_keys", &[("limiter", "periodic")]),
+                Some(7.0)
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not published within 3 s: {:?}",
+            snap.counter("tollgate_decisions_total", &allowed)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_rounds_and_redis_errors_are_published() {
+    let _serial = SERIAL.lock().await;
+    snapshotter();
+    let mut server = LocalRedis::start().expect("redis-server (./scripts/test.sh installs it)");
+    let (limiter, handle) = RateLimiter::<String>::builder("100/s".parse::<Quota>().unwrap())
+        .name("synced")
+        .build_synced(
+            RedisSync::new(&server.url())
+                .interval(Duration::from_millis(50))
+                .prefix("metrics-test"),
+        )
+        .unwrap();
+    limiter.check("k");
+    // Counters are reset by each snapshot: add up what the snapshots saw.
+    let ok = [("limiter", "synced"), ("result", "ok")];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut rounds = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let snap = snap();
+        rounds += snap.counter("tollgate_sync_rounds_total", &ok).unwrap_or(0);
+        if rounds >= 3 {
+            assert_eq!(
+                snap.gauge("tollgate_sync_nodes", &[("limiter", "synced")]),
+                Some(1.0)
+            );
+            assert_eq!(
+                snap.gauge("tollgate_sync_fallback", &[("limiter", "synced")]),
+                Some(0.0)
+            );
+            assert!(matches!(
+                snap.value("tollgate_sync_round_duration_seconds", &[("limiter", "synced")]),
+                Some(DebugValue::Histogram(h)) if !h.is_empty()
+            ));
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{rounds} sync rounds counted"
+        );
+    }
+
+    let redis = RedisLimiter::builder(&server.url(), "10/s".parse().unwrap())
+        .name("tier")
+        .timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    assert!(redis.check("k").await.is_ok());
+    server.stop();
+    assert!(redis.check("k").await.is_err());
+    assert!(redis.check("k").await.is_err());
+    let snap = snap();
+    let errors: u64 = ["unavailable", "timeout"]
+        .iter()
+        .filter_map(|kind| {
+            snap.counter(
+                "tollgate_redis_errors_total",
+                &[("limiter", "tier"), ("kind", kind)],
+            )
+        })
+        .sum();
+    assert_eq!(errors, 2);
+
+    // Rounds now fail: counted as errors, and the node falls back in time.
+    let error = [("limiter", "synced"), ("result", "error")];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut failed = snap
+        .counter("tollgate_sync_rounds_total", &error)
+        .unwrap_or(0);
+    while failed < 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no failed round counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        failed += snap_counter("tollgate_sync_rounds_total", &error);
+    }
+    drop(handle);
+}
