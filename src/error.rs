@@ -98,6 +98,8 @@ pub enum ConfigError {
         /// Which part is wrong, and how to write it.
         reason: String,
     },
+    /// A key in a configuration's per-key quotas is not a key of the limiter's type.
+    InvalidKey(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -163,6 +165,10 @@ impl fmt::Display for ConfigError {
             Self::InvalidQuotaString { input, reason } => {
                 write!(f, "invalid quota string {input:?}: {reason}")
             }
+            Self::InvalidKey(key) => write!(
+                f,
+                "the per-key quota's key {key:?} is not a key of this limiter's type"
+            ),
             Self::InvalidSyncSetting {
                 setting,
                 value,

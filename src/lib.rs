@@ -51,11 +51,41 @@
 //! [`RateLimiter::set_default_quota`] changes everyone else's while checks go on; a key's
 //! consumed units carry over, so no change refills a key.
 //!
+//! ## Local, Redis or synced
+//!
+//! | tier | where a check runs | what all nodes admit in any interval `t` | cost |
+//! |---|---|---|---|
+//! | [`RateLimiter`] | in process | per node: `N` nodes admit up to `N ×` the quota | nanoseconds |
+//! | `redis::RedisLimiter` (`redis`) | one Lua script in Redis per check | the quota, exactly | one round trip |
+//! | `Builder::build_synced` (`redis`), lease | in process, spending leased units | `r·t + B + r·H + 2·N` (token bucket) | nanoseconds |
+//! | `Builder::build_synced`, reconcile | in process; rounds charge what was admitted | `r·t + x`, `x` adding the overdrafts of one round (see `sync`) | nanoseconds |
+//!
+//! (`r` the rate, `B` the burst, `N` nodes, `H` twice the sync interval.)
+//! The `sync` module documents the protocol, its bounds, and what happens while Redis is
+//! away (the fallback policy).
+//!
+//! ## HTTP and gRPC
+//!
+//! With `tower`, `http::RateLimitLayer` limits any axum, hyper or tonic service: the
+//! rate-limit headers on every response, a `429` with `Retry-After` (or a gRPC
+//! `RESOURCE_EXHAUSTED` status with the same metadata for `application/grpc` calls),
+//! request-aware keys of any type, exemptions, key checks, and leaky-bucket shaping.
+//!
+//! ## Metrics
+//!
+//! [`RateLimiter::stats`] counts allowed and denied decisions exactly (each thread into
+//! counters of its own), and keys, evictions and refusals. With `metrics`, the same
+//! totals (and the sync's rounds, fallback and nodes, and the Redis tier's errors) go to
+//! the `metrics` facade as `tollgate_decisions_total`, `tollgate_keys`, … — see the table
+//! in the README — labelled by the limiter's [`name`](Builder::name).
+//!
 //! ## Feature flags
 //!
 //! The default build is the local limiter alone. `tokio` adds the waiting API;
-//! `redis` adds `redis` (exact global limits in Redis) and background sync; `tower`
-//! adds the HTTP layer in `http`, and `axum` lets it read axum's `ConnectInfo`.
+//! `redis` adds `redis` (exact global limits in Redis) and background sync (`tls` adds
+//! `rediss://`); `tower` adds the HTTP layer in `http`, `axum` and `tonic` let it read
+//! their connection info; `metrics` publishes to the `metrics` facade; `serde` makes
+//! quotas and algorithms (de)serializable and adds `config::LimiterConfig`.
 //!
 //! ## Waiting instead of rejecting
 //!
@@ -66,25 +96,47 @@
 //! ## Testing with time
 //!
 //! Build the limiter with [`clock::ManualClock`] and move time by hand; nothing needs to
-//! sleep.
+//! sleep:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::clock::ManualClock;
+//! use tollgate::RateLimiter;
+//!
+//! let clock = ManualClock::new();
+//! let limiter: RateLimiter<u64, ManualClock> =
+//!     RateLimiter::builder("1/s".parse()?).clock(clock.clone()).build()?;
+//! assert!(limiter.check(&1).is_allowed());
+//! assert_eq!(limiter.check(&1).retry_after(), Some(Duration::from_secs(1)));
+//! clock.advance(Duration::from_secs(1));
+//! assert!(limiter.check(&1).is_allowed());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
 mod algorithm;
 pub mod clock;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod config;
 mod decision;
 mod error;
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod http;
 mod limiter;
 mod observe;
 mod quota;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 mod store;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod sync;
 mod tally;
 #[cfg(feature = "tokio")]

@@ -241,6 +241,9 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
                 let clock = &self.inner.clock;
                 let decision = unit(store.check(key, || clock.now_ns(), 1, u64::MAX));
                 self.inner.tally.count(decision.is_allowed());
+                if !decision.is_allowed() {
+                    crate::observe::denied(&self.inner.name, key, &decision);
+                }
                 decision
             }
             _ => self.check_cell(key),
@@ -258,6 +261,9 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         let decision =
             unit(on_store!(&self.inner.engine, s => s.check(key, || clock.now_ns(), 1, u64::MAX)));
         self.inner.tally.count(decision.is_allowed());
+        if !decision.is_allowed() {
+            crate::observe::denied(&self.inner.name, key, &decision);
+        }
         decision
     }
 
@@ -295,9 +301,11 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         let decided =
             on_store!(&self.inner.engine, s => s.check(key, || clock.now_ns(), n, max_delay));
         // A cost beyond capacity is a deny the caller sees too.
-        self.inner
-            .tally
-            .count(decided.as_ref().is_ok_and(Decision::is_allowed));
+        let allowed = decided.as_ref().is_ok_and(Decision::is_allowed);
+        self.inner.tally.count(allowed);
+        if let (false, Ok(decision)) = (allowed, &decided) {
+            crate::observe::denied(&self.inner.name, key, decision);
+        }
         decided
     }
 

@@ -91,3 +91,84 @@ pub(crate) fn redis_error(name: &str, error: &crate::redis::RedisError) {
     counter!("tollgate_redis_errors_total", "limiter" => name.to_owned(), "kind" => error.kind())
         .increment(1);
 }
+
+/// Logs a deny (`debug`, target `tollgate`): the limiter's name and a short hash of the
+/// key — never the key, which may be an API key or personal data. Costs one check of
+/// the enabled level when no subscriber wants it.
+#[cold]
+#[inline(never)]
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+pub(crate) fn denied<Q: std::hash::Hash + ?Sized>(
+    name: &str,
+    key: &Q,
+    decision: &crate::decision::Decision,
+) {
+    #[cfg(feature = "tracing")]
+    if tracing::enabled!(target: "tollgate", tracing::Level::DEBUG) {
+        tracing::debug!(
+            target: "tollgate",
+            limiter = name,
+            key_hash = %format_args!("{:08x}", short_hash(key)),
+            retry_after_ms = decision.retry_after().map_or(0, |d| d.as_millis() as u64),
+            "request denied"
+        );
+    }
+}
+
+/// 32 bits of a fixed-seed hash: the same key gets the same hash on every node and run,
+/// so log lines of one client can be matched, but the key cannot be read back.
+#[cfg(feature = "tracing")]
+fn short_hash<Q: std::hash::Hash + ?Sized>(key: &Q) -> u32 {
+    const SEEDS: (u64, u64, u64, u64) = (
+        0x243f_6a88_85a3_08d3,
+        0x1319_8a2e_0370_7344,
+        0xa409_3822_299f_31d0,
+        0x082e_fa98_ec4e_6c89,
+    );
+    let hash = ahash::RandomState::with_seeds(SEEDS.0, SEEDS.1, SEEDS.2, SEEDS.3).hash_one(key);
+    (hash >> 32) as u32
+}
+
+/// A synced limiter's node fell back (`warn`) or came back (`info`).
+#[cfg(feature = "redis")]
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+pub(crate) fn sync_fallback(name: &str, entered: bool, policy: &dyn std::fmt::Debug) {
+    #[cfg(feature = "tracing")]
+    if entered {
+        tracing::warn!(
+            target: "tollgate",
+            limiter = name,
+            fallback = ?policy,
+            "sync: Redis has not answered for the staleness bound; applying the fallback"
+        );
+    } else {
+        tracing::info!(target: "tollgate", limiter = name, "sync: Redis answers again; fallback over");
+    }
+}
+
+/// The Redis tier failed (`warn` for the first failure of a run, `debug` after) or
+/// answered again after failing (`info`).
+#[cfg(feature = "redis")]
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+pub(crate) fn redis_health(name: &str, error: Option<&crate::redis::RedisError>, changed: bool) {
+    #[cfg(feature = "tracing")]
+    match (error, changed) {
+        (Some(e), true) => tracing::warn!(
+            target: "tollgate",
+            limiter = name,
+            kind = e.kind(),
+            error = %e,
+            "redis tier: a check failed"
+        ),
+        (Some(e), false) => tracing::debug!(
+            target: "tollgate",
+            limiter = name,
+            kind = e.kind(),
+            error = %e,
+            "redis tier: a check failed again"
+        ),
+        (None, _) => {
+            tracing::info!(target: "tollgate", limiter = name, "redis tier: answering again")
+        }
+    }
+}

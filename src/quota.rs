@@ -227,7 +227,7 @@ fn parse_count(text: &str, what: &str) -> Result<u64, String> {
 }
 
 /// Parses `[count]unit` into nanoseconds.
-fn parse_period(word: &str) -> Result<u64, String> {
+pub(crate) fn parse_period(word: &str) -> Result<u64, String> {
     let digits = word
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(word.len());

@@ -2,20 +2,24 @@
 //! thread counts into a stripe of its own, and readers sum the stripes.
 //!
 //! ```text
-//! Tally { stripes: [Stripe; 64], overflow }        summed by totals()
-//!            ▲ claimed once per (thread, limiter), never given back
+//! Tally ─► Stripes { stripes: [Stripe; 64], free, overflow }   summed by totals()
+//!                     ▲ claimed by a (thread, limiter), given back when the thread exits
 //! thread-local: (tally id, stripe index) of the limiter used last   read by count()
 //! ```
 //!
 //! A claimed stripe has one writer, its thread, which bumps a counter with a plain load
-//! and store (no read-modify-write, so no bus lock). A stripe outlives its thread, so
-//! nothing is lost when threads exit. The 65th thread to decide on one limiter, and any
-//! after it, count into shared atomic counters instead: still exact, a little slower.
+//! and store (no read-modify-write, so no bus lock). When the thread exits, its stripes go
+//! back to their limiters' free lists with their counts, and the next thread that claims
+//! one adds to them (the free list's mutex orders the two threads' writes). While more
+//! than 64 threads at once decide on one limiter, the others count into shared atomic
+//! counters: still exact, a little slower.
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
 
 /// Threads per limiter that get a stripe of their own.
 const STRIPES: usize = 64;
@@ -39,9 +43,16 @@ pub(crate) struct Tally {
     /// Whether decisions are counted at all.
     enabled: bool,
     id: u64,
+    shared: Arc<Stripes>,
+}
+
+/// The stripes of one limiter, shared with the threads that hold some (weakly).
+struct Stripes {
     stripes: Box<[CachePadded<Stripe>]>,
-    /// Stripes claimed so far (may pass `STRIPES`: those threads use `overflow`).
-    claimed: AtomicUsize,
+    /// Stripes never claimed yet start here.
+    next: AtomicUsize,
+    /// Stripes given back by threads that exited.
+    free: Mutex<Vec<usize>>,
     /// The counts of threads without a stripe, shared and updated atomically.
     overflow: CachePadded<Stripe>,
 }
@@ -49,11 +60,26 @@ pub(crate) struct Tally {
 /// A claim that means "no stripe: count into the overflow".
 const OVERFLOW: usize = usize::MAX;
 
+/// This thread's stripes; given back when the thread exits.
+struct Claims(Vec<(u64, usize, Weak<Stripes>)>);
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        // From now on this thread counts into the overflow.
+        let _ = LAST.try_with(|last| last.set((u64::MAX, OVERFLOW)));
+        for (_, index, stripes) in self.0.drain(..) {
+            if let (Some(stripes), true) = (stripes.upgrade(), index != OVERFLOW) {
+                stripes.free.lock().push(index);
+            }
+        }
+    }
+}
+
 thread_local! {
     /// The tally this thread counted into last, and its stripe there.
     static LAST: Cell<(u64, usize)> = const { Cell::new((u64::MAX, OVERFLOW)) };
     /// Every stripe this thread holds.
-    static CLAIMS: RefCell<Vec<(u64, usize)>> = const { RefCell::new(Vec::new()) };
+    static CLAIMS: RefCell<Claims> = const { RefCell::new(Claims(Vec::new())) };
 }
 
 /// Tally ids: unique for the process's life (`u64::MAX` is never one).
@@ -65,13 +91,16 @@ impl Tally {
         Self {
             enabled,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            stripes: if enabled {
-                (0..STRIPES).map(|_| CachePadded::default()).collect()
-            } else {
-                Box::default()
-            },
-            claimed: AtomicUsize::new(0),
-            overflow: CachePadded::default(),
+            shared: Arc::new(Stripes {
+                stripes: if enabled {
+                    (0..STRIPES).map(|_| CachePadded::default()).collect()
+                } else {
+                    Box::default()
+                },
+                next: AtomicUsize::new(0),
+                free: Mutex::new(Vec::new()),
+                overflow: CachePadded::default(),
+            }),
         }
     }
 
@@ -83,7 +112,8 @@ impl Tally {
         }
         let (id, index) = LAST.try_with(Cell::get).unwrap_or((u64::MAX, OVERFLOW));
         let index = if id == self.id { index } else { self.claim() };
-        match self.stripes.get(index) {
+        let shared = &*self.shared;
+        match shared.stripes.get(index) {
             Some(stripe) => {
                 let counter = if allowed {
                     &stripe.allowed
@@ -95,9 +125,9 @@ impl Tally {
             }
             None => {
                 let counter = if allowed {
-                    &self.overflow.allowed
+                    &shared.overflow.allowed
                 } else {
-                    &self.overflow.denied
+                    &shared.overflow.denied
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
             }
@@ -111,16 +141,25 @@ impl Tally {
     fn claim(&self) -> usize {
         let held = CLAIMS.try_with(|claims| {
             let mut claims = claims.try_borrow_mut().ok()?;
-            if let Some(&(_, index)) = claims.iter().find(|(id, _)| *id == self.id) {
+            // Forget the claims of limiters that are gone.
+            claims
+                .0
+                .retain(|(_, _, stripes)| stripes.strong_count() > 0);
+            if let Some(&(_, index, _)) = claims.0.iter().find(|(id, _, _)| *id == self.id) {
                 return Some(index);
             }
-            let index = self.claimed.fetch_add(1, Ordering::Relaxed);
-            let index = if index < self.stripes.len() {
-                index
-            } else {
-                OVERFLOW
-            };
-            claims.push((self.id, index));
+            let shared = &*self.shared;
+            let index = shared.free.lock().pop().unwrap_or_else(|| {
+                let index = shared.next.fetch_add(1, Ordering::Relaxed);
+                if index < shared.stripes.len() {
+                    index
+                } else {
+                    OVERFLOW
+                }
+            });
+            claims
+                .0
+                .push((self.id, index, Arc::downgrade(&self.shared)));
             Some(index)
         });
         match held {
@@ -135,11 +174,12 @@ impl Tally {
 
     /// The totals so far: every decision counted before this call started is in them.
     pub(crate) fn totals(&self) -> Totals {
+        let shared = &*self.shared;
         let mut totals = Totals {
-            allowed: self.overflow.allowed.load(Ordering::Relaxed),
-            denied: self.overflow.denied.load(Ordering::Relaxed),
+            allowed: shared.overflow.allowed.load(Ordering::Relaxed),
+            denied: shared.overflow.denied.load(Ordering::Relaxed),
         };
-        for stripe in self.stripes.iter() {
+        for stripe in shared.stripes.iter() {
             totals.allowed += stripe.allowed.load(Ordering::Relaxed);
             totals.denied += stripe.denied.load(Ordering::Relaxed);
         }
@@ -155,12 +195,17 @@ mod tests {
     fn counts_from_many_threads_are_exact_and_survive_the_threads() {
         let tally = Tally::new(true);
         let other = Tally::new(true);
-        // More threads than stripes: the last ones share the overflow counters.
+        // More threads at once than stripes: the last ones share the overflow counters.
+        let start = std::sync::Barrier::new(STRIPES + 16);
         std::thread::scope(|s| {
             for t in 0..(STRIPES as u64 + 16) {
-                let (tally, other) = (&tally, &other);
+                let (tally, other, start) = (&tally, &other, &start);
                 s.spawn(move || {
-                    for i in 0..5_000u64 {
+                    // i = 0, before all start: every thread holds a stripe or the overflow.
+                    tally.count(t % 4 != 0);
+                    other.count(true);
+                    start.wait();
+                    for i in 1..5_000u64 {
                         tally.count(i % 4 != t % 4);
                         // Interleave another limiter, so the thread switches stripes.
                         if i % 1000 == 0 {
@@ -174,7 +219,28 @@ mod tests {
         let totals = tally.totals();
         assert_eq!(totals.allowed + totals.denied, threads * 5_000);
         assert_eq!(totals.denied, threads * 1_250);
-        assert!(tally.overflow.allowed.load(Ordering::Relaxed) > 0);
+        assert!(tally.shared.overflow.allowed.load(Ordering::Relaxed) > 0);
+        // The threads gave their stripes back (their thread-locals are dropped just after
+        // `scope` sees them finish): new threads reuse them, adding to them.
+        let all_back = || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while tally.shared.free.lock().len() < STRIPES {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "stripes not given back"
+                );
+                std::thread::yield_now();
+            }
+        };
+        all_back();
+        for _ in 0..(2 * STRIPES) {
+            std::thread::scope(|s| {
+                s.spawn(|| tally.count(true));
+            });
+            all_back();
+        }
+        assert_eq!(tally.shared.next.load(Ordering::Relaxed), STRIPES + 16);
+        assert_eq!(tally.totals().allowed, totals.allowed + 2 * STRIPES as u64);
         assert_eq!(other.totals().allowed, threads * 5);
         // The current thread counts too.
         tally.count(false);

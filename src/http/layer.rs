@@ -59,8 +59,44 @@ where
     }
 }
 
-/// A decision that must be awaited (the Redis tier).
-pub(crate) type RemoteDecision = Pin<Box<dyn Future<Output = Decision> + Send>>;
+/// An error a backend recovered from by its failure policy (the Redis tier's
+/// [`FailMode`](crate::redis::FailMode)), reported to the decision hook.
+pub type BackendError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A decision that must be awaited (the Redis tier), with the error its failure policy
+/// answered for, if any.
+pub(crate) type RemoteDecision =
+    Pin<Box<dyn Future<Output = (Decision, Option<BackendError>)> + Send>>;
+
+/// What the decision hook sees of one decision.
+#[derive(Clone, Copy)]
+#[non_exhaustive]
+pub struct DecisionEvent<'a> {
+    /// The decision.
+    pub decision: &'a Decision,
+    /// The request's head (extensions included).
+    pub head: RequestHead<'a>,
+    /// The error the backend's failure policy answered for (the Redis tier with
+    /// [`FailMode`](crate::redis::FailMode)): the decision is the policy's, not Redis's.
+    pub backend_error: Option<&'a (dyn std::error::Error + Send + Sync)>,
+}
+
+impl fmt::Debug for DecisionEvent<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DecisionEvent")
+            .field("decision", self.decision)
+            .field("method", self.head.method)
+            .field("path", &self.head.uri.path())
+            .field(
+                "backend_error",
+                &self.backend_error.map(ToString::to_string),
+            )
+            .finish()
+    }
+}
+
+/// A hook that sees every decision (for audit logs).
+pub(crate) type DecisionHook = Arc<dyn Fn(&DecisionEvent<'_>) + Send + Sync>;
 
 /// A remote limiter, as the layer uses it: starts the decision for a key.
 pub(crate) type RemoteLimiter<Q> = Arc<dyn Fn(&Q) -> RemoteDecision + Send + Sync>;
@@ -90,6 +126,7 @@ pub(crate) struct Config<K, E: ExtractKey<K>> {
     pub(crate) limits: KeyLimits,
     pub(crate) exempt: Exempt,
     pub(crate) deny_hook: Option<DenyHook>,
+    pub(crate) decision_hook: Option<DecisionHook>,
     /// Leaky-bucket shaping: the longest an admitted request is held; `None`: off.
     pub(crate) shape: Option<Duration>,
 }
@@ -104,6 +141,7 @@ impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
             limits: self.limits,
             exempt: self.exempt.clone(),
             deny_hook: self.deny_hook.clone(),
+            decision_hook: self.decision_hook.clone(),
             shape: self.shape,
         }
     }
@@ -190,7 +228,15 @@ impl RateLimitLayer<String, KeyExtractor> {
         let remote: RemoteLimiter<str> = Arc::new(move |key: &str| {
             let limiter = limiter.clone();
             let key = key.to_owned();
-            Box::pin(async move { limiter.check_or(&key, on_failure).await })
+            Box::pin(async move {
+                match limiter.check(&key).await {
+                    Ok(decision) => (decision, None),
+                    Err(e) => (
+                        limiter.failed_decision(on_failure),
+                        Some(Box::new(e) as BackendError),
+                    ),
+                }
+            })
         });
         Self::with_backend(
             Backend::Remote(remote),
@@ -242,6 +288,7 @@ where
                 limits: KeyLimits::default(),
                 exempt: Exempt::default(),
                 deny_hook: None,
+                decision_hook: None,
                 shape: None,
             }),
         }
@@ -268,6 +315,7 @@ where
                 limits: config.limits,
                 exempt: config.exempt,
                 deny_hook: config.deny_hook,
+                decision_hook: config.decision_hook,
                 shape: config.shape,
             }),
         }
@@ -325,6 +373,14 @@ where
         + 'static,
     ) -> Self {
         self.edit(|c| c.deny_hook = Some(Arc::new(hook)))
+    }
+
+    /// Calls `hook` with every decision the layer makes (not for exempt or keyless
+    /// requests it lets through), with the request's head and, on the Redis tier, the
+    /// error its [`FailMode`](crate::redis::FailMode) answered for: for audit logs. The
+    /// hook runs before the response is made; keep it quick.
+    pub fn on_decision(self, hook: impl Fn(&DecisionEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.edit(|c| c.decision_hook = Some(Arc::new(hook)))
     }
 
     /// Shapes traffic like nginx's `limit_req` without `nodelay`: a request the leaky

@@ -13,7 +13,7 @@ use super::body::RateLimitBody;
 use super::extract::{ExtractKey, KeyRejection, RequestHead};
 use super::future::ResponseFuture;
 use super::key::KeyExtractor;
-use super::layer::{Backend, Config, MissingKey, RemoteDecision};
+use super::layer::{Backend, Config, DecisionEvent, MissingKey, RemoteDecision};
 use crate::decision::Decision;
 
 /// A service rate-limited by a [`RateLimitLayer`](super::RateLimitLayer).
@@ -124,14 +124,18 @@ where
             Step::Reject(why) => {
                 ResponseFuture::ready(self.config.style.rejected(why, is_grpc(&req)))
             }
-            Step::Decided(decision) => self.respond(decision, req),
+            Step::Decided(decision) => {
+                self.report(&decision, &req, None);
+                self.respond(decision, req)
+            }
             Step::Remote(decision) => {
                 let mut service = Self {
                     inner: self.take_inner(),
                     config: Arc::clone(&self.config),
                 };
                 ResponseFuture::deferred(Box::pin(async move {
-                    let decision = decision.await;
+                    let (decision, error) = decision.await;
+                    service.report(&decision, &req, error.as_deref());
                     service.respond(decision, req).await
                 }))
             }
@@ -140,6 +144,22 @@ where
 }
 
 impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
+    /// Gives the decision to the decision hook, if there is one.
+    fn report<B>(
+        &self,
+        decision: &Decision,
+        req: &Request<B>,
+        backend_error: Option<&(dyn std::error::Error + Send + Sync)>,
+    ) {
+        if let Some(hook) = &self.config.decision_hook {
+            hook(&DecisionEvent {
+                decision,
+                head: RequestHead::of(req),
+                backend_error,
+            });
+        }
+    }
+
     /// Calls the inner service for an admitted request (its response gets the headers;
     /// under shaping, after its slot's delay), or answers a denied one.
     fn respond<ReqBody, ResBody>(

@@ -240,6 +240,7 @@ impl RedisBuilder {
                 quota: self.quota,
                 algorithm: self.algorithm,
                 name: self.name,
+                failing: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -299,6 +300,8 @@ struct Inner {
     quota: Quota,
     algorithm: Algorithm,
     name: Arc<str>,
+    /// Whether the last check failed (for logging the start and end of an outage once).
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for RedisLimiter {
@@ -391,8 +394,26 @@ impl RedisLimiter {
     /// [`check`](Self::check).
     pub async fn check_n(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
         let decided = self.decide(key, n).await;
-        if let Err(e) = &decided {
-            crate::observe::redis_error(&self.inner.name, e);
+        let inner = &*self.inner;
+        match &decided {
+            // The caller's own mistake says nothing of Redis's health.
+            Err(RedisError::InsufficientCapacity(_)) => {}
+            Err(e) => {
+                crate::observe::redis_error(&inner.name, e);
+                let first = !inner
+                    .failing
+                    .swap(true, std::sync::atomic::Ordering::Relaxed);
+                crate::observe::redis_health(&inner.name, Some(e), first);
+            }
+            Ok(_) => {
+                if inner.failing.load(std::sync::atomic::Ordering::Relaxed)
+                    && inner
+                        .failing
+                        .swap(false, std::sync::atomic::Ordering::Relaxed)
+                {
+                    crate::observe::redis_health(&inner.name, None, true);
+                }
+            }
         }
         decided
     }
@@ -474,14 +495,19 @@ impl RedisLimiter {
     pub async fn check_or(&self, key: &str, mode: FailMode) -> Decision {
         match self.check(key).await {
             Ok(decision) => decision,
-            Err(_) => match mode {
-                FailMode::Open => Decision::allow(self.inner.rule.capacity(), 0, 0),
-                FailMode::Closed => {
-                    let interval = u64::try_from(self.inner.quota.emission_interval().as_nanos())
-                        .unwrap_or(u64::MAX);
-                    Decision::deny(self.inner.rule.capacity(), 0, 0, interval)
-                }
-            },
+            Err(_) => self.failed_decision(mode),
+        }
+    }
+
+    /// What `mode` decides when Redis fails.
+    pub(crate) fn failed_decision(&self, mode: FailMode) -> Decision {
+        match mode {
+            FailMode::Open => Decision::allow(self.inner.rule.capacity(), 0, 0),
+            FailMode::Closed => {
+                let interval = u64::try_from(self.inner.quota.emission_interval().as_nanos())
+                    .unwrap_or(u64::MAX);
+                Decision::deny(self.inner.rule.capacity(), 0, 0, interval)
+            }
         }
     }
 }

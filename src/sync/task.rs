@@ -401,6 +401,7 @@ impl Task {
                     p.fallback = true;
                     self.shared.stats.lock().stats.fallback_active = true;
                     crate::observe::sync_state(&self.name, true, p.nodes);
+                    crate::observe::sync_fallback(&self.name, true, &self.config.fallback);
                     match self.config.fallback {
                         Fallback::AllowAll => self.set_override(store, Override::AllowAll),
                         Fallback::DenyAll => self.set_override(store, Override::DenyAll),
@@ -467,6 +468,7 @@ impl Task {
                 if p.fallback {
                     p.fallback = false;
                     self.set_override(store, Override::None);
+                    crate::observe::sync_fallback(&self.name, false, &self.config.fallback);
                 }
                 let mut cell = self.shared.stats.lock();
                 cell.last_success = Some(Instant::now());

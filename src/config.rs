@@ -1,0 +1,418 @@
+//! Limiters from configuration files (cargo feature `serde`).
+//!
+//! A [`Quota`] reads and writes its string form (`"100/s burst 20"`), and also reads a map
+//! `{ limit, period, burst }` whose period is a duration string (`"1s"`, `"30s"`,
+//! `"1min"`) or whole seconds. [`Algorithm`] and [`WhenFull`] are kebab-case strings
+//! (`"token-bucket"`, `"deny-new-keys"`). A [`LimiterConfig`] holds everything a limiter
+//! is built from:
+//!
+//! ```
+//! use tollgate::config::LimiterConfig;
+//!
+//! let config: LimiterConfig = toml::from_str(r#"
+//!     name = "api"
+//!     quota = "100/s burst 20"
+//!     algorithm = "sliding-window"
+//!     max_keys = 100000
+//!     when_full = "deny-new-keys"
+//!
+//!     [quotas]
+//!     partner-key = { limit = 1000, period = "1s" }
+//! "#)?;
+//! let limiter = config.build::<String>()?;
+//! assert_eq!(limiter.name(), "api");
+//! assert_eq!(limiter.quota_for("partner-key").limit(), 1000);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Errors name the field and say what is wrong, for example
+//! ``field `quotas.partner-key`: invalid quota string "10/parsec": unknown period unit…``.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::algorithm::Algorithm;
+use crate::clock::MonotonicClock;
+use crate::error::ConfigError;
+use crate::limiter::{Key, RateLimiter};
+use crate::quota::Quota;
+use crate::store::WhenFull;
+
+impl Serialize for Quota {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Quota {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(QuotaVisitor)
+    }
+}
+
+/// Reads a quota's string or map form.
+struct QuotaVisitor;
+
+impl<'de> Visitor<'de> for QuotaVisitor {
+    type Value = Quota;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            r#"a quota: a string such as "100/s burst 20", or a map { limit, period, burst }"#,
+        )
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Quota, E> {
+        text.parse().map_err(E::custom)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Quota, A::Error> {
+        let (mut limit, mut period, mut burst) = (None, None, None);
+        while let Some(field) = map.next_key::<String>()? {
+            match field.as_str() {
+                "limit" => limit = Some(map.next_value::<u64>()?),
+                "period" => period = Some(map.next_value::<Period>()?.0),
+                "burst" => burst = Some(map.next_value::<u64>()?),
+                other => {
+                    return Err(de::Error::unknown_field(
+                        other,
+                        &["limit", "period", "burst"],
+                    ));
+                }
+            }
+        }
+        let limit = limit.ok_or_else(|| de::Error::missing_field("limit"))?;
+        let period = period.ok_or_else(|| de::Error::missing_field("period"))?;
+        let quota = Quota::new(limit, period).map_err(de::Error::custom)?;
+        match burst {
+            Some(burst) => quota.with_burst(burst).map_err(de::Error::custom),
+            None => Ok(quota),
+        }
+    }
+}
+
+/// A quota map's period: a duration string (`"1s"`, `"30s"`, `"1min"`, `"250ms"`) or
+/// whole seconds.
+struct Period(Duration);
+
+impl<'de> Deserialize<'de> for Period {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PeriodVisitor;
+        impl Visitor<'_> for PeriodVisitor {
+            type Value = Period;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"a period: a string such as "1s", "30s" or "1min", or whole seconds"#)
+            }
+
+            fn visit_u64<E: de::Error>(self, secs: u64) -> Result<Period, E> {
+                Ok(Period(Duration::from_secs(secs)))
+            }
+
+            fn visit_i64<E: de::Error>(self, secs: i64) -> Result<Period, E> {
+                u64::try_from(secs)
+                    .map(|s| Period(Duration::from_secs(s)))
+                    .map_err(|_| E::custom(format!("the period must not be negative ({secs})")))
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Period, E> {
+                crate::quota::parse_period(text.trim())
+                    .map(|ns| Period(Duration::from_nanos(ns)))
+                    .map_err(|reason| E::custom(format!("invalid period {text:?}: {reason}")))
+            }
+        }
+        deserializer.deserialize_any(PeriodVisitor)
+    }
+}
+
+/// Everything a limiter is built from, as it appears in a configuration file. Only
+/// `quota` is required.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawConfig")]
+#[non_exhaustive]
+pub struct LimiterConfig {
+    /// The limiter's name (metrics and logs); `"default"` unless given.
+    pub name: String,
+    /// The default quota.
+    pub quota: Quota,
+    /// The algorithm; `token-bucket` unless given.
+    pub algorithm: Algorithm,
+    /// The shard count (a power of two); four per CPU unless given.
+    pub shards: Option<usize>,
+    /// The most keys the limiter holds; no cap unless given.
+    pub max_keys: Option<usize>,
+    /// What a full limiter does with a new key; `evict-least-active` unless given.
+    pub when_full: WhenFull,
+    /// Keys with a quota of their own.
+    pub quotas: BTreeMap<String, Quota>,
+}
+
+impl LimiterConfig {
+    /// A configuration of `quota` with every other setting at its default.
+    pub fn new(quota: Quota) -> Self {
+        Self {
+            name: "default".to_owned(),
+            quota,
+            algorithm: Algorithm::default(),
+            shards: None,
+            max_keys: None,
+            when_full: WhenFull::default(),
+            quotas: BTreeMap::new(),
+        }
+    }
+
+    /// Builds the limiter, keyed by `K` (the keys of `quotas` are parsed as `K`).
+    ///
+    /// # Errors
+    /// Those of [`Builder::build`](crate::Builder::build) and
+    /// [`RateLimiter::set_quota`], and [`ConfigError::InvalidKey`] for a key of
+    /// `quotas` that is not a `K`.
+    pub fn build<K>(&self) -> Result<RateLimiter<K, MonotonicClock>, ConfigError>
+    where
+        K: Key + Clone + FromStr,
+    {
+        let mut builder = RateLimiter::<K>::builder(self.quota)
+            .algorithm(self.algorithm)
+            .when_full(self.when_full)
+            .name(&self.name);
+        if let Some(shards) = self.shards {
+            builder = builder.shards(shards);
+        }
+        if let Some(max_keys) = self.max_keys {
+            builder = builder.max_keys(max_keys);
+        }
+        let limiter = builder.build()?;
+        for (key, quota) in &self.quotas {
+            let parsed = key
+                .parse::<K>()
+                .map_err(|_| ConfigError::InvalidKey(key.clone()))?;
+            limiter.set_quota(&parsed, *quota)?;
+        }
+        Ok(limiter)
+    }
+}
+
+/// The file's form of a [`LimiterConfig`], checked field by field so that each error
+/// names its field.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    name: Option<String>,
+    quota: Raw<Quota>,
+    #[serde(default)]
+    algorithm: Option<String>,
+    #[serde(default)]
+    shards: Option<usize>,
+    #[serde(default)]
+    max_keys: Option<usize>,
+    #[serde(default)]
+    when_full: Option<String>,
+    #[serde(default)]
+    quotas: BTreeMap<String, Raw<Quota>>,
+}
+
+/// A value whose own error is kept, to be reported with its field's name.
+struct Raw<T>(Result<T, String>);
+
+impl<'de> Deserialize<'de> for Raw<Quota> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // Errors of the quota itself are kept; errors of the document (a truncated
+        // file) still end the parse.
+        Ok(Raw(deserializer
+            .deserialize_any(QuotaVisitor)
+            .map_err(|e: D::Error| e.to_string())))
+    }
+}
+
+impl TryFrom<RawConfig> for LimiterConfig {
+    type Error = String;
+
+    fn try_from(raw: RawConfig) -> Result<Self, String> {
+        let field = |name: &str, e: String| format!("field `{name}`: {e}");
+        let quota = raw.quota.0.map_err(|e| field("quota", e))?;
+        let algorithm = match raw.algorithm {
+            None => Algorithm::default(),
+            Some(name) => name
+                .parse()
+                .map_err(|e: ConfigError| field("algorithm", e.to_string()))?,
+        };
+        let when_full = match raw.when_full.as_deref() {
+            None | Some("evict-least-active") => WhenFull::EvictLeastActive,
+            Some("deny-new-keys") => WhenFull::DenyNewKeys,
+            Some(other) => {
+                return Err(field(
+                    "when_full",
+                    format!(
+                        "unknown policy {other:?}: use \"evict-least-active\" or \"deny-new-keys\""
+                    ),
+                ));
+            }
+        };
+        if let Some(shards) = raw.shards
+            && !shards.is_power_of_two()
+        {
+            return Err(field(
+                "shards",
+                ConfigError::InvalidShards(shards).to_string(),
+            ));
+        }
+        if raw.max_keys == Some(0) {
+            return Err(field("max_keys", ConfigError::ZeroMaxKeys.to_string()));
+        }
+        let mut quotas = BTreeMap::new();
+        for (key, quota) in raw.quotas {
+            let quota = quota.0.map_err(|e| field(&format!("quotas.{key}"), e))?;
+            quotas.insert(key, quota);
+        }
+        Ok(Self {
+            name: raw.name.unwrap_or_else(|| "default".to_owned()),
+            quota,
+            algorithm,
+            shards: raw.shards,
+            max_keys: raw.max_keys,
+            when_full,
+            quotas,
+        })
+    }
+}
+
+impl Serialize for Algorithm {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Algorithm {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(de::Error::custom)
+    }
+}
+
+impl Serialize for WhenFull {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(match self {
+            Self::EvictLeastActive => "evict-least-active",
+            Self::DenyNewKeys => "deny-new-keys",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotas_read_both_forms_and_write_the_string() {
+        let text: Quota = serde_json::from_str("\"100/s burst 20\"").unwrap();
+        let map: Quota =
+            serde_json::from_str(r#"{ "limit": 100, "period": "1s", "burst": 20 }"#).unwrap();
+        assert_eq!(text, map);
+        let secs: Quota = serde_json::from_str(r#"{ "limit": 600, "period": 60 }"#).unwrap();
+        assert_eq!(secs, "600/min".parse().unwrap());
+        assert_eq!(serde_json::to_string(&text).unwrap(), "\"100/s burst 20\"");
+        let back: Quota = serde_json::from_str(&serde_json::to_string(&secs).unwrap()).unwrap();
+        assert_eq!(back, secs);
+    }
+
+    #[test]
+    fn bad_quotas_say_what_is_wrong() {
+        let e = serde_json::from_str::<Quota>("\"10/parsec\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("10/parsec"), "{e}");
+        let e = serde_json::from_str::<Quota>(r#"{ "limit": 0, "period": "1s" }"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("quota limit is 0"), "{e}");
+        let e = serde_json::from_str::<Quota>(r#"{ "limit": 5 }"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing field `period`"), "{e}");
+        let e = serde_json::from_str::<Quota>(r#"{ "limit": 5, "period": "1s", "brust": 2 }"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `brust`"), "{e}");
+        let e = serde_json::from_str::<Quota>("42").unwrap_err().to_string();
+        assert!(e.contains("a quota"), "{e}");
+    }
+
+    #[test]
+    fn algorithms_and_policies_are_kebab_case() {
+        for a in Algorithm::ALL {
+            let json = serde_json::to_string(&a).unwrap();
+            assert_eq!(json, format!("\"{}\"", a.name()));
+            assert_eq!(serde_json::from_str::<Algorithm>(&json).unwrap(), a);
+        }
+        assert!(
+            serde_json::from_str::<Algorithm>("\"token_bucket\"")
+                .unwrap_err()
+                .to_string()
+                .contains("token_bucket")
+        );
+        assert_eq!(
+            serde_json::to_string(&WhenFull::DenyNewKeys).unwrap(),
+            "\"deny-new-keys\""
+        );
+    }
+
+    #[test]
+    fn configs_name_the_field_that_is_wrong() {
+        let cases = [
+            (r#"quota = "10/parsec""#, "field `quota`"),
+            (
+                "quota = \"10/s\"\nalgorithm = \"token_bucket\"",
+                "field `algorithm`",
+            ),
+            ("quota = \"10/s\"\nshards = 3", "field `shards`"),
+            ("quota = \"10/s\"\nmax_keys = 0", "field `max_keys`"),
+            (
+                "quota = \"10/s\"\nwhen_full = \"panic\"",
+                "field `when_full`",
+            ),
+            (
+                "quota = \"10/s\"\n[quotas]\nvip = { limit = 0, period = \"1s\" }",
+                "field `quotas.vip`",
+            ),
+            ("quota = \"10/s\"\nqouta = 1", "unknown field `qouta`"),
+            ("algorithm = \"fixed-window\"", "missing field `quota`"),
+        ];
+        for (text, expected) in cases {
+            let e = toml::from_str::<LimiterConfig>(text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(expected), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_config_round_trips_and_builds() {
+        let config: LimiterConfig = toml::from_str(
+            "name = \"api\"\nquota = \"100/s burst 20\"\nalgorithm = \"leaky-bucket\"\n\
+             shards = 4\nmax_keys = 10\nwhen_full = \"deny-new-keys\"\n\
+             [quotas]\n7 = \"5/s\"\n",
+        )
+        .unwrap();
+        let text = toml::to_string(&config).unwrap();
+        assert_eq!(toml::from_str::<LimiterConfig>(&text).unwrap(), config);
+        let limiter = config.build::<u64>().unwrap();
+        assert_eq!(limiter.name(), "api");
+        assert_eq!(limiter.algorithm(), Algorithm::LeakyBucket);
+        assert_eq!(limiter.shards(), 4);
+        assert_eq!(limiter.quota_for(&7).limit(), 5);
+        let bad_key = LimiterConfig {
+            quotas: BTreeMap::from([("not-a-number".to_owned(), config.quota)]),
+            ..config
+        };
+        assert_eq!(
+            bad_key.build::<u64>().unwrap_err(),
+            ConfigError::InvalidKey("not-a-number".to_owned())
+        );
+    }
+}

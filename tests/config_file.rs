@@ -1,0 +1,55 @@
+//! The example configuration file loads and builds, and a mistake in a file names its
+//! field (cargo feature `serde`).
+#![cfg(feature = "serde")]
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use tollgate::config::LimiterConfig;
+use tollgate::{Algorithm, Quota, RateLimiter, WhenFull};
+
+#[derive(Deserialize)]
+struct File {
+    limiters: BTreeMap<String, LimiterConfig>,
+}
+
+#[test]
+fn the_example_file_builds_two_named_limiters() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/limiters.toml"
+    ))
+    .unwrap();
+    let file: File = toml::from_str(&text).unwrap();
+    assert_eq!(file.limiters.len(), 2);
+    let api = &file.limiters["api"];
+    assert_eq!(api.quota, "100/s burst 200".parse::<Quota>().unwrap());
+    assert_eq!(api.max_keys, Some(1_000_000));
+    let limiter: RateLimiter<String> = api.build().unwrap();
+    assert_eq!(limiter.quota_for("partner-7").burst(), 2000);
+    let login = &file.limiters["login"];
+    assert_eq!(login.algorithm, Algorithm::SlidingWindow);
+    assert_eq!(login.when_full, WhenFull::DenyNewKeys);
+    let limiter: RateLimiter<String> = login.build().unwrap();
+    for _ in 0..5 {
+        assert!(limiter.check("mallory").is_allowed());
+    }
+    assert!(!limiter.check("mallory").is_allowed());
+}
+
+#[test]
+fn quotas_read_json_in_both_forms() {
+    let text: Quota = serde_json::from_str("\"100/s burst 20\"").unwrap();
+    let map: Quota =
+        serde_json::from_str(r#"{"limit": 100, "period": "1s", "burst": 20}"#).unwrap();
+    assert_eq!(text, map);
+    assert_eq!(text.burst(), 20);
+}
+
+#[test]
+fn a_bad_file_names_the_field() {
+    let text = "[limiters.api]\nquota = \"100/s\"\n[limiters.api.quotas]\nvip = \"ten/s\"\n";
+    let e = toml::from_str::<File>(text).err().unwrap().to_string();
+    assert!(e.contains("field `quotas.vip`"), "{e}");
+    assert!(e.contains("the limit \"ten\" is not a whole number"), "{e}");
+}
