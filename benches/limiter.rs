@@ -353,8 +353,8 @@ return {allowed, math.floor(tokens)}
 fn redis_and_runtime(
     group: &str,
     workers: usize,
-) -> Option<(tollgate::redis::LocalRedis, tokio::runtime::Runtime)> {
-    let server = tollgate::redis::LocalRedis::start()
+) -> Option<(tollgate::test_support::LocalRedis, tokio::runtime::Runtime)> {
+    let server = tollgate::test_support::LocalRedis::start()
         .map_err(|e| eprintln!("{group} skipped: {e}"))
         .ok()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -518,7 +518,8 @@ fn redis_tier(c: &mut Criterion) {
 #[cfg(feature = "redis")]
 fn redis_cluster(c: &mut Criterion) {
     use std::sync::Arc;
-    use tollgate::redis::{LocalCluster, RedisLimiter};
+    use tollgate::redis::RedisLimiter;
+    use tollgate::test_support::LocalCluster;
 
     let Some((server, runtime)) = redis_and_runtime("redis_cluster", 2) else {
         return;

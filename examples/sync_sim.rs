@@ -16,8 +16,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use plotters::prelude::*;
-use tollgate::redis::LocalRedis;
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
+use tollgate::test_support::LocalRedis;
 use tollgate::{Quota, RateLimiter};
 
 /// One scenario: a quota, the load each node offers (per second), how long, and when

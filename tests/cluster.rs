@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use common::excess_over_rate;
 
 use tollgate::clock::ManualClock;
-use tollgate::redis::{LocalCluster, RedisError, RedisLimiter};
+use tollgate::redis::{RedisError, RedisLimiter};
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
+use tollgate::test_support::LocalCluster;
 use tollgate::{Algorithm, Quota, RateLimiter};
 
 fn cluster() -> LocalCluster {

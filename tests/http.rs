@@ -319,7 +319,8 @@ async fn a_custom_key_closure() {
 
 #[tokio::test]
 async fn the_redis_tier_behind_the_layer() {
-    use tollgate::redis::{FailMode, LocalRedis, RedisLimiter};
+    use tollgate::redis::{FailMode, RedisLimiter};
+    use tollgate::test_support::LocalRedis;
     let server = LocalRedis::start().expect("redis-server (./scripts/test.sh installs it)");
     let limiter = RedisLimiter::builder(&server.url(), "2/min".parse().unwrap())
         .build()

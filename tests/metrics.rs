@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tollgate::clock::ManualClock;
-use tollgate::redis::{LocalRedis, RedisLimiter};
+use tollgate::redis::RedisLimiter;
 use tollgate::sync::RedisSync;
+use tollgate::test_support::LocalRedis;
 use tollgate::{Quota, RateLimiter, WhenFull};
 
 /// The process's recorder: installed once, shared by the tests (each uses its own

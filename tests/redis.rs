@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use tollgate::clock::{Clock, ManualClock};
-use tollgate::redis::{DEFAULT_TIMEOUT, FailMode, LocalRedis, RedisError, RedisLimiter, scripts};
+use tollgate::redis::{DEFAULT_TIMEOUT, FailMode, RedisError, RedisLimiter, scripts};
+use tollgate::test_support::LocalRedis;
 use tollgate::{Algorithm, RateLimiter};
 
 const ALGORITHMS: [Algorithm; 3] = [

@@ -7,8 +7,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use tollgate::redis::{LocalCluster, LocalRedis, RedisLimiter};
+use tollgate::redis::RedisLimiter;
 use tollgate::sync::{RedisSync, SyncHandle};
+use tollgate::test_support::{LocalCluster, LocalRedis};
 use tollgate::{ConfigError, Quota, RateLimiter};
 
 const PASSWORD: &str = "hunter2-Xq9";

@@ -7,8 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{example_server, excess_over_rate};
-use tollgate::redis::LocalRedis;
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
+use tollgate::test_support::LocalRedis;
 use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
 
 fn server() -> LocalRedis {

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use tollgate::redis::LocalRedis;
 use tollgate::sync::{RedisSync, SyncMode};
+use tollgate::test_support::LocalRedis;
 use tollgate::{Quota, RateLimiter};
 
 /// Resident bytes of this process.

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tollgate::http::{DecisionEvent, KeyExtractor, RateLimitLayer};
-use tollgate::redis::{FailMode, LocalRedis, RedisLimiter};
+use tollgate::redis::{FailMode, RedisLimiter};
+use tollgate::test_support::LocalRedis;
 use tollgate::{Quota, RateLimiter};
 
 /// A writer into a shared buffer, for a subscriber whose output the test reads.

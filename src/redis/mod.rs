@@ -10,10 +10,10 @@ pub(crate) mod connection;
 mod error;
 pub(crate) mod keys;
 pub(crate) mod limiter;
-mod local_cluster;
-mod server;
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) mod local_cluster;
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) mod server;
 
 pub use error::RedisError;
 pub use limiter::{DEFAULT_TIMEOUT, FailMode, RedisBuilder, RedisLimiter, scripts};
-pub use local_cluster::{ClusterNode, LocalCluster};
-pub use server::LocalRedis;

@@ -7,7 +7,7 @@ use redis::Commands;
 
 use super::protocol::{self, Global, KeyState, Params, Record, Request, Shape};
 use super::task::round_args;
-use crate::redis::LocalRedis;
+use crate::redis::server::LocalRedis;
 
 const KEY: &str = "diff:{k}";
 const REGISTRY: &str = "{diff}:nodes";
