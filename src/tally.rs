@@ -43,12 +43,13 @@ pub(crate) struct Tally {
     /// Whether decisions are counted at all.
     enabled: bool,
     id: u64,
+    /// Kept here, not behind `shared`, so a count makes one load fewer.
+    stripes: Box<[CachePadded<Stripe>]>,
     shared: Arc<Stripes>,
 }
 
-/// The stripes of one limiter, shared with the threads that hold some (weakly).
+/// What the threads that hold stripes of one limiter share with it (weakly).
 struct Stripes {
-    stripes: Box<[CachePadded<Stripe>]>,
     /// Stripes never claimed yet start here.
     next: AtomicUsize,
     /// Stripes given back by threads that exited.
@@ -91,12 +92,12 @@ impl Tally {
         Self {
             enabled,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            stripes: if enabled {
+                (0..STRIPES).map(|_| CachePadded::default()).collect()
+            } else {
+                Box::default()
+            },
             shared: Arc::new(Stripes {
-                stripes: if enabled {
-                    (0..STRIPES).map(|_| CachePadded::default()).collect()
-                } else {
-                    Box::default()
-                },
                 next: AtomicUsize::new(0),
                 free: Mutex::new(Vec::new()),
                 overflow: CachePadded::default(),
@@ -112,8 +113,7 @@ impl Tally {
         }
         let (id, index) = LAST.try_with(Cell::get).unwrap_or((u64::MAX, OVERFLOW));
         let index = if id == self.id { index } else { self.claim() };
-        let shared = &*self.shared;
-        match shared.stripes.get(index) {
+        match self.stripes.get(index) {
             Some(stripe) => {
                 let counter = if allowed {
                     &stripe.allowed
@@ -124,10 +124,11 @@ impl Tally {
                 counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             }
             None => {
+                let overflow = &self.shared.overflow;
                 let counter = if allowed {
-                    &shared.overflow.allowed
+                    &overflow.allowed
                 } else {
-                    &shared.overflow.denied
+                    &overflow.denied
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
             }
@@ -151,7 +152,7 @@ impl Tally {
             let shared = &*self.shared;
             let index = shared.free.lock().pop().unwrap_or_else(|| {
                 let index = shared.next.fetch_add(1, Ordering::Relaxed);
-                if index < shared.stripes.len() {
+                if index < self.stripes.len() {
                     index
                 } else {
                     OVERFLOW
@@ -179,7 +180,7 @@ impl Tally {
             allowed: shared.overflow.allowed.load(Ordering::Relaxed),
             denied: shared.overflow.denied.load(Ordering::Relaxed),
         };
-        for stripe in shared.stripes.iter() {
+        for stripe in self.stripes.iter() {
             totals.allowed += stripe.allowed.load(Ordering::Relaxed);
             totals.denied += stripe.denied.load(Ordering::Relaxed);
         }
