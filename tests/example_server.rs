@@ -56,19 +56,7 @@ fn start(args: &[&str]) -> Server {
 
 /// The status of `GET /` from `server`.
 fn status(server: &Server) -> u16 {
-    let mut stream = TcpStream::connect(&server.addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    write!(
-        stream,
-        "GET / HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        server.addr
-    )
-    .unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).unwrap();
-    reply.split(' ').nth(1).unwrap().parse().unwrap()
+    get(server, "/").0
 }
 
 /// Eight requests to one server at 5/min: the statuses.

@@ -2,6 +2,8 @@
 //! plain HTTP/1.1 over TCP.
 #![cfg(all(feature = "tower", feature = "axum"))]
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,11 +12,12 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing;
+use common::serve;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::clock::ManualClock;
 use tollgate::http::{ErrorBody, HeaderStyle, KeyExtractor, MissingKey, RateLimitLayer};
-use tollgate::{Quota, RateLimiter};
+use tollgate::{Algorithm, RateLimiter};
 
 /// A response as it came over the wire.
 #[derive(Debug)]
@@ -71,27 +74,9 @@ async fn get(addr: SocketAddr, path: &str) -> Reply {
     get_with(addr, path, &[]).await
 }
 
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
-}
-
+/// A token bucket of `quota` on a still `ManualClock`.
 fn limiter(quota: &str) -> (RateLimiter<String, ManualClock>, ManualClock) {
-    let clock = ManualClock::new();
-    let limiter = RateLimiter::builder(quota.parse::<Quota>().unwrap())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    (limiter, clock)
+    common::manual(Algorithm::TokenBucket, quota)
 }
 
 /// An app whose handler counts its calls.

@@ -3,6 +3,8 @@
 //! quotas and shaping.
 #![cfg(all(feature = "tower", feature = "axum"))]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +15,7 @@ use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::routing;
 use bytes::Bytes;
+use common::serve;
 use http::{HeaderMap, Method, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -81,20 +84,6 @@ async fn get(addr: SocketAddr, path: &str) -> Reply {
 
 async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &[u8])]) -> Reply {
     send(addr, request(Method::GET, path, headers)).await
-}
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
 }
 
 fn limiter<K: tollgate::Key>(quota: &str) -> (RateLimiter<K, ManualClock>, ManualClock) {

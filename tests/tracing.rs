@@ -2,11 +2,14 @@
 //! appear in logs.
 #![cfg(all(feature = "tracing", feature = "redis", feature = "axum"))]
 
+mod common;
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::serve;
 use tollgate::http::{DecisionEvent, KeyExtractor, RateLimitLayer};
 use tollgate::redis::{FailMode, RedisLimiter};
 use tollgate::test_support::LocalRedis;
@@ -138,19 +141,6 @@ async fn the_decision_hook_sees_every_decision_and_the_errors_fail_modes_hide() 
             ));
         }
     };
-    async fn serve(app: axum::Router) -> SocketAddr {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-            .unwrap();
-        });
-        addr
-    }
     async fn status(addr: SocketAddr, path: &str) -> u16 {
         let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (mut sender, connection) =
