@@ -161,8 +161,9 @@ impl<K: Key, C> RateLimiter<K, C> {
     /// this call started is counted.
     ///
     /// # Locking behaviour
-    /// Takes the decision counters' mutex (checks never take it, except a thread's first
-    /// check on this limiter).
+    /// None: the decision counts are summed from every thread's counters without a
+    /// lock. (A thread's first check on a limiter takes a short mutex to claim its
+    /// counters; a thread that exits gives them back the same way.)
     pub fn stats(&self) -> StoreStats {
         let totals = self.inner.tally.totals();
         let stats = StoreStats {
