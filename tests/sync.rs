@@ -189,10 +189,10 @@ async fn reconcile_tracks_the_global_limit() {
         "rec",
         4,
     );
-    // Spend the burst and let the demands settle: 5 s, for after 3 s the first two
-    // seconds still ran 15–17% over the limit in 2 of 9 runs (the overdrafts of the
-    // burst's aftermath are still being repaid).
-    offer(&nodes, quota, 2.0, Duration::from_secs(5)).await;
+    // Spend the burst and let the demands settle: 8 s, for after 3 s the first two
+    // seconds still ran 15–17% over the limit in 2 of 9 runs, and after 5 s once (22%,
+    // on a busy machine): the overdrafts of the burst's aftermath are still being repaid.
+    offer(&nodes, quota, 2.0, Duration::from_secs(8)).await;
     let admitted = offer(&nodes, quota, 2.0, Duration::from_secs(10)).await;
     let counts = per_window(&admitted, Duration::from_secs(1), 10);
     let total: u64 = counts.iter().sum();
