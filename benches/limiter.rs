@@ -793,6 +793,181 @@ fn http_layer(c: &mut Criterion) {
 #[cfg(not(feature = "tower"))]
 fn http_layer(_: &mut Criterion) {}
 
+/// Throughput through the HTTP layer over real sockets while one client floods: 16
+/// keep-alive HTTP/1.1 connections from 127.0.0.1 (one key, 100/s burst 100, so nearly
+/// every request is a 429), against the Redis backend with the deny cache, without it,
+/// and the local limiter for scale — client and server in the same 2-thread runtime,
+/// in the same run. The figure is the time per request (its inverse, the req/s).
+#[cfg(all(feature = "redis", feature = "axum"))]
+fn redis_layer_flood(c: &mut Criterion) {
+    use std::net::SocketAddr;
+
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::Bytes;
+    use tollgate::http::RateLimitLayer;
+    use tollgate::redis::{FailMode, RedisLimiter};
+
+    const CONNECTIONS: usize = 16;
+    let Some((server, runtime)) = redis_and_runtime("redis_layer_flood", 2) else {
+        return;
+    };
+    let quota = Quota::per_second(100)
+        .and_then(|q| q.with_burst(100))
+        .expect("valid quota");
+    let serve = |layer: RateLimitLayer| {
+        runtime.block_on(async {
+            let app = axum::Router::new()
+                .route("/", axum::routing::get(|| async { "ok" }))
+                .layer(layer);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("address");
+            tokio::spawn(async move {
+                let app = app.into_make_service_with_connect_info::<SocketAddr>();
+                axum::serve(listener, app).await.expect("serve");
+            });
+            addr
+        })
+    };
+    let redis_layer = |cached: bool| {
+        let limiter = runtime
+            .block_on(
+                RedisLimiter::builder(&server.url(), quota)
+                    .prefix(if cached {
+                        "flood-cached"
+                    } else {
+                        "flood-uncached"
+                    })
+                    .local_deny_cache(cached)
+                    .timeout(Duration::from_secs(2))
+                    .build(),
+            )
+            .expect("connect");
+        RateLimitLayer::redis(limiter, FailMode::Closed)
+    };
+    let targets = [
+        ("redis_deny_cache", serve(redis_layer(true))),
+        ("redis_no_cache", serve(redis_layer(false))),
+        (
+            "local_limiter",
+            serve(RateLimitLayer::new(RateLimiter::<String>::new(quota))),
+        ),
+    ];
+    let flood = |addr: SocketAddr, iters: u64| -> Duration {
+        runtime.block_on(async move {
+            let mut senders = Vec::new();
+            for _ in 0..CONNECTIONS {
+                let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+                let (sender, connection) =
+                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                        .await
+                        .expect("handshake");
+                tokio::spawn(connection);
+                senders.push(sender);
+            }
+            let t0 = Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for (lane, mut sender) in senders.into_iter().enumerate() {
+                let share =
+                    iters as usize / CONNECTIONS + usize::from(lane < iters as usize % CONNECTIONS);
+                tasks.spawn(async move {
+                    for _ in 0..share {
+                        let request = http::Request::get("/")
+                            .header("host", "bench")
+                            .body(Empty::<Bytes>::new())
+                            .expect("request");
+                        sender.ready().await.expect("ready");
+                        let response = sender.send_request(request).await.expect("response");
+                        let status = response.status();
+                        assert!(status == 200 || status == 429, "{status}");
+                        black_box(response.into_body().collect().await.expect("body"));
+                    }
+                });
+            }
+            while tasks.join_next().await.is_some() {}
+            t0.elapsed()
+        })
+    };
+    let mut group = c.benchmark_group("redis_layer_flood");
+    group.sample_size(20);
+    for (name, addr) in targets {
+        group.bench_function(
+            BenchmarkId::new(name, format!("{CONNECTIONS}_connections")),
+            |b| b.iter_custom(|iters| flood(addr, iters)),
+        );
+    }
+    group.finish();
+}
+
+#[cfg(not(all(feature = "redis", feature = "axum")))]
+fn redis_layer_flood(_: &mut Criterion) {}
+
+/// What a denied check costs when the deny cache answers it (no round trip), from 1 task
+/// and from 2 tasks on 2 worker threads, against the local limiter's hot denied key.
+#[cfg(feature = "redis")]
+fn redis_cached_deny(c: &mut Criterion) {
+    use tollgate::redis::RedisLimiter;
+
+    let Some((server, runtime)) = redis_and_runtime("redis_cached_deny", 2) else {
+        return;
+    };
+    let quota = Quota::per_minute(1).expect("valid quota");
+    let limiter = runtime
+        .block_on(async {
+            let limiter = RedisLimiter::builder(&server.url(), quota)
+                .timeout(Duration::from_secs(2))
+                .build()
+                .await?;
+            // Admitted, then denied for a minute: cached from here on.
+            limiter.check("hot").await?;
+            limiter.check("hot").await?;
+            Ok::<_, tollgate::redis::RedisError>(limiter)
+        })
+        .expect("connect");
+    let calls = limiter.stats().calls;
+    let local = RateLimiter::<String>::new(quota);
+    local.check("hot");
+    let mut group = c.benchmark_group("redis_cached_deny");
+    for tasks in [1usize, 2] {
+        let id = |name: &str| BenchmarkId::new(name, format!("{tasks}_thread"));
+        group.bench_function(id("redis_limiter_cached"), |b| {
+            b.iter_custom(|iters| {
+                runtime.block_on(async {
+                    let t0 = Instant::now();
+                    let mut set = tokio::task::JoinSet::new();
+                    for _ in 0..tasks {
+                        let limiter = limiter.clone();
+                        set.spawn(async move {
+                            for _ in 0..iters {
+                                let d = limiter.check("hot").await.expect("cached");
+                                assert!(!d.is_allowed());
+                                black_box(d);
+                            }
+                        });
+                    }
+                    while set.join_next().await.is_some() {}
+                    t0.elapsed()
+                })
+            })
+        });
+        group.bench_function(id("local_limiter"), |b| {
+            b.iter_custom(|iters| {
+                run_threads(tasks, iters, &|_, _| local.check("hot").is_allowed())
+            })
+        });
+    }
+    group.finish();
+    assert_eq!(
+        limiter.stats().calls,
+        calls,
+        "every deny came from the cache"
+    );
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_cached_deny(_: &mut Criterion) {}
+
 #[cfg(not(feature = "redis"))]
 fn redis_tier(_: &mut Criterion) {
     eprintln!("redis_tier skipped: run `cargo bench --all-features` to measure the Redis tier");
@@ -806,7 +981,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, counters, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer
+    targets = keyed_10k, counters, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
 }
 
 fn main() {

@@ -62,7 +62,8 @@ struct Args {
     /// script on every request).
     #[arg(long, value_enum, default_value = "reconcile")]
     sync: Sync,
-    /// With --sync off: admit (open) or deny (closed) a request when Redis fails.
+    /// With --sync off: when Redis fails (or its circuit breaker is open), admit (open),
+    /// deny (closed), or limit each key in this process by --quota (local).
     #[arg(long, value_enum, default_value = "open")]
     on_redis_failure: OnFailure,
     /// Store a keyed hash of each key in Redis instead of the key (for API keys and
@@ -92,6 +93,7 @@ enum Sync {
 enum OnFailure {
     Open,
     Closed,
+    Local,
 }
 
 /// Where the limit lives.
@@ -191,6 +193,7 @@ async fn run(args: Args) -> Result<(), String> {
                     let mode = match args.on_redis_failure {
                         OnFailure::Open => FailMode::Open,
                         OnFailure::Closed => FailMode::Closed,
+                        OnFailure::Local => FailMode::Local(args.quota),
                     };
                     RateLimitLayer::redis(limiter.clone(), mode)
                 }

@@ -75,6 +75,15 @@ pub enum ConfigError {
         /// The values it accepts.
         expected: &'static str,
     },
+    /// A setting of the Redis tier (`RedisBuilder`) is out of range.
+    InvalidRedisSetting {
+        /// The setting's name (the `RedisBuilder` method).
+        setting: &'static str,
+        /// The value given.
+        value: String,
+        /// The values it accepts.
+        expected: &'static str,
+    },
     /// A Redis URL that cannot be parsed (any password in it is redacted).
     InvalidRedisUrl {
         /// The URL, password redacted.
@@ -174,6 +183,11 @@ impl fmt::Display for ConfigError {
                 value,
                 expected,
             } => write!(f, "sync {setting} {value} is out of range: use {expected}"),
+            Self::InvalidRedisSetting {
+                setting,
+                value,
+                expected,
+            } => write!(f, "redis {setting} {value} is out of range: use {expected}"),
             Self::InvalidRedisUrl { url, reason } => write!(
                 f,
                 "invalid Redis URL {url:?} ({reason}): write it as redis://[user:password@]host:port/[db]"

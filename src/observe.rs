@@ -11,11 +11,19 @@
 //! | `tollgate_sync_fallback` | gauge (0 or 1) | `limiter` |
 //! | `tollgate_sync_nodes` | gauge | `limiter` |
 //! | `tollgate_redis_errors_total` | counter | `limiter`, `kind` ([`RedisError::kind`](crate::redis::RedisError::kind)) |
+//! | `tollgate_redis_calls_total` | counter | `limiter` |
+//! | `tollgate_redis_cached_denies_total` | counter | `limiter` |
+//! | `tollgate_redis_cached_keys` | gauge | `limiter` |
+//! | `tollgate_redis_short_circuited_total` | counter | `limiter` |
+//! | `tollgate_redis_fail_mode_decisions_total` | counter | `limiter` |
+//! | `tollgate_redis_breaker_open` | gauge (0 closed, 1 open or half-open) | `limiter` |
+//! | `tollgate_redis_breaker_opened_total` | counter | `limiter` |
 //!
 //! A limiter's counters are exact totals, published (as absolute values) whenever
-//! [`RateLimiter::stats`](crate::RateLimiter::stats) runs and, with the `tokio` feature
-//! when the limiter is built inside a runtime, every second by a task that ends with the
-//! limiter. Without the `metrics` feature every function here does nothing.
+//! [`RateLimiter::stats`](crate::RateLimiter::stats) (or `RedisLimiter::stats`) runs
+//! and, with the `tokio` feature when the limiter is built inside a runtime, every second
+//! by a task that ends with the limiter. The breaker gauge also changes the moment the
+//! breaker opens or closes. Without the `metrics` feature every function here does nothing.
 
 #[cfg(feature = "metrics")]
 use metrics::{counter, gauge};
@@ -90,6 +98,65 @@ pub(crate) fn redis_error(name: &str, error: &crate::redis::RedisError) {
     #[cfg(feature = "metrics")]
     counter!("tollgate_redis_errors_total", "limiter" => name.to_owned(), "kind" => error.kind())
         .increment(1);
+}
+
+/// Publishes a Redis limiter's totals.
+#[cfg(feature = "redis")]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn redis_limiter(name: &str, stats: &crate::redis::RedisStats) {
+    #[cfg(feature = "metrics")]
+    {
+        let limiter = name.to_owned();
+        for (metric, total) in [
+            ("tollgate_redis_calls_total", stats.calls),
+            ("tollgate_redis_cached_denies_total", stats.cached_denies),
+            (
+                "tollgate_redis_short_circuited_total",
+                stats.short_circuited,
+            ),
+            (
+                "tollgate_redis_fail_mode_decisions_total",
+                stats.fail_mode_decisions,
+            ),
+            ("tollgate_redis_breaker_opened_total", stats.breaker_opened),
+        ] {
+            counter!(metric, "limiter" => limiter.clone()).absolute(total);
+        }
+        gauge!("tollgate_redis_cached_keys", "limiter" => limiter.clone())
+            .set(stats.cached_keys as f64);
+        redis_breaker_gauge(name, stats.breaker);
+    }
+}
+
+#[cfg(all(feature = "redis", feature = "metrics"))]
+fn redis_breaker_gauge(name: &str, state: crate::redis::BreakerState) {
+    let open = if state == crate::redis::BreakerState::Closed {
+        0.0
+    } else {
+        1.0
+    };
+    gauge!("tollgate_redis_breaker_open", "limiter" => name.to_owned()).set(open);
+}
+
+/// The Redis tier's circuit breaker opened (`warn`) or closed (`info`).
+#[cfg(feature = "redis")]
+#[cfg_attr(
+    not(any(feature = "metrics", feature = "tracing")),
+    allow(unused_variables)
+)]
+pub(crate) fn redis_breaker(name: &str, state: crate::redis::BreakerState) {
+    #[cfg(feature = "metrics")]
+    redis_breaker_gauge(name, state);
+    #[cfg(feature = "tracing")]
+    if state == crate::redis::BreakerState::Closed {
+        tracing::info!(target: "tollgate", limiter = name, "redis tier: circuit breaker closed");
+    } else {
+        tracing::warn!(
+            target: "tollgate",
+            limiter = name,
+            "redis tier: circuit breaker open; checks answer by their fail mode"
+        );
+    }
 }
 
 /// Logs a deny (`debug`, target `tollgate`): the limiter's name and a short hash of the

@@ -323,6 +323,60 @@ async fn the_redis_tier_behind_the_layer() {
     assert_eq!(denied.header("retry-after"), "30");
 }
 
+/// The layer's Redis backend uses the local first tier: a flooding client is denied
+/// from the deny cache (no Redis call until its retry instant), and with Redis killed
+/// the insurance quota of `FailMode::Local` decides, the breaker open after three
+/// failures — while the flooder stays denied by its cached deny.
+#[tokio::test]
+async fn the_redis_backend_caches_denies_and_falls_back_to_the_insurance_limit() {
+    use tollgate::http::KeyExtractor;
+    use tollgate::redis::{BreakerState, FailMode, RedisLimiter};
+    use tollgate::test_support::LocalRedis;
+    let mut server = LocalRedis::start().expect("redis-server (./scripts/test.sh installs it)");
+    let limiter = RedisLimiter::builder(&server.url(), "2/min".parse().unwrap())
+        .timeout(std::time::Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let insurance = "3/min".parse().unwrap();
+    let layer = RateLimitLayer::redis(limiter.clone(), FailMode::Local(insurance))
+        .key(KeyExtractor::header("x-user").unwrap());
+    let addr = serve(app(layer, Arc::default())).await;
+    let as_user =
+        |user: &'static str| async move { get_with(addr, "/", &[("x-user", user)]).await };
+    for _ in 0..2 {
+        assert_eq!(as_user("flooder").await.status, 200);
+    }
+    for _ in 0..50 {
+        let denied = as_user("flooder").await;
+        assert_eq!(denied.status, 429);
+        assert!(denied.header("retry-after").parse::<u64>().unwrap() >= 29);
+    }
+    let stats = limiter.stats();
+    assert_eq!(
+        stats.calls, 2,
+        "the second admission left nothing: {stats:?}"
+    );
+    assert_eq!(stats.cached_denies, 50);
+
+    server.stop();
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        statuses.push(as_user("newcomer").await.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429, 429, 429, 429]);
+    assert_eq!(
+        as_user("flooder").await.status,
+        429,
+        "still denied, from the cache"
+    );
+    let stats = limiter.stats();
+    assert_eq!(stats.breaker, BreakerState::Open, "{stats:?}");
+    assert_eq!(stats.fail_mode_decisions, 10);
+    assert!(stats.short_circuited >= 7, "{stats:?}");
+    assert_eq!(stats.cached_denies, 51);
+}
+
 /// The example server as a process, with the pinned flags.
 mod server_binary {
     use std::io::{BufRead, BufReader};

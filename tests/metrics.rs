@@ -265,6 +265,37 @@ async fn sync_rounds_and_redis_errors_are_published() {
         })
         .sum();
     assert_eq!(errors, 2);
+    // The third failure opens the breaker: the gauge moves at once; then checks are
+    // short-circuited, and `stats` publishes the totals.
+    assert!(redis.check("k").await.is_err());
+    let snap = self::snap();
+    assert_eq!(
+        snap.gauge("tollgate_redis_breaker_open", &[("limiter", "tier")]),
+        Some(1.0)
+    );
+    for _ in 0..5 {
+        assert!(matches!(
+            redis.check("k").await,
+            Err(tollgate::redis::RedisError::CircuitOpen { .. })
+        ));
+    }
+    let stats = redis.stats();
+    let snap = self::snap();
+    let tier = [("limiter", "tier")];
+    assert_eq!(stats.short_circuited, 5);
+    assert_eq!(
+        snap.counter("tollgate_redis_short_circuited_total", &tier),
+        Some(5)
+    );
+    assert_eq!(snap.counter("tollgate_redis_calls_total", &tier), Some(4));
+    assert_eq!(
+        snap.counter("tollgate_redis_breaker_opened_total", &tier),
+        Some(1)
+    );
+    assert_eq!(
+        snap.counter("tollgate_redis_cached_denies_total", &tier),
+        Some(0)
+    );
 
     // Rounds now fail: counted as errors, and the node falls back in time.
     let error = [("limiter", "synced"), ("result", "error")];

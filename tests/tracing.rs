@@ -116,12 +116,20 @@ async fn a_redis_outage_warns_once_and_recovery_is_announced() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let text = logs.text();
+    // One warning for the outage's first failure, one for the breaker opening at the
+    // third; the failures in between are `debug`.
     assert_eq!(
         text.matches("WARN").count(),
-        1,
-        "one warning per outage: {text}"
+        2,
+        "two warnings per outage: {text}"
     );
-    assert!(text.contains("redis tier: a check failed"), "{text}");
+    assert_eq!(
+        text.matches("redis tier: a check failed").count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(text.matches("circuit breaker open").count(), 1, "{text}");
+    assert!(text.contains("circuit breaker closed"), "{text}");
     assert!(text.contains("limiter=\"edge\""), "{text}");
     assert!(text.contains("redis tier: answering again"), "{text}");
     assert!(!text.contains(&server.url()), "{text}");

@@ -229,13 +229,8 @@ impl RateLimitLayer<String, KeyExtractor> {
             let limiter = limiter.clone();
             let key = key.to_owned();
             Box::pin(async move {
-                match limiter.check(&key).await {
-                    Ok(decision) => (decision, None),
-                    Err(e) => (
-                        limiter.failed_decision(on_failure),
-                        Some(Box::new(e) as BackendError),
-                    ),
-                }
+                let (decision, error) = limiter.check_reporting(&key, on_failure).await;
+                (decision, error.map(|e| Box::new(e) as BackendError))
             })
         });
         Self::with_backend(

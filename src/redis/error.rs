@@ -33,12 +33,18 @@ pub enum RedisError {
     Redis(redis::RedisError),
     /// Redis answered with something the limiter cannot read.
     UnexpectedReply(String),
+    /// The circuit breaker is open after consecutive failures: no call was made. The
+    /// breaker lets one probe through when its period ends, in `retry_in`.
+    CircuitOpen {
+        /// Time left in the breaker's open period.
+        retry_in: Duration,
+    },
 }
 
 impl RedisError {
     /// A short, stable name of the error's kind, for metrics and logs: `config`,
     /// `unsupported_algorithm`, `insufficient_capacity`, `timeout`, `unavailable`,
-    /// `wrong_type`, `rejected`, `redis` or `unexpected_reply`.
+    /// `wrong_type`, `rejected`, `redis`, `unexpected_reply` or `circuit_open`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Config(_) => "config",
@@ -50,7 +56,19 @@ impl RedisError {
             Self::Rejected(_) => "rejected",
             Self::Redis(_) => "redis",
             Self::UnexpectedReply(_) => "unexpected_reply",
+            Self::CircuitOpen { .. } => "circuit_open",
         }
+    }
+
+    /// Whether the error says Redis cannot serve (it timed out, is unreachable, or
+    /// answered with a server-side error such as `BUSY` or `OOM`): what the circuit
+    /// breaker counts. A reply about the call itself (`WRONGTYPE`, a rejected argument)
+    /// shows Redis up.
+    pub fn is_outage(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout(_) | Self::Unavailable(_) | Self::Redis(_) | Self::CircuitOpen { .. }
+        )
     }
 }
 
@@ -72,6 +90,10 @@ impl fmt::Display for RedisError {
             Self::Rejected(why) => write!(f, "the rate-limit script rejected its arguments: {why}"),
             Self::Redis(e) => write!(f, "redis error: {e}"),
             Self::UnexpectedReply(what) => write!(f, "unexpected reply from redis: {what}"),
+            Self::CircuitOpen { retry_in } => write!(
+                f,
+                "redis failed repeatedly: the circuit breaker is open and probes again in {retry_in:?}"
+            ),
         }
     }
 }

@@ -4,9 +4,11 @@
 -- map is stale after a failover is redirected instead of failing on the first write.)
 -- tollgate fixed window counter, in integer microseconds.
 -- KEYS[1]: the limiter key. ARGV: limit, period, cost, now (empty: the server's TIME).
--- State: a hash {w = window index, c = count}. Admitted iff c + cost ≤ limit. A deny
--- writes nothing; an admission writes the count with a TTL of exactly the time to the
--- window's end. A clock behind the stored window is read as that window's start.
+-- State: a hash {w = window index, c = count, n = the period w counts in}. Admitted iff
+-- c + cost ≤ limit. A deny writes nothing; an admission writes the count with a TTL of
+-- exactly the time to the window's end. A clock behind the stored window is read as that
+-- window's start. A change of period (n ≠ period) starts the windows afresh; a change
+-- of limit alone keeps the count.
 -- Returns {allowed, limit, remaining, reset_after_us, retry_after_us}.
 -- Every number stays an integer below 2^53, exact in Lua's doubles.
 local limit, period, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -38,8 +40,13 @@ end
 local elapsed = now - window * period
 local lead = 0
 local count = 0
-local stored = redis.call('HMGET', KEYS[1], 'w', 'c')
+local stored = redis.call('HMGET', KEYS[1], 'w', 'c', 'n')
 local sw = tonumber(stored[1])
+local sn = tonumber(stored[3])
+if sn ~= nil and sn ~= period then
+  -- Counted in windows of another period (the quota changed): they start afresh.
+  sw = nil
+end
 if sw ~= nil and sw >= window then
   if sw > window then
     lead = sw * period - now
@@ -50,11 +57,13 @@ end
 
 local to_end = period - elapsed + lead
 if count + cost > limit then
-  return {0, limit, limit - count, to_end, to_end}
+  -- (A count above the limit is possible after the quota was lowered.)
+  return {0, limit, math.max(limit - count, 0), to_end, to_end}
 end
 count = count + cost
 if cost > 0 then
-  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window), 'c', count)
+  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window), 'c', count, 'n',
+    string.format('%.0f', period))
   redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.ceil(to_end / 1000)))
 end
 local reset = 0

@@ -4,11 +4,18 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+
 use super::RedisError;
+use super::breaker::{Breaker, BreakerState, CircuitBreaker, Gate, ProbeTicket};
 use super::connection::{Link, Target};
+use super::deny_cache::{CachePolicy, DenyCache, Lookup, lesson};
+use super::fallback::{FailMode, Fallbacks, LocalClock};
 use super::keys::{KeyHasher, write_key};
 use crate::algorithm::Algorithm;
-use crate::clock::Clock;
+use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
@@ -29,16 +36,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Integers in Lua's doubles are exact below this.
 const LUA_EXACT: u64 = 1 << 53;
-
-/// What a caller does when Redis fails: its policy, applied by
-/// [`RedisLimiter::check_or`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailMode {
-    /// Admit the request (availability first).
-    Open,
-    /// Deny the request (protection first), with `retry_after` = one emission interval.
-    Closed,
-}
 
 /// A quota in the scripts' units: integer microseconds.
 #[derive(Clone, Copy, Debug)]
@@ -96,7 +93,18 @@ impl Rule {
             Self::Window { limit, .. } => limit,
         }
     }
+
+    /// τ = (burst − 1)·T in µs for the token bucket; 0 for the windows.
+    fn tau(&self) -> u64 {
+        match *self {
+            Self::TokenBucket { tau, .. } => tau,
+            Self::Window { .. } => 0,
+        }
+    }
 }
+
+/// The default bound on the keys the deny cache holds.
+pub const DEFAULT_DENY_CACHE_KEYS: usize = 100_000;
 
 /// The quota arguments the scripts take for `algorithm`, in microseconds:
 /// `[T, tau, burst]` for the token bucket, `[limit, period, 0]` for the windows.
@@ -119,6 +127,9 @@ pub struct RedisBuilder {
     clock: Option<Arc<dyn Clock>>,
     hasher: Option<KeyHasher>,
     name: Arc<str>,
+    deny_cache: bool,
+    deny_cache_keys: usize,
+    breaker: CircuitBreaker,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -132,6 +143,9 @@ impl fmt::Debug for RedisBuilder {
             .field("timeout", &self.timeout)
             .field("caller_clock", &self.clock.is_some())
             .field("name", &self.name)
+            .field("local_deny_cache", &self.deny_cache)
+            .field("deny_cache_keys", &self.deny_cache_keys)
+            .field("circuit_breaker", &self.breaker)
             .finish()
     }
 }
@@ -193,6 +207,33 @@ impl RedisBuilder {
         self
     }
 
+    /// Whether to answer repeated denies in process (on by default): after Redis denies
+    /// a unit request for a key, the same request is denied locally, with no round trip,
+    /// until the instant Redis said it could pass. The cached decision is the one Redis
+    /// would give (denies write nothing, and nothing but a reset or a quota change can
+    /// admit sooner), so an abusive client costs about one Redis call per retry
+    /// interval instead of one per request. See [`RedisLimiter`] for the details and the
+    /// one caveat (resets made by other nodes).
+    pub fn local_deny_cache(mut self, on: bool) -> Self {
+        self.deny_cache = on;
+        self
+    }
+
+    /// The most keys the deny cache holds (100,000 by default); expired entries are
+    /// swept as new ones come, and when it is full, the entry nearest its expiry makes
+    /// room. Each entry keeps a copy of its key. Only denied keys take an entry.
+    pub fn deny_cache_max_keys(mut self, max_keys: usize) -> Self {
+        self.deny_cache_keys = max_keys;
+        self
+    }
+
+    /// The circuit breaker ([`CircuitBreaker::default`]: open after 3 consecutive
+    /// failures within 1 s); [`CircuitBreaker::disabled`] turns it off.
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
     /// Validates the configuration, connects (with automatic reconnection; on a cluster,
     /// to the seed nodes, learning the slot map) and, on one server, loads the script.
     ///
@@ -204,6 +245,15 @@ impl RedisBuilder {
         let rule = Rule::new(self.algorithm, self.quota)?;
         if self.prefix.contains(['{', '}']) {
             return Err(ConfigError::InvalidPrefix(self.prefix).into());
+        }
+        self.breaker.validate()?;
+        if self.deny_cache_keys == 0 {
+            return Err(ConfigError::InvalidRedisSetting {
+                setting: "deny_cache_max_keys",
+                value: "0".to_owned(),
+                expected: "1 or more",
+            }
+            .into());
         }
         let source = match self.algorithm {
             Algorithm::TokenBucket => scripts::TOKEN_BUCKET,
@@ -226,23 +276,47 @@ impl RedisBuilder {
             .map_err(|_| RedisError::Timeout(self.timeout))?
             .map_err(|e| RedisError::from_redis(e, b""))?;
         let prefix = format!("{}:{}:", self.prefix, short_name(self.algorithm));
-        Ok(RedisLimiter {
+        let local_clock = match &self.clock {
+            Some(clock) => LocalClock::Caller(Arc::clone(clock)),
+            None => LocalClock::Monotonic(MonotonicClock::new()),
+        };
+        let cache = self.deny_cache.then(|| {
+            DenyCache::new(
+                CachePolicy::new(self.algorithm, self.quota),
+                self.deny_cache_keys,
+            )
+        });
+        let fallbacks = Fallbacks::new(self.algorithm, local_clock.clone(), Arc::clone(&self.name));
+        let limiter = RedisLimiter {
             inner: Arc::new(Inner {
                 connection,
                 script,
                 source,
                 target: self.target,
                 hasher: self.hasher,
-                rule,
+                current: RwLock::new(Current {
+                    rule,
+                    quota: self.quota,
+                }),
                 prefix,
                 timeout: self.timeout,
                 clock: self.clock,
-                quota: self.quota,
+                local_clock,
+                monotonic: MonotonicClock::new(),
                 algorithm: self.algorithm,
                 name: self.name,
-                failing: std::sync::atomic::AtomicBool::new(false),
+                cache,
+                breaker: Breaker::new(self.breaker),
+                fallbacks,
+                failing: AtomicBool::new(false),
+                calls: AtomicU64::new(0),
+                errors: AtomicU64::new(0),
+                fail_mode_decisions: AtomicU64::new(0),
             }),
-        })
+        };
+        #[cfg(feature = "metrics")]
+        limiter.publish_every_second();
+        Ok(limiter)
     }
 }
 
@@ -265,9 +339,31 @@ fn short_name(algorithm: Algorithm) -> &'static str {
 /// approximated (or, with leases, never exceeded) use the local [`RateLimiter`] with
 /// background sync.
 ///
-/// **Failures.** Every error is typed ([`RedisError`]) and arrives within the timeout.
-/// What to do then is the caller's policy: fail open or fail closed, for example with
-/// [`check_or`](Self::check_or).
+/// **The local first tier.** Three things keep Redis traffic and outage cost down:
+/// - *A deny cache* (on by default, [`RedisBuilder::local_deny_cache`]). After Redis
+///   denies a unit request for a key until some instant — or admits one leaving nothing
+///   for the next (token bucket and fixed window) — the next unit requests for that key
+///   are denied in process until that instant, in well under a microsecond. Denies
+///   write nothing and admissions only push that instant later, so the cached decision
+///   is Redis's own (exactly so with [`caller_clock`](RedisBuilder::caller_clock); with
+///   the server's clock the cache starts counting when the call was sent, so it may
+///   stop a round trip early, never late). Admissions always go to Redis, so the global
+///   limit holds exactly however many nodes cache. [`reset`](Self::reset) and
+///   [`set_quota`](Self::set_quota) empty this limiter's entries; a reset made by
+///   *another* node reaches this one's cache only when the entry expires.
+/// - *A circuit breaker* ([`RedisBuilder::circuit_breaker`]). After 3 consecutive
+///   failures within 1 s (by default), checks fail at once with
+///   [`RedisError::CircuitOpen`] for 500 ms (doubling up to 2 s while Redis stays
+///   down); then one check probes Redis, and a success closes the breaker.
+/// - *Fail modes* ([`check_or`](Self::check_or)): when Redis fails or the breaker is
+///   open, admit ([`FailMode::Open`]), deny ([`FailMode::Closed`]) or limit in process
+///   by an insurance quota ([`FailMode::Local`]).
+///
+/// [`stats`](Self::stats) (and the metrics) count calls, cached denies, short circuits
+/// and fail-mode decisions, and show the breaker's state.
+///
+/// **Failures.** Every error is typed ([`RedisError`]) and arrives within the timeout,
+/// or at once while the breaker is open.
 ///
 /// The scripts keep integer state (microseconds and counts, never floats), write nothing
 /// on a deny, give every key they write a TTL of exactly the time until it is untouched
@@ -293,15 +389,54 @@ struct Inner {
     source: &'static str,
     target: Target,
     hasher: Option<KeyHasher>,
-    rule: Rule,
+    /// The quota, replaced by `set_quota`.
+    current: RwLock<Current>,
     prefix: String,
     timeout: Duration,
+    /// The caller's clock, whose time the scripts take instead of the server's.
     clock: Option<Arc<dyn Clock>>,
-    quota: Quota,
+    /// The deny cache's and the fallbacks' time: the caller's clock, or a monotonic one.
+    local_clock: LocalClock,
+    /// The breaker's time: always real.
+    monotonic: MonotonicClock,
     algorithm: Algorithm,
     name: Arc<str>,
+    cache: Option<DenyCache>,
+    breaker: Breaker,
+    fallbacks: Fallbacks,
     /// Whether the last check failed (for logging the start and end of an outage once).
-    failing: std::sync::atomic::AtomicBool,
+    failing: AtomicBool,
+    calls: AtomicU64,
+    errors: AtomicU64,
+    fail_mode_decisions: AtomicU64,
+}
+
+/// The quota in force and its script arguments.
+#[derive(Clone, Copy, Debug)]
+struct Current {
+    rule: Rule,
+    quota: Quota,
+}
+
+/// Counters of a [`RedisLimiter`], from [`RedisLimiter::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RedisStats {
+    /// Script calls sent to Redis.
+    pub calls: u64,
+    /// Checks answered by the local deny cache, with no call.
+    pub cached_denies: u64,
+    /// Keys in the deny cache now.
+    pub cached_keys: usize,
+    /// Calls that failed (any [`RedisError`] after the call was sent).
+    pub errors: u64,
+    /// Checks that did not call Redis because the circuit breaker was open.
+    pub short_circuited: u64,
+    /// Decisions made by a [`FailMode`] (Redis failed or the breaker was open).
+    pub fail_mode_decisions: u64,
+    /// The circuit breaker's state now.
+    pub breaker: BreakerState,
+    /// Times the circuit breaker opened.
+    pub breaker_opened: u64,
 }
 
 impl fmt::Debug for RedisLimiter {
@@ -310,11 +445,13 @@ impl fmt::Debug for RedisLimiter {
         f.debug_struct("RedisLimiter")
             .field("redis", &inner.target)
             .field("hash_keys", &inner.hasher.is_some())
-            .field("quota", &inner.quota)
+            .field("quota", &inner.current.read().quota)
             .field("algorithm", &inner.algorithm)
             .field("prefix", &inner.prefix)
             .field("timeout", &inner.timeout)
             .field("name", &inner.name)
+            .field("local_deny_cache", &inner.cache.is_some())
+            .field("breaker", &inner.breaker.state())
             .finish_non_exhaustive()
     }
 }
@@ -343,6 +480,9 @@ impl RedisLimiter {
             clock: None,
             hasher: None,
             name: Arc::from("default"),
+            deny_cache: true,
+            deny_cache_keys: DEFAULT_DENY_CACHE_KEYS,
+            breaker: CircuitBreaker::default(),
         }
     }
 
@@ -353,7 +493,7 @@ impl RedisLimiter {
 
     /// The quota every key is limited by.
     pub fn quota(&self) -> Quota {
-        self.inner.quota
+        self.inner.current.read().quota
     }
 
     /// The algorithm the script runs.
@@ -388,39 +528,51 @@ impl RedisLimiter {
     /// Checks a request of cost `n` for `key`: all `n` units or none. A cost of 0 reports
     /// the state without consuming.
     ///
+    /// A unit request that Redis denied until a later instant is denied from the local
+    /// deny cache, with no call (see [`RedisBuilder::local_deny_cache`]); while the
+    /// circuit breaker is open, no call is made either.
+    ///
     /// # Errors
     /// [`RedisError::InsufficientCapacity`] (before any I/O, nothing written) when `n`
-    /// exceeds the burst (token bucket) or the limit (windows); otherwise as
+    /// exceeds the burst (token bucket) or the limit (windows);
+    /// [`RedisError::CircuitOpen`] at once while the breaker is open; otherwise as
     /// [`check`](Self::check).
     pub async fn check_n(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
-        let decided = self.decide(key, n).await;
         let inner = &*self.inner;
-        match &decided {
-            // The caller's own mistake says nothing of Redis's health.
-            Err(RedisError::InsufficientCapacity(_)) => {}
-            Err(e) => {
-                crate::observe::redis_error(&inner.name, e);
-                let first = !inner
-                    .failing
-                    .swap(true, std::sync::atomic::Ordering::Relaxed);
-                crate::observe::redis_health(&inner.name, Some(e), first);
-            }
-            Ok(_) => {
-                if inner.failing.load(std::sync::atomic::Ordering::Relaxed)
-                    && inner
-                        .failing
-                        .swap(false, std::sync::atomic::Ordering::Relaxed)
-                {
-                    crate::observe::redis_health(&inner.name, None, true);
+        let mut now_us = inner.local_clock.now_ns() / 1_000;
+        // The caller for a key whose cached deny expired, if this request is it.
+        let mut _call_guard = None;
+        // A unit request always fits the quota: the cache answers before anything else.
+        if let (1, Some(cache)) = (n, &inner.cache) {
+            // How long this request may wait for others' calls: set at its first wait.
+            let mut deadline = None;
+            loop {
+                let coalesce = deadline.is_none_or(|d| tokio::time::Instant::now() < d);
+                match cache.lookup(key, now_us, coalesce) {
+                    Lookup::Hit(hit) => return Ok(hit),
+                    Lookup::Miss => break,
+                    Lookup::Call(guard) => {
+                        _call_guard = Some(guard);
+                        break;
+                    }
+                    Lookup::Wait(shared) => {
+                        let deadline = *deadline
+                            .get_or_insert_with(|| tokio::time::Instant::now() + inner.timeout);
+                        let done = shared.done();
+                        tokio::pin!(done);
+                        done.as_mut().enable();
+                        if shared.calling() {
+                            // The call is bounded by its timeout, and its guard wakes us
+                            // even if it is abandoned; the deadline bounds us anyway.
+                            let _ = tokio::time::timeout_at(deadline, done).await;
+                        }
+                        now_us = inner.local_clock.now_ns() / 1_000;
+                    }
                 }
             }
         }
-        decided
-    }
-
-    async fn decide(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
-        let inner = &*self.inner;
-        let capacity = inner.rule.capacity();
+        let current = *inner.current.read();
+        let capacity = current.rule.capacity();
         if n > capacity {
             return Err(InsufficientCapacity {
                 requested: n,
@@ -428,8 +580,67 @@ impl RedisLimiter {
             }
             .into());
         }
+        let gate = inner.breaker.gate(inner.monotonic.now_ns());
+        if let Gate::Reject(ns) = gate {
+            return Err(RedisError::CircuitOpen {
+                retry_in: Duration::from_nanos(ns),
+            });
+        }
+        let ticket = ProbeTicket::new(&inner.breaker, &gate);
+        let generation = inner.cache.as_ref().map(DenyCache::generation);
+        inner.calls.fetch_add(1, Ordering::Relaxed);
+        let script_now = inner.clock.as_ref().map(|_| now_us);
+        let decided = self.call(key, n, current.rule, script_now).await;
+        let probe = ticket.is_probe();
+        ticket.resolve();
+        match &decided {
+            Ok(decision) => {
+                if inner.breaker.succeeded() {
+                    crate::observe::redis_breaker(&inner.name, BreakerState::Closed);
+                }
+                self.recovered();
+                if let (Some(cache), Some(generation)) = (&inner.cache, generation) {
+                    let lesson = lesson(inner.algorithm, current.rule.tau(), n, now_us, decision);
+                    cache.learn(key, generation, now_us, lesson);
+                }
+            }
+            Err(e) => {
+                inner.errors.fetch_add(1, Ordering::Relaxed);
+                crate::observe::redis_error(&inner.name, e);
+                let first = !inner.failing.swap(true, Ordering::Relaxed);
+                crate::observe::redis_health(&inner.name, Some(e), first);
+                if e.is_outage() {
+                    if inner.breaker.failed(inner.monotonic.now_ns(), probe) {
+                        crate::observe::redis_breaker(&inner.name, BreakerState::Open);
+                    }
+                } else if inner.breaker.succeeded() {
+                    // Redis answered (with an error about this call): it is up.
+                    crate::observe::redis_breaker(&inner.name, BreakerState::Closed);
+                }
+            }
+        }
+        decided
+    }
+
+    /// Logs the end of an outage, once.
+    fn recovered(&self) {
+        let inner = &*self.inner;
+        if inner.failing.load(Ordering::Relaxed) && inner.failing.swap(false, Ordering::Relaxed) {
+            crate::observe::redis_health(&inner.name, None, true);
+        }
+    }
+
+    /// One script call for a request of cost `n`, with the script's time (µs) or none
+    /// (the server's `TIME`).
+    async fn call(
+        &self,
+        key: &str,
+        n: u64,
+        rule: Rule,
+        now_us: Option<u64>,
+    ) -> Result<Decision, RedisError> {
+        let inner = &*self.inner;
         let redis_key = self.redis_key(key);
-        let now_us = inner.clock.as_ref().map(|clock| clock.now_ns() / 1_000);
         let call = |eval: bool| {
             let mut cmd = if eval {
                 let mut cmd = redis::cmd("EVAL");
@@ -441,7 +652,7 @@ impl RedisLimiter {
                 cmd
             };
             cmd.arg(1).arg(&redis_key);
-            match inner.rule {
+            match rule {
                 Rule::TokenBucket { t, tau, burst } => cmd.arg(t).arg(tau).arg(burst),
                 Rule::Window { limit, period } => cmd.arg(limit).arg(period),
             };
@@ -489,26 +700,122 @@ impl RedisLimiter {
         }
     }
 
-    /// [`check`](Self::check) with a failure policy: when Redis fails, admit
-    /// ([`FailMode::Open`]) or deny ([`FailMode::Closed`]) instead of returning the
-    /// error, which is dropped. Use [`check`](Self::check) to log it.
+    /// [`check`](Self::check) with a failure policy: when Redis fails or the circuit
+    /// breaker is open, `mode` decides — admit ([`FailMode::Open`]), deny
+    /// ([`FailMode::Closed`]) or limit in process ([`FailMode::Local`]) — instead of
+    /// returning the error, which is counted ([`RedisStats::errors`]) and logged (with
+    /// the `tracing` feature), then dropped.
     pub async fn check_or(&self, key: &str, mode: FailMode) -> Decision {
+        self.check_reporting(key, mode).await.0
+    }
+
+    /// [`check_or`](Self::check_or) that also returns the error `mode` answered for.
+    pub(crate) async fn check_reporting(
+        &self,
+        key: &str,
+        mode: FailMode,
+    ) -> (Decision, Option<RedisError>) {
         match self.check(key).await {
-            Ok(decision) => decision,
-            Err(_) => self.failed_decision(mode),
+            Ok(decision) => (decision, None),
+            Err(e) => (self.fail_mode_decision(mode, key, 1), Some(e)),
         }
     }
 
-    /// What `mode` decides when Redis fails.
-    pub(crate) fn failed_decision(&self, mode: FailMode) -> Decision {
-        match mode {
-            FailMode::Open => Decision::allow(self.inner.rule.capacity(), 0, 0),
-            FailMode::Closed => {
-                let interval = u64::try_from(self.inner.quota.emission_interval().as_nanos())
-                    .unwrap_or(u64::MAX);
-                Decision::deny(self.inner.rule.capacity(), 0, 0, interval)
-            }
+    /// What `mode` decides for a request of cost `n` for `key` when Redis cannot.
+    pub(crate) fn fail_mode_decision(&self, mode: FailMode, key: &str, n: u64) -> Decision {
+        let inner = &*self.inner;
+        inner.fail_mode_decisions.fetch_add(1, Ordering::Relaxed);
+        let current = *inner.current.read();
+        let interval =
+            u64::try_from(current.quota.emission_interval().as_nanos()).unwrap_or(u64::MAX);
+        inner
+            .fallbacks
+            .decide(mode, key, n, current.rule.capacity(), interval)
+    }
+
+    /// Forgets `key`'s state, in Redis (for every node) and in this limiter's deny
+    /// cache: its next request starts fresh. Other nodes' deny caches keep their entry
+    /// for the key until its instant (at most the `retry_after` they last gave).
+    ///
+    /// # Errors
+    /// As [`check`](Self::check); the local cache forgets the key even then.
+    pub async fn reset(&self, key: &str) -> Result<(), RedisError> {
+        let inner = &*self.inner;
+        if let Some(cache) = &inner.cache {
+            cache.forget(key);
         }
+        let redis_key = self.redis_key(key);
+        let mut connection = inner.connection.get();
+        let del = redis::cmd("DEL").arg(&redis_key).to_owned();
+        let deleted = tokio::time::timeout(inner.timeout, del.query_async::<i64>(&mut connection))
+            .await
+            .map_err(|_| RedisError::Timeout(inner.timeout))?
+            .map_err(|e| self.classify(e, &redis_key));
+        // A reply in flight during the `DEL` may have been learned from meanwhile.
+        if let Some(cache) = &inner.cache {
+            cache.forget(key);
+        }
+        deleted.map(drop)
+    }
+
+    /// Limits every key by `quota` from now on (same algorithm), and empties the deny
+    /// cache, whose denies the old quota decided. The state in Redis is kept and read
+    /// under the new quota: a token bucket's arrival time carries over; a window's
+    /// counts carry over when only the limit changes, and a new period starts the
+    /// windows afresh. Every node must be given the same quota.
+    ///
+    /// # Errors
+    /// [`RedisError::Config`] when the scripts cannot run `quota` (nothing changes).
+    pub fn set_quota(&self, quota: Quota) -> Result<(), RedisError> {
+        let inner = &*self.inner;
+        let rule = Rule::new(inner.algorithm, quota)?;
+        *inner.current.write() = Current { rule, quota };
+        if let Some(cache) = &inner.cache {
+            cache.reconfigure(
+                CachePolicy::new(inner.algorithm, quota),
+                inner.local_clock.now_ns() / 1_000,
+            );
+        }
+        Ok(())
+    }
+
+    /// The limiter's counters and its breaker's state (and, with the `metrics` feature,
+    /// publishes them).
+    pub fn stats(&self) -> RedisStats {
+        let inner = &*self.inner;
+        let stats = RedisStats {
+            calls: inner.calls.load(Ordering::Relaxed),
+            cached_denies: inner.cache.as_ref().map_or(0, DenyCache::hits),
+            cached_keys: inner.cache.as_ref().map_or(0, DenyCache::len),
+            errors: inner.errors.load(Ordering::Relaxed),
+            short_circuited: inner.breaker.rejected(),
+            fail_mode_decisions: inner.fail_mode_decisions.load(Ordering::Relaxed),
+            breaker: inner.breaker.state(),
+            breaker_opened: inner.breaker.opened(),
+        };
+        crate::observe::redis_limiter(&inner.name, &stats);
+        stats
+    }
+
+    /// Inside a tokio runtime, publishes the metrics every second until the limiter is
+    /// dropped (the task holds it weakly).
+    #[cfg(feature = "metrics")]
+    fn publish_every_second(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let weak = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            let mut ticker = tokio::time::interval(Duration::from_secs(1));
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                RedisLimiter { inner }.stats();
+            }
+        });
     }
 }
 

@@ -4,10 +4,16 @@
 //! [`RedisLimiter`] runs the same quotas and algorithms as the local
 //! [`RateLimiter`](crate::RateLimiter) (`TokenBucket`, `SlidingWindow`, `FixedWindow`)
 //! and returns the same [`Decision`](crate::Decision), so an HTTP layer cannot tell the
-//! tiers apart. See [`RedisLimiter`] for when to use it.
+//! tiers apart. In front of Redis it keeps a local first tier: a cache of denies (a
+//! limited client costs about one call per retry interval), a circuit breaker (an
+//! outage costs microseconds per check, not a timeout) and an insurance limit
+//! ([`FailMode::Local`]). See [`RedisLimiter`] for when to use it.
 
+mod breaker;
 pub(crate) mod connection;
+mod deny_cache;
 mod error;
+mod fallback;
 pub(crate) mod keys;
 pub(crate) mod limiter;
 #[cfg(any(test, feature = "test-support"))]
@@ -15,5 +21,9 @@ pub(crate) mod local_cluster;
 #[cfg(any(test, feature = "test-support"))]
 pub(crate) mod server;
 
+pub use breaker::{BreakerState, CircuitBreaker};
 pub use error::RedisError;
-pub use limiter::{DEFAULT_TIMEOUT, FailMode, RedisBuilder, RedisLimiter, scripts};
+pub use fallback::FailMode;
+pub use limiter::{
+    DEFAULT_DENY_CACHE_KEYS, DEFAULT_TIMEOUT, RedisBuilder, RedisLimiter, RedisStats, scripts,
+};

@@ -4,7 +4,9 @@
 -- map is stale after a failover is redirected instead of failing on the first write.)
 -- tollgate sliding window counter, in integer microseconds.
 -- KEYS[1]: the limiter key. ARGV: limit, period, cost, now (empty: the server's TIME).
--- State: a hash {w = window index, p = previous count, c = current count}. Admitted iff
+-- State: a hash {w = window index, p = previous count, c = current count, n = the period
+-- w counts in}. A change of period (n ≠ period) starts the windows afresh; a change of
+-- limit alone keeps the counts. Admitted iff
 -- p·(period − elapsed) + (c + cost)·period ≤ limit·period. A deny writes nothing; an
 -- admission writes the counts with a TTL of exactly the time until both are zero. Time
 -- never goes backwards in the state: a clock behind the stored window is read as that
@@ -45,8 +47,13 @@ local window = floordiv(now, period)
 local elapsed = now - window * period
 local lead = 0
 local prev, cur = 0, 0
-local stored = redis.call('HMGET', KEYS[1], 'w', 'p', 'c')
+local stored = redis.call('HMGET', KEYS[1], 'w', 'p', 'c', 'n')
 local sw = tonumber(stored[1])
+local sn = tonumber(stored[4])
+if sn ~= nil and sn ~= period then
+  -- Counted in windows of another period (the quota changed): they start afresh.
+  sw = nil
+end
 if sw ~= nil then
   local sp, sc = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
   if sw == window then
@@ -79,7 +86,8 @@ elseif prev > 0 then
   reset = period - elapsed + lead
 end
 if allowed == 1 and cost > 0 then
-  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window), 'p', prev, 'c', cur)
+  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', window), 'p', prev, 'c', cur, 'n',
+    string.format('%.0f', period))
   redis.call('PEXPIRE', KEYS[1], string.format('%.0f', math.ceil(reset / 1000)))
 end
 if allowed == 1 then

@@ -161,6 +161,63 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         }
     }
 
+    /// Runs `apply` on `key`'s state, first inserting the key (with a fresh state, making
+    /// room as a check of a new key would) if it holds none; false if no room could be
+    /// made, and `apply` did not run.
+    ///
+    /// Takes the key's shard read lock for an existing key, its write lock for a new one;
+    /// `apply` runs under that lock.
+    #[cfg(feature = "redis")]
+    pub(crate) fn upsert<Q>(&self, key: &Q, now: u64, apply: impl FnOnce(&S)) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let lock = self.shard(hash);
+        {
+            let shard = lock.read();
+            if let Some(entry) = shard.find(hash, key) {
+                apply(&entry.state);
+                return true;
+            }
+        }
+        let mut shard = lock.write();
+        if let Some(entry) = shard.find(hash, key) {
+            apply(&entry.state);
+            return true;
+        }
+        let policy = *shard.policy_for(hash, key);
+        let rehash = self.rehash();
+        if self.limits.sweep {
+            self.counts.swept(shard.sweep_on_insert(now, &rehash));
+        }
+        if self
+            .counts
+            .take_place(
+                || shard.make_room(now, self.limits.when_full, &rehash),
+                || self.denies.invalidate(),
+            )
+            .is_err()
+        {
+            return false;
+        }
+        let entry = Entry {
+            key: key.to_owned(),
+            state: S::fresh(&policy),
+        };
+        match shard.insert(hash, entry, &rehash) {
+            Ok(entry) => {
+                apply(&entry.state);
+                true
+            }
+            Err(_) => {
+                self.counts.give_back();
+                false
+            }
+        }
+    }
+
     /// The decision a request of `cost` for `key` would get at `now`, consuming nothing
     /// and storing nothing.
     ///

@@ -21,7 +21,7 @@
 //! `max_keys` caps the total (see [`WhenFull`]).
 
 mod counts;
-mod deny_cache;
+pub(crate) mod deny_cache;
 #[allow(unsafe_code)]
 mod epoch_table;
 mod locked;

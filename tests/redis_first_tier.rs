@@ -1,0 +1,488 @@
+//! The local first tier of `RedisLimiter`, against a real `redis-server` that each test
+//! starts on an ephemeral port: the deny cache (Redis calls under a flood, decisions
+//! identical to Redis's, two nodes on one key, invalidation), the circuit breaker (pause
+//! and kill) and the insurance limit of `FailMode::Local`.
+#![cfg(all(feature = "redis", feature = "test-support"))]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate::clock::ManualClock;
+use tollgate::redis::{BreakerState, CircuitBreaker, FailMode, RedisError, RedisLimiter};
+use tollgate::test_support::LocalRedis;
+use tollgate::{Algorithm, Decision, Quota};
+
+fn server() -> LocalRedis {
+    LocalRedis::start().expect("these tests need redis-server (./scripts/test.sh installs it)")
+}
+
+async fn connection(server: &LocalRedis) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Script calls Redis has run since the last `CONFIG RESETSTAT`, from `INFO commandstats`.
+async fn script_calls(server: &LocalRedis) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection(server).await)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .map(|l| {
+            let calls = l.split("calls=").nth(1).unwrap();
+            calls.split(',').next().unwrap().parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+async fn reset_stats(server: &LocalRedis) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut connection(server).await)
+        .await
+        .unwrap();
+}
+
+fn quota(s: &str) -> Quota {
+    s.parse().unwrap()
+}
+
+/// Floods `key` from `tasks` concurrent tasks for `for_`: (admitted, checks, elapsed).
+async fn flood(limiter: &RedisLimiter, key: &str, tasks: usize, for_: Duration) -> (u64, u64, f64) {
+    let admitted = Arc::new(AtomicU64::new(0));
+    let checks = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (limiter, key) = (limiter.clone(), key.to_owned());
+        let (admitted, checks) = (Arc::clone(&admitted), Arc::clone(&checks));
+        handles.push(tokio::spawn(async move {
+            while started.elapsed() < for_ {
+                let d = limiter.check(&key).await.expect("redis answers");
+                admitted.fetch_add(u64::from(d.is_allowed()), Ordering::Relaxed);
+                checks.fetch_add(1, Ordering::Relaxed);
+                if checks.load(Ordering::Relaxed) % 64 == 0 {
+                    // Let the other tasks (and nodes) run on a busy runtime.
+                    tokio::task::yield_now().await;
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    (
+        admitted.load(Ordering::Relaxed),
+        checks.load(Ordering::Relaxed),
+        started.elapsed().as_secs_f64(),
+    )
+}
+
+/// One key flooded for 2 s at 100/s burst 100: with the cache, Redis runs at most
+/// burst + rate·t + t/retry_interval script calls (a few hundred); without it, one per
+/// check. Admissions are the same either way: the limit, burst + rate·t.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_costs_one_call_per_retry_interval_not_one_per_request() {
+    let server = server();
+    let q = quota("100/s").with_burst(100).unwrap();
+    let (rate, burst, interval) = (100.0, 100.0, 0.01);
+    let mut figures = Vec::new();
+    for (cached, prefix) in [(true, "on"), (false, "off")] {
+        let limiter = RedisLimiter::builder(&server.url(), q)
+            .prefix(prefix)
+            .local_deny_cache(cached)
+            .build()
+            .await
+            .unwrap();
+        reset_stats(&server).await;
+        let (admitted, checks, t) = flood(&limiter, "victim", 2, Duration::from_secs(2)).await;
+        let calls = script_calls(&server).await;
+        let stats = limiter.stats();
+        eprintln!(
+            "cache {cached}: {checks} checks in {t:.3} s, {admitted} admitted, {calls} Redis \
+             calls, {stats:?}"
+        );
+        assert_eq!(stats.calls, calls, "every call the limiter sent ran once");
+        assert!(
+            admitted as f64 <= burst + rate * t + 1.0,
+            "{admitted} admitted in {t} s"
+        );
+        // The flood saturates: every token is taken within a round trip of its instant.
+        assert!(
+            admitted as f64 >= burst + rate * (t - 0.05),
+            "{admitted} admitted in {t} s: the cache held back admissions"
+        );
+        if cached {
+            let bound = burst + rate * t + t / interval;
+            assert!(
+                (calls as f64) <= bound,
+                "{calls} calls for {checks} checks, above burst + rate·t + t/interval = {bound}"
+            );
+            assert_eq!(stats.cached_denies + calls, checks);
+        } else {
+            assert_eq!(calls, checks);
+            assert_eq!(stats.cached_denies, 0);
+        }
+        figures.push((calls, checks));
+    }
+    let ((with, _), (without, _)) = (figures[0], figures[1]);
+    eprintln!(
+        "Redis calls: {with} with the cache, {without} without: {:.0}× fewer",
+        without as f64 / with as f64
+    );
+    assert!(without >= 10 * with, "{without} against {with}");
+}
+
+/// Two nodes flood one key: the cache never admits, so the global limit holds exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_flooding_one_key_hold_the_global_limit_exactly() {
+    let server = server();
+    for (q, rate, burst) in [
+        (quota("100/s").with_burst(100).unwrap(), 100.0, 100.0),
+        (quota("1/s"), 1.0, 1.0),
+    ] {
+        let node = || async {
+            RedisLimiter::builder(&server.url(), q)
+                .prefix(&format!("two-{}", q.limit()))
+                .build()
+                .await
+                .unwrap()
+        };
+        let (a, b) = (node().await, node().await);
+        reset_stats(&server).await;
+        let run = Duration::from_millis(2_500);
+        let ((admitted_a, checks_a, t), (admitted_b, checks_b, _)) =
+            tokio::join!(flood(&a, "shared", 1, run), flood(&b, "shared", 1, run));
+        let admitted = admitted_a + admitted_b;
+        let calls = script_calls(&server).await;
+        eprintln!(
+            "{q}: {admitted_a} + {admitted_b} admitted of {} checks in {t:.3} s, {calls} calls",
+            checks_a + checks_b
+        );
+        assert!(
+            admitted as f64 <= burst + rate * t + 1.0,
+            "{admitted} in {t} s"
+        );
+        assert!(
+            admitted as f64 >= burst + rate * (t - 0.1) - 1.0,
+            "{admitted} in {t} s"
+        );
+        assert!(calls * 10 < checks_a + checks_b, "{calls} calls");
+    }
+}
+
+/// A tiny deterministic generator, so that a failing scenario can be replayed by seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn random_quota(rng: &mut Rng, algorithm: Algorithm) -> Quota {
+    let limit = 1 + rng.below(12);
+    let period_ms = [10, 100, 1_000, 60_000][rng.below(4) as usize];
+    let q = Quota::new(limit, Duration::from_millis(period_ms * limit)).unwrap();
+    if algorithm == Algorithm::TokenBucket {
+        q.with_burst(1 + rng.below(8)).unwrap()
+    } else {
+        q
+    }
+}
+
+/// Random timelines (time steps, unit and larger costs, resets, quota changes) on
+/// three keys, replayed against a limiter with the cache and one without, on the same
+/// clock: every decision is identical, field by field.
+///
+/// Redis expires keys by its own clock, with TTLs the scripts compute on the caller's:
+/// so that an expiry never drops state the caller's clock still needs, the timeline's
+/// clock moves further than real time between any two steps: by the real time since
+/// the last step plus 20 ms, which covers a stall of the machine within a step (the
+/// calls of both limiters, between the clock's step and Redis's reading of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_decisions_are_identical_to_redis_over_random_timelines() {
+    let server = server();
+    let algorithms = [
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ];
+    let (mut steps, mut answered_locally) = (0u64, 0u64);
+    for seed in 1..=240u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let algorithm = algorithms[(seed % 3) as usize];
+        let mut q = random_quota(&mut rng, algorithm);
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_secs(1 + rng.below(1_000)));
+        let build = |cached: bool, q: Quota| {
+            RedisLimiter::builder(&server.url(), q)
+                .algorithm(algorithm)
+                .prefix(&format!("diff{seed}-{cached}"))
+                .caller_clock(clock.clone())
+                .local_deny_cache(cached)
+                .build()
+        };
+        let with = build(true, q).await.unwrap();
+        let without = build(false, q).await.unwrap();
+        let period_ns = q.period().as_nanos() as u64;
+        let mut last_step = Instant::now();
+        for step in 0..120 {
+            let key = ["a", "b", "c"][rng.below(3) as usize];
+            match rng.below(40) {
+                0 => {
+                    with.reset(key).await.unwrap();
+                    without.reset(key).await.unwrap();
+                    continue;
+                }
+                1 => {
+                    q = random_quota(&mut rng, algorithm);
+                    with.set_quota(q).unwrap();
+                    without.set_quota(q).unwrap();
+                    continue;
+                }
+                _ => {}
+            }
+            // Mostly short steps (floods), sometimes up to two periods.
+            let advance = match rng.below(4) {
+                0 => rng.below(2 * period_ns + 1),
+                _ => rng.below(period_ns / 8 + 1),
+            };
+            let slack = Duration::from_millis(20);
+            clock.advance(Duration::from_nanos(advance).max(last_step.elapsed() + slack));
+            last_step = Instant::now();
+            let capacity = if algorithm == Algorithm::TokenBucket {
+                q.burst()
+            } else {
+                q.limit()
+            };
+            let cost = if rng.below(6) == 0 {
+                rng.below(capacity + 1)
+            } else {
+                1
+            };
+            let before = with.stats().cached_denies;
+            let a: Decision = with.check_n(key, cost).await.unwrap();
+            let b: Decision = without.check_n(key, cost).await.unwrap();
+            assert_eq!(
+                a, b,
+                "seed {seed} step {step}: {algorithm} {q}, key {key}, cost {cost}"
+            );
+            answered_locally += with.stats().cached_denies - before;
+            steps += 1;
+        }
+        assert_eq!(without.stats().cached_denies, 0);
+    }
+    eprintln!("{steps} checks compared, {answered_locally} answered by the cache");
+    assert!(
+        answered_locally * 20 > steps,
+        "the timelines hardly used the cache: {answered_locally} of {steps}"
+    );
+}
+
+/// A reset or a quota change admits at once, though the cache held a deny.
+#[tokio::test]
+async fn a_reset_or_a_quota_change_invalidates_the_cache() {
+    let server = server();
+    let clock = ManualClock::new();
+    let limiter = RedisLimiter::builder(&server.url(), quota("1/min"))
+        .caller_clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    assert!(limiter.check("k").await.unwrap().is_allowed());
+    let denied = limiter.check("k").await.unwrap();
+    assert!(!denied.is_allowed());
+    let calls = limiter.stats().calls;
+    clock.advance(Duration::from_secs(1));
+    let cached = limiter.check("k").await.unwrap();
+    assert_eq!(limiter.stats().calls, calls, "answered locally");
+    assert_eq!(
+        cached.retry_after(),
+        denied.retry_after().map(|d| d - Duration::from_secs(1)),
+        "retry_after counts down"
+    );
+
+    limiter.reset("k").await.unwrap();
+    assert!(limiter.check("k").await.unwrap().is_allowed(), "reset");
+    assert!(!limiter.check("k").await.unwrap().is_allowed());
+    assert_eq!(limiter.stats().cached_keys, 1);
+
+    // Redis keeps the key's TAT (a minute ahead); a burst of 1,000 a minute
+    // (τ = 59.94 s) admits 60 ms later, though the cache held a deny for 60 s.
+    let denied = limiter.check("k").await.unwrap();
+    assert!(!denied.is_allowed() && denied.retry_after() > Some(Duration::from_secs(59)));
+    limiter.set_quota(quota("1000/min")).unwrap();
+    assert_eq!(limiter.stats().cached_keys, 1, "kept, but emptied");
+    clock.advance(Duration::from_millis(60));
+    let after = limiter.check("k").await.unwrap();
+    assert!(after.is_allowed(), "the new quota has room: {after:?}");
+    assert_eq!(after.limit(), 1_000);
+    assert!(
+        limiter
+            .set_quota(Quota::new(3, Duration::from_nanos(7_500)).unwrap())
+            .is_err()
+    );
+}
+
+async fn checks_fail_fast(limiter: &RedisLimiter, timeout: Duration) -> Duration {
+    // Three failures open the breaker; each waits out the timeout at most.
+    for _ in 0..3 {
+        let e = limiter.check("k").await.unwrap_err();
+        assert!(
+            matches!(e, RedisError::Timeout(_) | RedisError::Unavailable(_)),
+            "{e}"
+        );
+    }
+    assert_eq!(limiter.stats().breaker, BreakerState::Open);
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..1_000 {
+        let one = Instant::now();
+        match limiter.check("k").await {
+            Err(RedisError::CircuitOpen { retry_in }) => assert!(retry_in > Duration::ZERO),
+            other => panic!("{other:?}"),
+        }
+        slowest = slowest.max(one.elapsed());
+    }
+    assert!(
+        slowest < timeout / 2,
+        "an open breaker waited {slowest:?} (timeout {timeout:?})"
+    );
+    started.elapsed()
+}
+
+/// SIGSTOP and kill: the breaker opens after three failures, answers at once meanwhile,
+/// probes once per period, and closes by itself when Redis is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_opens_on_a_pause_and_a_kill_and_closes_by_itself() {
+    let mut server = server();
+    let timeout = Duration::from_millis(100);
+    let limiter = RedisLimiter::builder(&server.url(), quota("100000/s"))
+        .timeout(timeout)
+        .circuit_breaker(
+            CircuitBreaker::new(3, Duration::from_secs(1))
+                .open_for(Duration::from_millis(200), Duration::from_millis(800)),
+        )
+        .build()
+        .await
+        .unwrap();
+    assert!(limiter.check("k").await.unwrap().is_allowed());
+
+    for outage in ["pause", "kill"] {
+        let before = limiter.stats();
+        match outage {
+            "pause" => server.pause().unwrap(),
+            _ => server.stop(),
+        }
+        let took = checks_fail_fast(&limiter, timeout).await;
+        let open = limiter.stats();
+        eprintln!("{outage}: 1,000 checks in {took:?} with the breaker open; {open:?}");
+        assert_eq!(open.breaker_opened, before.breaker_opened + 1);
+        assert!(open.short_circuited >= before.short_circuited + 1_000);
+        // Keep checking through a few periods: one probe per period, each failing.
+        let probes_from = open.calls;
+        let until = Instant::now() + Duration::from_millis(1_500);
+        while Instant::now() < until {
+            let _ = limiter.check("k").await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let probes = limiter.stats().calls - probes_from;
+        assert!(
+            (1..=6).contains(&probes),
+            "{probes} probes in 1.5 s of 200 ms doubling to 800 ms periods"
+        );
+        match outage {
+            "pause" => server.resume().unwrap(),
+            _ => server.restart().unwrap(),
+        }
+        let back = Instant::now();
+        loop {
+            match limiter.check("k").await {
+                Ok(d) => {
+                    assert!(d.is_allowed());
+                    break;
+                }
+                Err(e) => assert!(back.elapsed() < Duration::from_secs(5), "still {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        eprintln!("{outage}: answering again {:?} after Redis", back.elapsed());
+        assert_eq!(limiter.stats().breaker, BreakerState::Closed);
+    }
+}
+
+/// With Redis killed, `FailMode::Local` limits in process: 1 s of flooding admits at
+/// least the local burst and at most burst + rate·t + 1 — not everything, not nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_mode_local_limits_by_the_insurance_quota() {
+    let mut server = server();
+    for (local, rate, burst) in [
+        (quota("50/s").with_burst(10).unwrap(), 50.0, 10.0_f64),
+        (quota("1/s"), 1.0, 1.0),
+        (quota("100000/s"), 100_000.0, 100_000.0),
+    ] {
+        server.restart().unwrap();
+        let limiter = RedisLimiter::builder(&server.url(), quota("1000/s"))
+            .timeout(Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap();
+        server.stop();
+        let started = Instant::now();
+        let mut admitted = 0u64;
+        let mut checks = 0u64;
+        while started.elapsed() < Duration::from_secs(1) {
+            let d = limiter.check_or("flood", FailMode::Local(local)).await;
+            admitted += u64::from(d.is_allowed());
+            checks += 1;
+        }
+        let t = started.elapsed().as_secs_f64();
+        let stats = limiter.stats();
+        eprintln!("local {local}: {admitted} of {checks} admitted in {t:.3} s; {stats:?}");
+        assert!(admitted as f64 >= burst.min(checks as f64), "{admitted}");
+        assert!(
+            admitted as f64 <= burst + rate * t + 1.0,
+            "{admitted} in {t} s"
+        );
+        assert!(admitted < checks || rate * t >= checks as f64);
+        assert_eq!(stats.fail_mode_decisions, checks);
+        assert_eq!(stats.breaker, BreakerState::Open);
+        // Other keys have their own insurance limit.
+        assert!(
+            limiter
+                .check_or("other", FailMode::Local(local))
+                .await
+                .is_allowed()
+        );
+        assert!(!limiter.check_or("x", FailMode::Closed).await.is_allowed());
+        assert!(limiter.check_or("x", FailMode::Open).await.is_allowed());
+    }
+}
+
+/// Bad settings are typed errors at build time, before any connection.
+#[tokio::test]
+async fn bad_first_tier_settings_are_typed_errors() {
+    for builder in [
+        RedisLimiter::builder("redis://127.0.0.1:1/", quota("1/s"))
+            .circuit_breaker(CircuitBreaker::new(0, Duration::from_secs(1))),
+        RedisLimiter::builder("redis://127.0.0.1:1/", quota("1/s")).deny_cache_max_keys(0),
+    ] {
+        let e = builder.build().await.unwrap_err();
+        assert!(matches!(e, RedisError::Config(_)), "{e}");
+        assert!(e.to_string().contains("out of range"), "{e}");
+    }
+}
