@@ -139,41 +139,65 @@ async fn a_flood_costs_one_call_per_retry_interval_not_one_per_request() {
     assert!(without >= 10 * with, "{without} against {with}");
 }
 
-/// Two nodes flood one key: the cache never admits, so the global limit holds exactly.
+/// 2 and 16 nodes (limiters, each with its own cache) flood one key: the cache never
+/// admits, so the global limit holds exactly — at 1/s, 10/s over a longer run, 100/s
+/// burst 100 and 100,000/s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_nodes_flooding_one_key_hold_the_global_limit_exactly() {
+async fn nodes_flooding_one_key_hold_the_global_limit_exactly() {
     let server = server();
-    for (q, rate, burst) in [
-        (quota("100/s").with_burst(100).unwrap(), 100.0, 100.0),
-        (quota("1/s"), 1.0, 1.0),
+    for (nodes, q, rate, burst, run_ms) in [
+        (
+            2,
+            quota("100/s").with_burst(100).unwrap(),
+            100.0,
+            100.0,
+            2_500,
+        ),
+        (2, quota("1/s"), 1.0, 1.0, 2_500),
+        (16, quota("10/s"), 10.0, 10.0, 6_000),
+        (16, quota("100000/s"), 100_000.0, 100_000.0, 1_000),
     ] {
-        let node = || async {
-            RedisLimiter::builder(&server.url(), q)
-                .prefix(&format!("two-{}", q.limit()))
+        let prefix = format!("n{nodes}-{}", q.limit());
+        let mut limiters = Vec::new();
+        for _ in 0..nodes {
+            let limiter = RedisLimiter::builder(&server.url(), q)
+                .prefix(&prefix)
+                .timeout(Duration::from_secs(2))
                 .build()
                 .await
-                .unwrap()
-        };
-        let (a, b) = (node().await, node().await);
+                .unwrap();
+            limiters.push(limiter);
+        }
         reset_stats(&server).await;
-        let run = Duration::from_millis(2_500);
-        let ((admitted_a, checks_a, t), (admitted_b, checks_b, _)) =
-            tokio::join!(flood(&a, "shared", 1, run), flood(&b, "shared", 1, run));
-        let admitted = admitted_a + admitted_b;
+        let run = Duration::from_millis(run_ms);
+        let floods = limiters.iter().map(|l| flood(l, "shared", 1, run));
+        let results = futures_util::future::join_all(floods).await;
+        let admitted: u64 = results.iter().map(|r| r.0).sum();
+        let checks: u64 = results.iter().map(|r| r.1).sum();
+        let t = results.iter().map(|r| r.2).fold(0.0, f64::max);
         let calls = script_calls(&server).await;
         eprintln!(
-            "{q}: {admitted_a} + {admitted_b} admitted of {} checks in {t:.3} s, {calls} calls",
-            checks_a + checks_b
+            "{nodes} nodes, {q}: {admitted} admitted of {checks} checks in {t:.3} s, {calls} calls"
         );
         assert!(
             admitted as f64 <= burst + rate * t + 1.0,
             "{admitted} in {t} s"
         );
-        assert!(
-            admitted as f64 >= burst + rate * (t - 0.1) - 1.0,
-            "{admitted} in {t} s"
-        );
-        assert!(calls * 10 < checks_a + checks_b, "{calls} calls");
+        if rate <= 100.0 {
+            // Saturated: every token is taken within a round trip of its instant.
+            assert!(
+                admitted as f64 >= burst + rate * (t - 0.1) - 1.0,
+                "{admitted} in {t} s"
+            );
+            assert!(calls * 10 < checks, "{calls} calls for {checks} checks");
+        } else {
+            // Redis, not the quota, bounds a single key here: the cache stays out of the
+            // way (nearly every call is an admission).
+            assert!(
+                admitted * 10 >= calls * 9,
+                "{admitted} admitted of {calls} calls"
+            );
+        }
     }
 }
 

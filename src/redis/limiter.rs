@@ -350,7 +350,9 @@ fn short_name(algorithm: Algorithm) -> &'static str {
 ///   stop a round trip early, never late). Admissions always go to Redis, so the global
 ///   limit holds exactly however many nodes cache. [`reset`](Self::reset) and
 ///   [`set_quota`](Self::set_quota) empty this limiter's entries; a reset made by
-///   *another* node reaches this one's cache only when the entry expires.
+///   *another* node reaches this one's cache only when the entry expires, and so does
+///   a loss of Redis's data (a restart without persistence, a failover to a lagging
+///   replica): the cache then denies what Redis would now admit, never the reverse.
 /// - *A circuit breaker* ([`RedisBuilder::circuit_breaker`]). After 3 consecutive
 ///   failures within 1 s (by default), checks fail at once with
 ///   [`RedisError::CircuitOpen`] for 500 ms (doubling up to 2 s while Redis stays
