@@ -235,6 +235,38 @@ async fn sync_state_spreads_over_the_masters() {
 }
 
 /// A key of `limiter` whose state lives on the master at `port`.
+/// On a cluster too, a reset on one node empties the other's deny cache: its listener
+/// subscribes to one node, and the cluster broadcasts the `PUBLISH` to every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_reaches_every_nodes_deny_cache_on_a_cluster() {
+    let cluster = cluster();
+    let urls = cluster.urls();
+    let node = || async {
+        RedisLimiter::cluster_builder(&refs(&urls), "1/min".parse().unwrap())
+            .timeout(Duration::from_secs(1))
+            .build()
+            .await
+            .unwrap()
+    };
+    let (a, b) = (node().await, node().await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for key in ["k1", "k2", "k3"] {
+        assert!(b.check(key).await.unwrap().is_allowed());
+        assert!(!b.check(key).await.unwrap().is_allowed());
+    }
+    for key in ["k1", "k2", "k3"] {
+        a.reset(key).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !b.check(key).await.unwrap().is_allowed() {
+            assert!(
+                Instant::now() < deadline,
+                "{key}: node b never heard of the reset"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 async fn key_on(cluster: &LocalCluster, limiter: &RedisLimiter, port: u16) -> String {
     for i in 0..1_000 {
         let key = format!("fo-{i}");

@@ -362,6 +362,53 @@ async fn a_reset_or_a_quota_change_invalidates_the_cache() {
     );
 }
 
+/// A reset on one node empties every node's cache (by `PUBLISH`), and a Redis restart
+/// (its data lost) empties it too, once the listener is subscribed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_on_another_node_or_a_restart_empties_the_cache() {
+    let mut server = server();
+    let node = || async {
+        RedisLimiter::builder(&server.url(), quota("1/min"))
+            .prefix("shared")
+            .timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap()
+    };
+    let (a, b) = (node().await, node().await);
+    // Let both listeners subscribe.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(b.check("k").await.unwrap().is_allowed());
+    assert!(!b.check("k").await.unwrap().is_allowed());
+    assert!(!a.check("k").await.unwrap().is_allowed());
+    assert_eq!(b.stats().cached_keys, 1);
+    let calls = b.stats().calls;
+    assert!(!b.check("k").await.unwrap().is_allowed());
+    assert_eq!(b.stats().calls, calls, "cached");
+
+    a.reset("k").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !b.check("k").await.unwrap().is_allowed() {
+        assert!(Instant::now() < deadline, "node b never heard of the reset");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!b.check("k").await.unwrap().is_allowed());
+    assert!(!b.check("k").await.unwrap().is_allowed(), "cached again");
+
+    // Redis restarts empty: its state (and so the cached deny's reason) is gone.
+    server.restart().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Ok(d) = b.check("k").await {
+            if d.is_allowed() {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the cache outlived Redis's data");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn checks_fail_fast(limiter: &RedisLimiter, timeout: Duration) -> Duration {
     // Three failures open the breaker; each waits out the timeout at most.
     for _ in 0..3 {

@@ -79,6 +79,31 @@ impl Target {
         text
     }
 
+    /// One plain client per URL (a cluster's seeds each), for a subscription: a cluster
+    /// broadcasts `PUBLISH` to every node, so any one will do. Connects nothing.
+    pub(crate) fn node_clients(&self) -> Result<Vec<redis::Client>, ConfigError> {
+        self.urls
+            .iter()
+            .map(|url| {
+                match &self.root_cert {
+                    #[cfg(feature = "tls")]
+                    Some(pem) => redis::Client::build_with_tls(
+                        url.as_str(),
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(pem.clone()),
+                        },
+                    ),
+                    _ => redis::Client::open(url.as_str()),
+                }
+                .map_err(|e| ConfigError::InvalidRedisUrl {
+                    url: self.redacted(),
+                    reason: self.scrub(&e.to_string()),
+                })
+            })
+            .collect()
+    }
+
     /// Parses the URLs into a client; connects nothing.
     pub(crate) fn client(&self, timeout: Duration) -> Result<Client, ConfigError> {
         let invalid = |e: redis::RedisError| ConfigError::InvalidRedisUrl {

@@ -410,6 +410,14 @@ impl DenyCache {
         self.store.set_policy(policy, now_us.saturating_mul(1_000));
     }
 
+    /// Forgets every entry (a reset elsewhere, or Redis may have lost its state).
+    pub(crate) fn clear(&self, now_us: u64) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.front.invalidate();
+        let policy = self.store.default_policy();
+        self.store.set_policy(policy, now_us.saturating_mul(1_000));
+    }
+
     /// Cached denies answered so far.
     pub(crate) fn hits(&self) -> u64 {
         self.hits.totals().denied

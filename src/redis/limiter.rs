@@ -286,6 +286,13 @@ impl RedisBuilder {
                 self.deny_cache_keys,
             )
         });
+        // The listener that empties the cache on resets elsewhere stops with the limiter.
+        let (listening, stop) = tokio::sync::watch::channel(());
+        let node_clients = if cache.is_some() {
+            self.target.node_clients()?
+        } else {
+            Vec::new()
+        };
         let fallbacks = Fallbacks::new(self.algorithm, local_clock.clone(), Arc::clone(&self.name));
         let limiter = RedisLimiter {
             inner: Arc::new(Inner {
@@ -312,8 +319,23 @@ impl RedisBuilder {
                 calls: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
                 fail_mode_decisions: AtomicU64::new(0),
+                _listening: listening,
             }),
         };
+        let weak = Arc::downgrade(&limiter.inner);
+        super::invalidate::spawn(
+            node_clients,
+            super::invalidate::channel(&limiter.inner.prefix),
+            self.timeout,
+            stop,
+            move || {
+                if let Some(inner) = weak.upgrade() {
+                    if let Some(cache) = &inner.cache {
+                        cache.clear(inner.local_clock.now_ns() / 1_000);
+                    }
+                }
+            },
+        );
         #[cfg(feature = "metrics")]
         limiter.publish_every_second();
         Ok(limiter)
@@ -349,10 +371,13 @@ fn short_name(algorithm: Algorithm) -> &'static str {
 ///   the server's clock the cache starts counting when the call was sent, so it may
 ///   stop a round trip early, never late). Admissions always go to Redis, so the global
 ///   limit holds exactly however many nodes cache. [`reset`](Self::reset) and
-///   [`set_quota`](Self::set_quota) empty this limiter's entries; a reset made by
-///   *another* node reaches this one's cache only when the entry expires, and so does
-///   a loss of Redis's data (a restart without persistence, a failover to a lagging
-///   replica): the cache then denies what Redis would now admit, never the reverse.
+///   [`set_quota`](Self::set_quota) empty this limiter's entries, and a reset on any
+///   node empties every node's cache (each limiter with the cache subscribes to its
+///   prefix's reset channel, on a connection of its own). When that subscription's
+///   connection breaks and comes back, the cache is emptied too: Redis may have
+///   restarted without its data. (A failover to a replica that lags, with the
+///   subscription on another node, is not seen: the cache may then deny, until its
+///   instants, what the new master would admit — never the reverse.)
 /// - *A circuit breaker* ([`RedisBuilder::circuit_breaker`]). After 3 consecutive
 ///   failures within 1 s (by default), checks fail at once with
 ///   [`RedisError::CircuitOpen`] for 500 ms (doubling up to 2 s while Redis stays
@@ -411,6 +436,8 @@ struct Inner {
     calls: AtomicU64,
     errors: AtomicU64,
     fail_mode_decisions: AtomicU64,
+    /// Dropped with the limiter, it stops the reset listener.
+    _listening: tokio::sync::watch::Sender<()>,
 }
 
 /// The quota in force and its script arguments.
@@ -427,7 +454,8 @@ pub struct RedisStats {
     pub calls: u64,
     /// Checks answered by the local deny cache, with no call.
     pub cached_denies: u64,
-    /// Keys in the deny cache now.
+    /// Entries the deny cache holds now (expired and emptied ones until the store's
+    /// sweep or eviction drops them).
     pub cached_keys: usize,
     /// Calls that failed (any [`RedisError`] after the call was sent).
     pub errors: u64,
@@ -736,8 +764,9 @@ impl RedisLimiter {
     }
 
     /// Forgets `key`'s state, in Redis (for every node) and in this limiter's deny
-    /// cache: its next request starts fresh. Other nodes' deny caches keep their entry
-    /// for the key until its instant (at most the `retry_after` they last gave).
+    /// cache, then tells every limiter with the same prefix and algorithm to empty its
+    /// deny cache (by `PUBLISH`; the message names no key): the key's next request
+    /// starts fresh everywhere, once the message has arrived (within a round trip).
     ///
     /// # Errors
     /// As [`check`](Self::check); the local cache forgets the key even then.
@@ -748,16 +777,28 @@ impl RedisLimiter {
         }
         let redis_key = self.redis_key(key);
         let mut connection = inner.connection.get();
-        let del = redis::cmd("DEL").arg(&redis_key).to_owned();
-        let deleted = tokio::time::timeout(inner.timeout, del.query_async::<i64>(&mut connection))
+        let channel = super::invalidate::channel(&inner.prefix);
+        let run = async {
+            redis::cmd("DEL")
+                .arg(&redis_key)
+                .query_async::<i64>(&mut connection)
+                .await?;
+            // Every node's cache, this one's included, empties on hearing it.
+            redis::cmd("PUBLISH")
+                .arg(&channel)
+                .arg("")
+                .query_async::<i64>(&mut connection)
+                .await
+        };
+        let done = tokio::time::timeout(inner.timeout, run)
             .await
-            .map_err(|_| RedisError::Timeout(inner.timeout))?
-            .map_err(|e| self.classify(e, &redis_key));
+            .map_err(|_| RedisError::Timeout(inner.timeout))
+            .and_then(|r| r.map_err(|e| self.classify(e, &redis_key)));
         // A reply in flight during the `DEL` may have been learned from meanwhile.
         if let Some(cache) = &inner.cache {
             cache.forget(key);
         }
-        deleted.map(drop)
+        done.map(drop)
     }
 
     /// Limits every key by `quota` from now on (same algorithm), and empties the deny

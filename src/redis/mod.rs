@@ -14,6 +14,7 @@ pub(crate) mod connection;
 mod deny_cache;
 mod error;
 mod fallback;
+mod invalidate;
 pub(crate) mod keys;
 pub(crate) mod limiter;
 #[cfg(any(test, feature = "test-support"))]

@@ -1,0 +1,73 @@
+//! Keeps the deny caches of every node that shares a prefix honest: a reset on any node
+//! empties them all, and so does Redis coming back after a lost connection (it may have
+//! restarted without its data).
+//!
+//! [`RedisLimiter::reset`](super::RedisLimiter::reset) publishes on the channel
+//! `<prefix>:<algorithm>:reset` after deleting the key. Every limiter with a deny cache
+//! keeps one subscription to that channel (a connection of its own, to one node; a
+//! cluster broadcasts `PUBLISH` to every node) and empties its cache on each message.
+//! The message carries nothing (the key may be a secret): every cached deny goes, which
+//! costs at most one call per key that is still denied. When the subscription's
+//! connection breaks, the listener reconnects (trying each URL in turn, waiting 100 ms
+//! doubling to 2 s) and empties the cache once subscribed again, since Redis may have
+//! lost the state that the cached denies stood for, and resets may have gone unheard.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::watch;
+
+/// The channel of resets for the limiters whose keys start with `prefix`
+/// (`<prefix>:<algorithm>:`).
+pub(crate) fn channel(prefix: &str) -> String {
+    format!("{prefix}reset")
+}
+
+/// Listens on `channel` until `stop`'s sender is dropped, calling `flush` on every
+/// message and every time it is subscribed (again).
+pub(crate) fn spawn(
+    clients: Vec<redis::Client>,
+    channel: String,
+    timeout: Duration,
+    mut stop: watch::Receiver<()>,
+    flush: impl Fn() + Send + 'static,
+) {
+    if clients.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut wait = Duration::from_millis(100);
+        for client in clients.iter().cycle() {
+            let subscribe = async {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(&channel).await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            };
+            let connected = tokio::select! {
+                _ = stop.changed() => return,
+                connected = tokio::time::timeout(timeout.max(Duration::from_millis(500)), subscribe) => connected,
+            };
+            if let Ok(Ok(mut pubsub)) = connected {
+                // Whatever happened while nobody listened is forgotten with the cache.
+                flush();
+                wait = Duration::from_millis(100);
+                let mut messages = pubsub.on_message();
+                loop {
+                    tokio::select! {
+                        _ = stop.changed() => return,
+                        message = messages.next() => match message {
+                            Some(_) => flush(),
+                            // The connection broke.
+                            None => break,
+                        },
+                    }
+                }
+            }
+            tokio::select! {
+                _ = stop.changed() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+            wait = (wait * 2).min(Duration::from_secs(2));
+        }
+    });
+}
