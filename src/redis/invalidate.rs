@@ -4,8 +4,8 @@
 //!
 //! [`RedisLimiter::reset`](super::RedisLimiter::reset) publishes on the channel
 //! `<prefix>:<algorithm>:reset` after deleting the key. Every limiter with a deny cache
-//! keeps one subscription to that channel (a connection of its own, to one node; a
-//! cluster broadcasts `PUBLISH` to every node) and empties its cache on each message.
+//! subscribes to that channel while it is built (a connection of its own, to one node;
+//! a cluster broadcasts `PUBLISH` to every node) and empties its cache on each message.
 //! The message carries nothing (the key may be a secret): every cached deny goes, which
 //! costs at most one call per key that is still denied. When the subscription's
 //! connection breaks, the listener reconnects (trying each URL in turn, waiting 100 ms
@@ -23,12 +23,31 @@ pub(crate) fn channel(prefix: &str) -> String {
     format!("{prefix}reset")
 }
 
+/// Subscribes to `channel` through `client`, within `timeout` (at least 500 ms).
+pub(crate) async fn subscribe(
+    client: &redis::Client,
+    channel: &str,
+    timeout: Duration,
+) -> Option<redis::aio::PubSub> {
+    let subscribe = async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe(channel).await?;
+        Ok::<_, redis::RedisError>(pubsub)
+    };
+    tokio::time::timeout(timeout.max(Duration::from_millis(500)), subscribe)
+        .await
+        .ok()?
+        .ok()
+}
+
 /// Listens on `channel` until `stop`'s sender is dropped, calling `flush` on every
-/// message and every time it is subscribed (again).
+/// message and every time it subscribes again. `first` is the subscription made while
+/// the limiter was built, if that worked (then nothing was missed before it).
 pub(crate) fn spawn(
     clients: Vec<redis::Client>,
     channel: String,
     timeout: Duration,
+    first: Option<redis::aio::PubSub>,
     mut stop: watch::Receiver<()>,
     flush: impl Fn() + Send + 'static,
 ) {
@@ -37,19 +56,19 @@ pub(crate) fn spawn(
     }
     tokio::spawn(async move {
         let mut wait = Duration::from_millis(100);
+        let mut current = first;
         for client in clients.iter().cycle() {
-            let subscribe = async {
-                let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.subscribe(&channel).await?;
-                Ok::<_, redis::RedisError>(pubsub)
-            };
-            let connected = tokio::select! {
-                _ = stop.changed() => return,
-                connected = tokio::time::timeout(timeout.max(Duration::from_millis(500)), subscribe) => connected,
-            };
-            if let Ok(Ok(mut pubsub)) = connected {
-                // Whatever happened while nobody listened is forgotten with the cache.
-                flush();
+            if current.is_none() {
+                current = tokio::select! {
+                    _ = stop.changed() => return,
+                    subscribed = subscribe(client, &channel, timeout) => subscribed,
+                };
+                if current.is_some() {
+                    // Whatever happened while nobody listened is forgotten with the cache.
+                    flush();
+                }
+            }
+            if let Some(mut pubsub) = current.take() {
                 wait = Duration::from_millis(100);
                 let mut messages = pubsub.on_message();
                 loop {

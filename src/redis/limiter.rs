@@ -293,6 +293,13 @@ impl RedisBuilder {
         } else {
             Vec::new()
         };
+        let channel = super::invalidate::channel(&prefix);
+        // Subscribed before the first check, so that no reset can go unheard; if that
+        // fails, the listener keeps trying (and empties the cache once it succeeds).
+        let first = match node_clients.first() {
+            Some(client) => super::invalidate::subscribe(client, &channel, self.timeout).await,
+            None => None,
+        };
         let fallbacks = Fallbacks::new(self.algorithm, local_clock.clone(), Arc::clone(&self.name));
         let limiter = RedisLimiter {
             inner: Arc::new(Inner {
@@ -325,8 +332,9 @@ impl RedisBuilder {
         let weak = Arc::downgrade(&limiter.inner);
         super::invalidate::spawn(
             node_clients,
-            super::invalidate::channel(&limiter.inner.prefix),
+            channel,
             self.timeout,
+            first,
             stop,
             move || {
                 if let Some(inner) = weak.upgrade() {
