@@ -23,7 +23,8 @@ pub enum FailMode {
     /// Limit the request in process with this quota (per key, with the limiter's
     /// algorithm): an insurance limit, typically the global quota divided by the number
     /// of nodes. Each node's in-process state starts empty at the outage and is kept
-    /// across outages; it is not synchronised with Redis.
+    /// across outages; it is not synchronised with Redis. (A quota the algorithm cannot
+    /// hold in process — a window limit beyond its state word — denies as `Closed`.)
     Local(Quota),
 }
 
