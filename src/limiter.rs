@@ -656,32 +656,13 @@ impl<K: Key, C: Clock> Builder<K, C> {
                 tally: Tally::new(self.counters),
             }),
         };
+        // Every second, `stats` publishes (inside a tokio runtime).
         #[cfg(all(feature = "metrics", feature = "tokio"))]
-        publish_every_second(&limiter);
+        crate::observe::every_second(Arc::downgrade(&limiter.inner), |inner| {
+            RateLimiter { inner }.stats();
+        });
         limiter
     }
-}
-
-/// Inside a tokio runtime, publishes `limiter`'s metrics every second until the limiter
-/// is dropped (the task holds it weakly).
-#[cfg(all(feature = "metrics", feature = "tokio"))]
-fn publish_every_second<K: Key, C: Clock>(limiter: &RateLimiter<K, C>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let weak = Arc::downgrade(&limiter.inner);
-    runtime.spawn(async move {
-        let mut ticker = tokio::time::interval(std::time::Duration::from_secs(1));
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticker.tick().await;
-            let Some(inner) = weak.upgrade() else {
-                return;
-            };
-            // `stats` publishes.
-            RateLimiter { inner }.stats();
-        }
-    });
 }
 
 /// The decision of a unit request: every quota admits at least one unit at once, so a

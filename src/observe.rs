@@ -52,6 +52,29 @@ pub(crate) fn limiter(name: &str, stats: &StoreStats) {
     }
 }
 
+/// Inside a tokio runtime, runs `publish` on the value behind `weak` every second until
+/// it is dropped (the task holds it weakly); outside one, does nothing.
+#[cfg(all(feature = "metrics", feature = "tokio"))]
+pub(crate) fn every_second<T: Send + Sync + 'static>(
+    weak: std::sync::Weak<T>,
+    publish: impl Fn(std::sync::Arc<T>) + Send + 'static,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut ticker = tokio::time::interval(std::time::Duration::from_secs(1));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let Some(value) = weak.upgrade() else {
+                return;
+            };
+            publish(value);
+        }
+    });
+}
+
 /// Publishes one sync round: how it ended, how long it took, and the node's state after
 /// it.
 #[cfg(feature = "redis")]
@@ -161,9 +184,9 @@ pub(crate) fn redis_breaker(name: &str, state: crate::redis::BreakerState) {
 
 /// Logs a deny (`debug`, target `tollgate`): the limiter's name and a short hash of the
 /// key — never the key, which may be an API key or personal data. Costs one check of
-/// the enabled level when no subscriber wants it.
-#[cold]
-#[inline(never)]
+/// the enabled level when no subscriber wants it, and nothing at all (no call on the
+/// check path) without the `tracing` feature.
+#[inline(always)]
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
 pub(crate) fn denied<Q: std::hash::Hash + ?Sized>(
     name: &str,
@@ -171,6 +194,17 @@ pub(crate) fn denied<Q: std::hash::Hash + ?Sized>(
     decision: &crate::decision::Decision,
 ) {
     #[cfg(feature = "tracing")]
+    denied_event(name, key, decision);
+}
+
+#[cfg(feature = "tracing")]
+#[cold]
+#[inline(never)]
+fn denied_event<Q: std::hash::Hash + ?Sized>(
+    name: &str,
+    key: &Q,
+    decision: &crate::decision::Decision,
+) {
     if tracing::enabled!(target: "tollgate", tracing::Level::DEBUG) {
         tracing::debug!(
             target: "tollgate",

@@ -220,11 +220,7 @@ impl RateLimitLayer<String, KeyExtractor> {
     /// `on_failure` decides.
     #[cfg(feature = "redis")]
     pub fn redis(limiter: crate::redis::RedisLimiter, on_failure: crate::redis::FailMode) -> Self {
-        let quota = limiter.quota();
-        let capacity = match limiter.algorithm() {
-            crate::Algorithm::TokenBucket => quota.burst(),
-            _ => quota.limit(),
-        };
+        let (quota, capacity) = (limiter.quota(), limiter.capacity());
         let remote: RemoteLimiter<str> = Arc::new(move |key: &str| {
             let limiter = limiter.clone();
             let key = key.to_owned();

@@ -87,19 +87,21 @@ impl Rule {
         }
     }
 
-    fn capacity(&self) -> u64 {
-        match *self {
-            Self::TokenBucket { burst, .. } => burst,
-            Self::Window { limit, .. } => limit,
-        }
-    }
-
     /// τ = (burst − 1)·T in µs for the token bucket; 0 for the windows.
     fn tau(&self) -> u64 {
         match *self {
             Self::TokenBucket { tau, .. } => tau,
             Self::Window { .. } => 0,
         }
+    }
+}
+
+/// The most one request can cost under `quota`: the burst for the token bucket, the
+/// limit for the windows.
+pub(crate) fn capacity_of(algorithm: Algorithm, quota: Quota) -> u64 {
+    match algorithm {
+        Algorithm::TokenBucket => quota.burst(),
+        _ => quota.limit(),
     }
 }
 
@@ -339,13 +341,16 @@ impl RedisBuilder {
             move || {
                 if let Some(inner) = weak.upgrade() {
                     if let Some(cache) = &inner.cache {
-                        cache.clear(inner.local_clock.now_ns() / 1_000);
+                        cache.clear(inner.now_us());
                     }
                 }
             },
         );
+        // Every second, `stats` publishes (inside the runtime that built it).
         #[cfg(feature = "metrics")]
-        limiter.publish_every_second();
+        crate::observe::every_second(Arc::downgrade(&limiter.inner), |inner| {
+            RedisLimiter { inner }.stats();
+        });
         Ok(limiter)
     }
 }
@@ -448,6 +453,14 @@ struct Inner {
     _listening: tokio::sync::watch::Sender<()>,
 }
 
+impl Inner {
+    /// Now, in µs of the local clock: the deny cache's time, and the scripts' with
+    /// `caller_clock`.
+    fn now_us(&self) -> u64 {
+        self.local_clock.now_ns() / 1_000
+    }
+}
+
 /// The quota in force and its script arguments.
 #[derive(Clone, Copy, Debug)]
 struct Current {
@@ -534,6 +547,12 @@ impl RedisLimiter {
         self.inner.current.read().quota
     }
 
+    /// The most one request can cost: the quota's burst for the token bucket, its
+    /// limit for the windows.
+    pub fn capacity(&self) -> u64 {
+        capacity_of(self.inner.algorithm, self.quota())
+    }
+
     /// The algorithm the script runs.
     pub fn algorithm(&self) -> Algorithm {
         self.inner.algorithm
@@ -577,7 +596,7 @@ impl RedisLimiter {
     /// [`check`](Self::check).
     pub async fn check_n(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
         let inner = &*self.inner;
-        let mut now_us = inner.local_clock.now_ns() / 1_000;
+        let mut now_us = inner.now_us();
         // The caller for a key whose cached deny expired, if this request is it.
         let mut _call_guard = None;
         // A unit request always fits the quota: the cache answers before anything else.
@@ -604,13 +623,13 @@ impl RedisLimiter {
                             // even if it is abandoned; the deadline bounds us anyway.
                             let _ = tokio::time::timeout_at(deadline, done).await;
                         }
-                        now_us = inner.local_clock.now_ns() / 1_000;
+                        now_us = inner.now_us();
                     }
                 }
             }
         }
         let current = *inner.current.read();
-        let capacity = current.rule.capacity();
+        let capacity = capacity_of(inner.algorithm, current.quota);
         if n > capacity {
             return Err(InsufficientCapacity {
                 requested: n,
@@ -766,9 +785,13 @@ impl RedisLimiter {
         let current = *inner.current.read();
         let interval =
             u64::try_from(current.quota.emission_interval().as_nanos()).unwrap_or(u64::MAX);
-        inner
-            .fallbacks
-            .decide(mode, key, n, current.rule.capacity(), interval)
+        inner.fallbacks.decide(
+            mode,
+            key,
+            n,
+            capacity_of(inner.algorithm, current.quota),
+            interval,
+        )
     }
 
     /// Forgets `key`'s state, in Redis (for every node) and in this limiter's deny
@@ -822,10 +845,7 @@ impl RedisLimiter {
         let rule = Rule::new(inner.algorithm, quota)?;
         *inner.current.write() = Current { rule, quota };
         if let Some(cache) = &inner.cache {
-            cache.reconfigure(
-                CachePolicy::new(inner.algorithm, quota),
-                inner.local_clock.now_ns() / 1_000,
-            );
+            cache.reconfigure(CachePolicy::new(inner.algorithm, quota), inner.now_us());
         }
         Ok(())
     }
@@ -846,27 +866,6 @@ impl RedisLimiter {
         };
         crate::observe::redis_limiter(&inner.name, &stats);
         stats
-    }
-
-    /// Inside a tokio runtime, publishes the metrics every second until the limiter is
-    /// dropped (the task holds it weakly).
-    #[cfg(feature = "metrics")]
-    fn publish_every_second(&self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let weak = Arc::downgrade(&self.inner);
-        runtime.spawn(async move {
-            let mut ticker = tokio::time::interval(Duration::from_secs(1));
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticker.tick().await;
-                let Some(inner) = weak.upgrade() else {
-                    return;
-                };
-                RedisLimiter { inner }.stats();
-            }
-        });
     }
 }
 
