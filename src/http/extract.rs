@@ -211,6 +211,21 @@ impl<'r> TextKey<'r> {
         }))
     }
 
+    /// A stack key of `text`, which must be ASCII of at most 48 bytes (other bytes become
+    /// `?`; longer text is cut).
+    pub(crate) fn ascii(text: &[u8]) -> Self {
+        let mut bytes = [0; INLINE];
+        let len = text.len().min(INLINE);
+        for (to, &from) in bytes.iter_mut().zip(&text[..len]) {
+            *to = if from.is_ascii() { from } else { b'?' };
+        }
+        // `len` is at most 48.
+        Self(Text::Inline {
+            bytes,
+            len: len as u8,
+        })
+    }
+
     /// The digest key of `bytes`: `~h:` and 32 hex digits of their BLAKE3 hash.
     fn digest(bytes: &[u8]) -> Self {
         let hash = blake3::hash(bytes);

@@ -9,7 +9,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 
 use super::body::RateLimitBody;
-use super::response::Style;
+use super::response::{Made, Style, insert_made};
 use crate::decision::Decision;
 
 /// A boxed future, for responses that wait: on the Redis tier's decision, or on a shaped
@@ -27,6 +27,16 @@ pin_project! {
     }
 }
 
+/// The rate-limit headers an admitted request's response gets.
+pub(crate) enum Pending {
+    /// None: the request was exempt.
+    None,
+    /// Values made once (the common case): no reference count to bump.
+    Made(Made),
+    /// Values made when the response arrives.
+    Later(Decision, Arc<Style>),
+}
+
 pin_project! {
     #[project = StateProjection]
     enum State<F, B, E> {
@@ -35,7 +45,7 @@ pin_project! {
         Admitted {
             #[pin]
             inner: F,
-            headers: Option<(Decision, Arc<Style>)>,
+            headers: Pending,
         },
         /// Answered by the layer.
         Ready { response: Option<Response<RateLimitBody<B>>> },
@@ -45,7 +55,7 @@ pin_project! {
 }
 
 impl<F, B, E> ResponseFuture<F, B, E> {
-    pub(crate) fn admitted(inner: F, headers: Option<(Decision, Arc<Style>)>) -> Self {
+    pub(crate) fn admitted(inner: F, headers: Pending) -> Self {
         Self {
             state: State::Admitted { inner, headers },
         }
@@ -76,8 +86,12 @@ where
         match self.project().state.project() {
             StateProjection::Admitted { inner, headers } => {
                 let mut response = std::task::ready!(inner.poll(cx))?.map(RateLimitBody::inner);
-                if let Some((decision, style)) = headers {
-                    style.apply(decision, response.headers_mut());
+                match headers {
+                    Pending::None => {}
+                    Pending::Made(made) => insert_made(made, response.headers_mut()),
+                    Pending::Later(decision, style) => {
+                        style.apply(decision, response.headers_mut());
+                    }
                 }
                 Poll::Ready(Ok(response))
             }

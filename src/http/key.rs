@@ -93,17 +93,19 @@ fn mask_v6(ip: Ipv6Addr, prefix: u8) -> Ipv6Addr {
 /// The bucket of an address: IPv6 addresses are cut to `v6_prefix` bits (one subscriber
 /// usually holds a whole /64), IPv4 addresses are kept whole.
 pub(crate) fn ip_key(ip: IpAddr, v6_prefix: u8) -> TextKey<'static> {
-    let written = TextKey::inline(|w| match canonical(ip) {
-        IpAddr::V4(v4) => write_v4(w, v4),
-        IpAddr::V6(v6) => write!(w, "{}/{v6_prefix}", mask_v6(v6, v6_prefix)),
-    });
-    // The longest, "ffff:…:ffff/128", is 43 bytes: it always fits the stack buffer.
-    written.unwrap_or_else(|| TextKey::owned(ip.to_string()))
+    match canonical(ip) {
+        IpAddr::V4(v4) => v4_key(v4),
+        IpAddr::V6(v6) => {
+            let written = TextKey::inline(|w| write!(w, "{}/{v6_prefix}", mask_v6(v6, v6_prefix)));
+            // The longest, "ffff:…:ffff/128", is 43 bytes: it always fits the stack buffer.
+            written.unwrap_or_else(|| TextKey::owned(ip.to_string()))
+        }
+    }
 }
 
-/// Writes `ip` in dotted decimal, as `Display` does, without the formatting machinery
-/// (this runs on every request keyed by an IPv4 address).
-fn write_v4(w: &mut dyn fmt::Write, ip: Ipv4Addr) -> fmt::Result {
+/// `ip` in dotted decimal, as `Display` writes it, straight into a stack key (this runs
+/// on every request keyed by an IPv4 address).
+fn v4_key(ip: Ipv4Addr) -> TextKey<'static> {
     let mut text = [0u8; 15];
     let mut len = 0;
     for (i, octet) in ip.octets().into_iter().enumerate() {
@@ -122,8 +124,7 @@ fn write_v4(w: &mut dyn fmt::Write, ip: Ipv4Addr) -> fmt::Result {
         text[len] = b'0' + octet % 10;
         len += 1;
     }
-    // Only ASCII digits and dots were written.
-    w.write_str(std::str::from_utf8(&text[..len]).map_err(|_| fmt::Error)?)
+    TextKey::ascii(&text[..len])
 }
 
 /// The peer address of the connection, as the server recorded it in the request's

@@ -259,17 +259,10 @@ where
 
     fn with_backend(backend: Backend<E::Lookup>, key: E, quota: Quota, capacity: u64) -> Self {
         let period = quota.period();
-        let mut style = Style {
-            headers: HeaderStyle::Both,
-            body: ErrorBody::Json,
-            policy: "\"default\"".to_owned(),
-            window_secs: period.as_secs() + u64::from(period.subsec_nanos() > 0),
-            policy_value: None,
-            limit_value: http::HeaderValue::from_static("0"),
-            states: Default::default(),
-            grpc: GrpcCode::default(),
-        };
-        style.cache_policy(capacity);
+        let style = Style::new(
+            period.as_secs() + u64::from(period.subsec_nanos() > 0),
+            Some(capacity),
+        );
         Self {
             config: Arc::new(Config {
                 backend,
@@ -402,13 +395,7 @@ where
     /// are escaped.
     pub fn policy_name(self, name: &str) -> Self {
         let quoted = format!("\"{}\"", name.replace('\\', "\\\\").replace('"', "\\\""));
-        self.edit(|c| {
-            let style = Arc::make_mut(&mut c.style);
-            style.policy = quoted;
-            if let Some((limit, _)) = style.policy_value {
-                style.cache_policy(limit);
-            }
-        })
+        self.edit(|c| Arc::make_mut(&mut c.style).set_policy(quoted))
     }
 }
 

@@ -45,6 +45,7 @@ mod key;
 mod layer;
 mod response;
 mod service;
+mod values;
 
 pub use body::RateLimitBody;
 pub use extract::{

@@ -9,6 +9,7 @@ use http::{Response, StatusCode};
 
 use super::body::RateLimitBody;
 use super::extract::{KeyRejection, RequestHead};
+use super::values;
 use crate::decision::Decision;
 
 /// Which rate-limit headers responses carry.
@@ -69,31 +70,39 @@ pub(crate) struct Style {
     pub(crate) headers: HeaderStyle,
     pub(crate) body: ErrorBody,
     /// The policy name of the IETF fields, already quoted for a structured field.
-    pub(crate) policy: String,
+    policy: String,
     /// The quota's window, whole seconds rounded up.
-    pub(crate) window_secs: u64,
-    /// The `RateLimit-Policy` value for the default quota's capacity, made once.
-    pub(crate) policy_value: Option<(u64, HeaderValue)>,
-    /// `RateLimit-Limit` of the default quota, made once.
-    pub(crate) limit_value: HeaderValue,
-    /// `RateLimit` values of the default quota, made the first time each is needed.
-    pub(crate) states: StateFields,
+    window_secs: u64,
+    /// The values made once for the default quota, if the layer knows it.
+    default: Option<DefaultValues>,
     /// The gRPC status of a denied call.
     pub(crate) grpc: GrpcCode,
 }
 
-/// The most `RateLimit` values a layer keeps (about 40 bytes each).
+/// The values of the default quota's headers that are the same for many responses,
+/// made once (see [`values`](super::values)).
+#[derive(Clone, Debug)]
+struct DefaultValues {
+    /// The quota's capacity: what its decisions report as their limit.
+    limit: u64,
+    /// `RateLimit-Limit` (numbers below 65,536 have one anyway).
+    limit_value: Option<&'static HeaderValue>,
+    /// `RateLimit-Policy`.
+    policy: Option<&'static HeaderValue>,
+    /// `RateLimit`, per `r` and `t`.
+    states: StateFields,
+}
+
+/// The most `RateLimit` values a layer keeps a table entry for (16 bytes each).
 const MAX_CACHED_FIELDS: usize = 16_384;
 
 /// The `RateLimit` field values (`"policy";r=R;t=T`) of a quota of capacity `limit`, for
-/// `R ≤ limit` and `T ≤ window`, each made once and then shared: a header value that is
-/// cloned costs a reference count, not an allocation.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct StateFields {
-    limit: u64,
+/// `R ≤ limit` and `T ≤ window`, each made the first time it is needed.
+#[derive(Clone, Debug)]
+struct StateFields {
     /// Values of `t` per value of `r`.
     width: u64,
-    values: Arc<[OnceLock<HeaderValue>]>,
+    values: Arc<[OnceLock<&'static HeaderValue>]>,
 }
 
 impl StateFields {
@@ -104,81 +113,66 @@ impl StateFields {
             .saturating_mul(width)
             .min(MAX_CACHED_FIELDS as u64);
         Self {
-            limit,
             width,
             values: (0..len).map(|_| OnceLock::new()).collect(),
         }
     }
 
-    /// The cached value for `r` and `t`, made by `make` the first time; `None` when the
-    /// pair is outside the cache.
-    fn get(
-        &self,
-        limit: u64,
-        r: u64,
-        t: u64,
-        make: impl FnOnce() -> Option<HeaderValue>,
-    ) -> Option<HeaderValue> {
-        if limit != self.limit || t >= self.width {
-            return make();
+    /// The value for `r` and `t` of `policy`; `None` when the pair is outside the table,
+    /// or when no more values may be made once.
+    #[inline]
+    fn get(&self, r: u64, t: u64, policy: &str) -> Option<&'static HeaderValue> {
+        if t >= self.width {
+            return None;
         }
-        let index = r.checked_mul(self.width).and_then(|i| i.checked_add(t));
-        match index
-            .and_then(|i| usize::try_from(i).ok())
-            .and_then(|i| self.values.get(i))
-        {
-            Some(cell) => {
-                if let Some(value) = cell.get() {
-                    return Some(value.clone());
-                }
-                let value = make()?;
-                Some(cell.get_or_init(|| value).clone())
-            }
-            None => make(),
+        let index = r.checked_mul(self.width)?.checked_add(t)?;
+        let cell = self.values.get(usize::try_from(index).ok()?)?;
+        if let Some(value) = cell.get() {
+            return Some(value);
         }
+        let value = state_field(policy, r, t).and_then(|v| values::interned(v.as_bytes()))?;
+        Some(cell.get_or_init(|| value))
     }
 }
 
-/// The rate-limit header names, made once: `HeaderName::from_static` checks its text on
-/// every call.
-struct Names {
-    limit: HeaderName,
-    remaining: HeaderName,
-    reset: HeaderName,
-    policy: HeaderName,
-    state: HeaderName,
-}
+/// The rate-limit header names, in the order of [`Made`]'s values. Constants, so that a
+/// use writes the name's words in place rather than cloning a shared one.
+const LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+const REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+const RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const STATE: HeaderName = HeaderName::from_static("ratelimit");
 
-fn names() -> &'static Names {
-    static NAMES: OnceLock<Names> = OnceLock::new();
-    NAMES.get_or_init(|| Names {
-        limit: HeaderName::from_static("ratelimit-limit"),
-        remaining: HeaderName::from_static("ratelimit-remaining"),
-        reset: HeaderName::from_static("ratelimit-reset"),
-        policy: HeaderName::from_static("ratelimit-policy"),
-        state: HeaderName::from_static("ratelimit"),
-    })
+/// The values of a decision's rate-limit headers, when every one was made once: in the
+/// order `RateLimit-Limit`, `-Remaining`, `-Reset`, `-Policy`, `RateLimit`; `None` for a
+/// header the style leaves out.
+pub(crate) type Made = [Option<&'static HeaderValue>; 5];
+
+/// Adds the headers of `values` to `headers`.
+#[inline]
+pub(crate) fn insert_made(values: &Made, headers: &mut HeaderMap) {
+    let [limit, remaining, reset, policy, state] = *values;
+    headers.reserve(values.iter().flatten().count());
+    if let Some(v) = limit {
+        headers.insert(LIMIT, v.clone());
+    }
+    if let Some(v) = remaining {
+        headers.insert(REMAINING, v.clone());
+    }
+    if let Some(v) = reset {
+        headers.insert(RESET, v.clone());
+    }
+    if let Some(v) = policy {
+        headers.insert(POLICY, v.clone());
+    }
+    if let Some(v) = state {
+        headers.insert(STATE, v.clone());
+    }
 }
 
 /// Whole seconds, rounded up.
 fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
-/// A header value of `n`: numbers below 4096 come from a table built once, whose values
-/// share static storage, so most headers cost no allocation.
-fn number(n: u64) -> HeaderValue {
-    static SMALL: std::sync::OnceLock<Vec<HeaderValue>> = std::sync::OnceLock::new();
-    let table = SMALL.get_or_init(|| {
-        (0..4096u64)
-            .map(|i| HeaderValue::from_static(Box::leak(i.to_string().into_boxed_str())))
-            .collect()
-    });
-    usize::try_from(n)
-        .ok()
-        .and_then(|i| table.get(i))
-        .cloned()
-        .unwrap_or_else(|| HeaderValue::from(n))
 }
 
 /// Formats a structured field into a stack buffer and makes a header value of it.
@@ -191,7 +185,50 @@ fn field(args: std::fmt::Arguments<'_>) -> Option<HeaderValue> {
     HeaderValue::from_bytes(&buf[..len]).ok()
 }
 
+/// The `RateLimit` field of `policy` with `r` units left and `t` seconds to wait.
+fn state_field(policy: &str, r: u64, t: u64) -> Option<HeaderValue> {
+    field(format_args!("{policy};r={r};t={t}"))
+}
+
+/// The `RateLimit-Policy` field of `policy` for a quota of `limit` per `window` seconds.
+fn policy_field(policy: &str, limit: u64, window_secs: u64) -> Option<HeaderValue> {
+    field(format_args!("{policy};q={limit};w={window_secs}"))
+}
+
 impl Style {
+    /// The style of a layer whose quota has a window of `window_secs` (whole seconds,
+    /// rounded up) and, if known, a capacity of `limit`: both rate-limit header styles,
+    /// JSON bodies, the policy `"default"`, gRPC's `RESOURCE_EXHAUSTED`.
+    pub(crate) fn new(window_secs: u64, limit: Option<u64>) -> Self {
+        let mut style = Self {
+            headers: HeaderStyle::Both,
+            body: ErrorBody::Json,
+            policy: "\"default\"".to_owned(),
+            window_secs,
+            default: None,
+            grpc: GrpcCode::default(),
+        };
+        style.remake(limit);
+        style
+    }
+
+    /// Names the policy of the IETF fields (`quoted` is a structured-field string).
+    pub(crate) fn set_policy(&mut self, quoted: String) {
+        self.policy = quoted;
+        self.remake(self.default.as_ref().map(|d| d.limit));
+    }
+
+    /// Makes the default quota's values afresh.
+    fn remake(&mut self, limit: Option<u64>) {
+        self.default = limit.map(|limit| DefaultValues {
+            limit,
+            limit_value: values::interned(limit.to_string().as_bytes()),
+            policy: policy_field(&self.policy, limit, self.window_secs)
+                .and_then(|v| values::interned(v.as_bytes())),
+            states: StateFields::new(limit, self.window_secs),
+        });
+    }
+
     /// The delta seconds of the `RateLimit` field's `t` and of `Retry-After`: for an
     /// admission, until the quota is full again; for a deny, until a retry succeeds,
     /// at least 1.
@@ -202,53 +239,73 @@ impl Style {
         }
     }
 
-    /// Makes the `RateLimit-Policy` value of a key with the default quota, whose
-    /// capacity is `limit`, once.
-    pub(crate) fn cache_policy(&mut self, limit: u64) {
-        self.policy_value = field(format_args!(
-            "{};q={limit};w={}",
-            self.policy, self.window_secs
-        ))
-        .map(|v| (limit, v));
-        self.states = StateFields::new(limit, self.window_secs);
-        self.limit_value = number(limit);
+    /// The default quota's values, if `decision` is one of its.
+    fn default_for(&self, decision: &Decision) -> Option<&DefaultValues> {
+        self.default
+            .as_ref()
+            .filter(|d| d.limit == decision.limit())
     }
 
-    /// Adds the rate-limit headers of `decision` to `headers`.
-    pub(crate) fn apply(&self, decision: &Decision, headers: &mut HeaderMap) {
+    /// The values of `decision`'s headers, if every one was made once: the common case,
+    /// which [`insert_made`] adds with no allocation and no reference count.
+    #[inline]
+    pub(crate) fn made(&self, decision: &Decision) -> Option<Made> {
+        let mut made = [None; 5];
         if self.headers != HeaderStyle::Ietf {
-            let limit = match &self.policy_value {
-                // The default quota's limit: made once (a large one would allocate).
-                Some((limit, _)) if *limit == decision.limit() => self.limit_value.clone(),
-                _ => number(decision.limit()),
-            };
-            let names = names();
-            headers.insert(names.limit.clone(), limit);
-            headers.insert(names.remaining.clone(), number(decision.remaining()));
+            let limit = decision.limit();
+            made[0] = Some(
+                values::number(limit)
+                    .or_else(|| self.default_for(decision).and_then(|d| d.limit_value))?,
+            );
+            made[1] = Some(values::number(decision.remaining())?);
+            made[2] = Some(values::number(ceil_secs(decision.reset_after()))?);
+        }
+        if self.headers != HeaderStyle::Legacy {
+            let default = self.default_for(decision)?;
+            made[3] = Some(default.policy?);
+            made[4] = Some(default.states.get(
+                decision.remaining(),
+                Self::wait_secs(decision),
+                &self.policy,
+            )?);
+        }
+        Some(made)
+    }
+
+    /// Adds the rate-limit headers of `decision` to `headers`, making the values that
+    /// were not made once.
+    pub(crate) fn apply(&self, decision: &Decision, headers: &mut HeaderMap) {
+        if let Some(made) = self.made(decision) {
+            return insert_made(&made, headers);
+        }
+        let default = self.default_for(decision);
+        if self.headers != HeaderStyle::Ietf {
+            let limit = default
+                .and_then(|d| d.limit_value)
+                .cloned()
+                .unwrap_or_else(|| values::number_value(decision.limit()));
+            headers.insert(LIMIT, limit);
+            headers.insert(REMAINING, values::number_value(decision.remaining()));
             headers.insert(
-                names.reset.clone(),
-                number(ceil_secs(decision.reset_after())),
+                RESET,
+                values::number_value(ceil_secs(decision.reset_after())),
             );
         }
         if self.headers != HeaderStyle::Legacy {
-            let policy = match &self.policy_value {
-                Some((limit, value)) if *limit == decision.limit() => Some(value.clone()),
-                _ => field(format_args!(
-                    "{};q={};w={}",
-                    self.policy,
-                    decision.limit(),
-                    self.window_secs
-                )),
+            let policy = match default.and_then(|d| d.policy) {
+                Some(made) => Some(made.clone()),
+                None => policy_field(&self.policy, decision.limit(), self.window_secs),
             };
             let (r, t) = (decision.remaining(), Self::wait_secs(decision));
-            let state = self.states.get(decision.limit(), r, t, || {
-                field(format_args!("{};r={r};t={t}", self.policy))
-            });
+            let state = match default.and_then(|d| d.states.get(r, t, &self.policy)) {
+                Some(made) => Some(made.clone()),
+                None => state_field(&self.policy, r, t),
+            };
             if let Some(v) = policy {
-                headers.insert(names().policy.clone(), v);
+                headers.insert(POLICY, v);
             }
             if let Some(v) = state {
-                headers.insert(names().state.clone(), v);
+                headers.insert(STATE, v);
             }
         }
     }
@@ -280,7 +337,7 @@ impl Style {
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         let headers = response.headers_mut();
         self.apply(decision, headers);
-        headers.insert(RETRY_AFTER, number(retry));
+        headers.insert(RETRY_AFTER, values::number_value(retry));
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         response
     }
@@ -297,7 +354,7 @@ impl Style {
         let mut response = grpc_status(self.grpc.number(), &message);
         let headers = response.headers_mut();
         self.apply(decision, headers);
-        headers.insert(RETRY_AFTER, number(retry));
+        headers.insert(RETRY_AFTER, values::number_value(retry));
         response
     }
 
@@ -313,7 +370,7 @@ impl Style {
         let (mut parts, body) = response.into_parts();
         let mut ours = HeaderMap::new();
         self.apply(decision, &mut ours);
-        ours.insert(RETRY_AFTER, number(Self::wait_secs(decision)));
+        ours.insert(RETRY_AFTER, values::number_value(Self::wait_secs(decision)));
         for (name, value) in &ours {
             if !parts.headers.contains_key(name) {
                 parts.headers.insert(name, value.clone());
@@ -363,7 +420,7 @@ fn grpc_status<B>(status: u16, message: &str) -> Response<RateLimitBody<B>> {
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert(
         HeaderName::from_static("grpc-status"),
-        number(u64::from(status)),
+        values::number_value(u64::from(status)),
     );
     if let Ok(value) = HeaderValue::from_str(&grpc_message(message)) {
         headers.insert(HeaderName::from_static("grpc-message"), value);
@@ -392,13 +449,7 @@ mod tests {
     fn style(headers: HeaderStyle) -> Style {
         Style {
             headers,
-            body: ErrorBody::Json,
-            policy: "\"default\"".to_owned(),
-            window_secs: 60,
-            policy_value: None,
-            limit_value: number(0),
-            states: StateFields::default(),
-            grpc: GrpcCode::default(),
+            ..Style::new(60, None)
         }
     }
 
@@ -436,8 +487,10 @@ mod tests {
 
     #[test]
     fn state_fields_are_made_once_and_match_uncached_ones() {
-        let mut cached = style(HeaderStyle::Ietf);
-        cached.cache_policy(10);
+        let cached = Style {
+            headers: HeaderStyle::Ietf,
+            ..Style::new(60, Some(10))
+        };
         let plain = style(HeaderStyle::Ietf);
         for (remaining, reset_ns) in [
             (4, 2_500_000_000),
@@ -460,6 +513,37 @@ mod tests {
         cached.apply(&d, &mut a);
         plain.apply(&d, &mut b);
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn the_default_quota_s_headers_are_made_once_and_equal_made_ones() {
+        let style = Style::new(1, Some(1_000));
+        let mut plain = Style::new(1, None);
+        plain.headers = HeaderStyle::Both;
+        for (remaining, reset_ns) in [(999, 1_000_000), (0, 1_000_000_000), (1_000, 0)] {
+            let d = Decision::allow(1_000, remaining, reset_ns);
+            let made = style
+                .made(&d)
+                .expect("the default quota's values are made once");
+            let again = style.made(&d).expect("and found again");
+            for (a, b) in made.iter().zip(&again) {
+                assert!(std::ptr::eq(a.unwrap(), b.unwrap()), "one value per text");
+            }
+            let (mut fast, mut slow) = (HeaderMap::new(), HeaderMap::new());
+            insert_made(&made, &mut fast);
+            plain.apply(&d, &mut slow);
+            assert_eq!(fast, slow);
+            assert_eq!(fast.len(), 5);
+        }
+        // A key with its own quota, or a number past the table, is made per response.
+        assert!(style.made(&Decision::allow(7, 2, 1_000_000_000)).is_none());
+        let big = Decision::allow(1_000_000, 70_000, 1_000_000_000);
+        assert!(style.made(&big).is_none());
+        let mut headers = HeaderMap::new();
+        style.apply(&big, &mut headers);
+        assert_eq!(headers["ratelimit-remaining"], "70000");
+        assert_eq!(headers["ratelimit"], "\"default\";r=70000;t=1");
+        assert_eq!(headers["ratelimit-policy"], "\"default\";q=1000000;w=1");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use tower::Service;
 
 use super::body::RateLimitBody;
 use super::extract::{ExtractKey, KeyRejection, RequestHead};
-use super::future::ResponseFuture;
+use super::future::{Pending, ResponseFuture};
 use super::key::KeyExtractor;
 use super::layer::{Backend, Config, DecisionEvent, MissingKey, RemoteDecision};
 use crate::decision::Decision;
@@ -120,7 +120,7 @@ where
             }
         };
         match step {
-            Step::Pass => ResponseFuture::admitted(self.inner.call(req), None),
+            Step::Pass => ResponseFuture::admitted(self.inner.call(req), Pending::None),
             Step::Reject(why) => {
                 ResponseFuture::ready(self.config.style.rejected(why, is_grpc(&req)))
             }
@@ -186,8 +186,12 @@ impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
                     Ok(response)
                 }));
             }
-            let style = Arc::clone(&self.config.style);
-            ResponseFuture::admitted(self.inner.call(req), Some((decision, style)))
+            let style = &self.config.style;
+            let headers = match style.made(&decision) {
+                Some(made) => Pending::Made(made),
+                None => Pending::Later(decision, Arc::clone(style)),
+            };
+            ResponseFuture::admitted(self.inner.call(req), headers)
         } else {
             self.denied(&decision, &req)
         }
