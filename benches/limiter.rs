@@ -14,6 +14,9 @@ use governor::clock::DefaultClock;
 use governor::state::keyed::DefaultKeyedStateStore;
 use tollgate::{Algorithm, Quota, RateLimiter};
 
+#[path = "support/reference.rs"]
+mod reference;
+
 /// Number of distinct keys in the keyed workloads.
 const KEYS: u64 = 10_000;
 /// Length of the pre-drawn key sequence (a power of two, so indexing is a mask).
@@ -185,6 +188,48 @@ fn keyed_10k(c: &mut Criterion) {
         for (name, limiter) in contenders(generous) {
             let id = BenchmarkId::new(name, format!("{threads}_thread"));
             bench_keyed(&mut group, id, &*limiter, threads, &keys);
+        }
+    }
+    group.finish();
+}
+
+/// The check path's reference designs (benches/support/reference.rs) on the keyed_10k
+/// workload, beside tollgate's token bucket and governor in the same run.
+fn reference_10k(c: &mut Criterion) {
+    let keys = key_sequences();
+    let designs: Vec<(&str, Box<dyn Check>)> = vec![
+        (
+            "tollgate",
+            Box::new(Tollgate(tollgate(
+                Algorithm::TokenBucket,
+                generous(Algorithm::TokenBucket),
+            ))),
+        ),
+        ("governor", Box::new(governor())),
+        (
+            "rwlock-shards-hashbrown-ahash",
+            Box::new(reference::ShardedRwLock::new(KEYS)),
+        ),
+        (
+            "open-addressing-ahash",
+            Box::new(reference::open_addressing_ahash(KEYS)),
+        ),
+        (
+            "open-addressing-unseeded-multiply",
+            Box::new(reference::open_addressing_multiply(KEYS)),
+        ),
+    ];
+    for (name, design) in &designs {
+        assert!(
+            (0..KEYS).all(|key| design.check(key)),
+            "{name} admits every key"
+        );
+    }
+    let mut group = c.benchmark_group("reference_10k_u64");
+    for threads in [1, 2] {
+        for (name, design) in &designs {
+            let id = BenchmarkId::new(*name, format!("{threads}_thread"));
+            bench_keyed(&mut group, id, &**design, threads, &keys);
         }
     }
     group.finish();
@@ -981,7 +1026,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, counters, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
+    targets = keyed_10k, reference_10k, counters, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
 }
 
 fn main() {
