@@ -98,11 +98,22 @@ const MAX_CACHED_FIELDS: usize = 16_384;
 
 /// The `RateLimit` field values (`"policy";r=R;t=T`) of a quota of capacity `limit`, for
 /// `R ≤ limit` and `T ≤ window`, each made the first time it is needed.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 struct StateFields {
     /// Values of `t` per value of `r`.
     width: u64,
     values: Arc<[OnceLock<&'static HeaderValue>]>,
+}
+
+impl std::fmt::Debug for StateFields {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let made = self.values.iter().filter(|v| v.get().is_some()).count();
+        f.debug_struct("StateFields")
+            .field("width", &self.width)
+            .field("cells", &self.values.len())
+            .field("made", &made)
+            .finish()
+    }
 }
 
 impl StateFields {
@@ -148,25 +159,32 @@ const STATE: HeaderName = HeaderName::from_static("ratelimit");
 /// header the style leaves out.
 pub(crate) type Made = [Option<&'static HeaderValue>; 5];
 
-/// Adds the headers of `values` to `headers`.
+/// Adds the headers of `values` to `headers`. A header map already at `http`'s limit
+/// (32,768 entries) gets none, rather than a panic.
 #[inline]
 pub(crate) fn insert_made(values: &Made, headers: &mut HeaderMap) {
     let [limit, remaining, reset, policy, state] = *values;
-    headers.reserve(values.iter().flatten().count());
+    if headers
+        .try_reserve(values.iter().flatten().count())
+        .is_err()
+    {
+        return;
+    }
+    // Reserved: none of these can reach the limit.
     if let Some(v) = limit {
-        headers.insert(LIMIT, v.clone());
+        let _ = headers.try_insert(LIMIT, v.clone());
     }
     if let Some(v) = remaining {
-        headers.insert(REMAINING, v.clone());
+        let _ = headers.try_insert(REMAINING, v.clone());
     }
     if let Some(v) = reset {
-        headers.insert(RESET, v.clone());
+        let _ = headers.try_insert(RESET, v.clone());
     }
     if let Some(v) = policy {
-        headers.insert(POLICY, v.clone());
+        let _ = headers.try_insert(POLICY, v.clone());
     }
     if let Some(v) = state {
-        headers.insert(STATE, v.clone());
+        let _ = headers.try_insert(STATE, v.clone());
     }
 }
 
@@ -284,9 +302,10 @@ impl Style {
                 .and_then(|d| d.limit_value)
                 .cloned()
                 .unwrap_or_else(|| values::number_value(decision.limit()));
-            headers.insert(LIMIT, limit);
-            headers.insert(REMAINING, values::number_value(decision.remaining()));
-            headers.insert(
+            // At `http`'s limit (32,768 entries) a header is left out, not a panic.
+            let _ = headers.try_insert(LIMIT, limit);
+            let _ = headers.try_insert(REMAINING, values::number_value(decision.remaining()));
+            let _ = headers.try_insert(
                 RESET,
                 values::number_value(ceil_secs(decision.reset_after())),
             );
@@ -302,10 +321,10 @@ impl Style {
                 None => state_field(&self.policy, r, t),
             };
             if let Some(v) = policy {
-                headers.insert(POLICY, v);
+                let _ = headers.try_insert(POLICY, v);
             }
             if let Some(v) = state {
-                headers.insert(STATE, v);
+                let _ = headers.try_insert(STATE, v);
             }
         }
     }
@@ -373,7 +392,7 @@ impl Style {
         ours.insert(RETRY_AFTER, values::number_value(Self::wait_secs(decision)));
         for (name, value) in &ours {
             if !parts.headers.contains_key(name) {
-                parts.headers.insert(name, value.clone());
+                let _ = parts.headers.try_insert(name, value.clone());
             }
         }
         Response::from_parts(parts, RateLimitBody::own(body))

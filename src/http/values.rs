@@ -44,6 +44,8 @@ pub(crate) fn number(n: u64) -> Option<&'static HeaderValue> {
     if let Some(value) = cell.get() {
         return Some(value);
     }
+    // Two threads that miss at once may each leak a value; one is kept. That happens at
+    // most once per number and thread.
     let mut buf = [0u8; 20];
     let value = leak(digits(n, &mut buf))?;
     Some(cell.get_or_init(|| value))
