@@ -12,8 +12,8 @@
 //! and dropping it does nothing. A clone of a value over shared bytes would bump an atomic
 //! count instead (and write a cache line that every core serving requests shares).
 //! Neither table is ever freed; their sizes are bounded: at most 65,536 numbers (about
-//! 4 MiB if every one is used, plus a 1 MiB table of which only the pages used
-//! become resident) and 65,536 interned fields (the `RateLimit` and
+//! 5 MiB if every one is used, plus a 1 MiB table of which only the pages used
+//! become resident) and 65,536 interned fields (about 8 MiB at most: the `RateLimit` and
 //! `RateLimit-Policy` values of the quotas in use; a layer made again reuses them).
 
 use std::collections::HashMap;
