@@ -38,14 +38,6 @@ async fn limiter(
         .unwrap()
 }
 
-async fn raw(server: &LocalRedis) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
 /// Rounds nanoseconds up to whole microseconds, the scripts' unit.
 fn ceil_us(d: Duration) -> Duration {
     Duration::from_micros(d.as_nanos().div_ceil(1_000) as u64)
@@ -120,7 +112,7 @@ async fn decisions_equal_the_in_memory_limiter() {
 #[tokio::test]
 async fn every_written_key_expires() {
     let server = server();
-    let mut con = raw(&server).await;
+    let mut con = server.connection().await.unwrap();
     for algorithm in ALGORITHMS {
         let clock = ManualClock::new();
         clock.set_ns(1_000_000_000);
@@ -153,7 +145,7 @@ async fn every_written_key_expires() {
 #[tokio::test]
 async fn a_deny_writes_nothing() {
     let server = server();
-    let mut con = raw(&server).await;
+    let mut con = server.connection().await.unwrap();
     for algorithm in ALGORITHMS {
         let clock = ManualClock::new();
         let l = limiter(&server, algorithm, "2/s", clock.clone()).await;
@@ -223,7 +215,7 @@ async fn a_clock_that_steps_back_mints_nothing() {
 #[tokio::test]
 async fn a_script_flush_mid_run_is_survived() {
     let server = server();
-    let mut con = raw(&server).await;
+    let mut con = server.connection().await.unwrap();
     for algorithm in ALGORITHMS {
         let l = limiter(&server, algorithm, "3/s", ManualClock::new()).await;
         assert!(l.check("flush").await.unwrap().is_allowed());
@@ -243,7 +235,7 @@ async fn a_script_flush_mid_run_is_survived() {
 #[tokio::test]
 async fn the_scripts_reject_bad_arguments() {
     let server = server();
-    let mut con = raw(&server).await;
+    let mut con = server.connection().await.unwrap();
     let cases: [(&str, &[&str]); 9] = [
         (scripts::TOKEN_BUCKET, &["100000", "100000", "2", "-1", "0"]),
         (
@@ -315,7 +307,7 @@ async fn configurations_the_scripts_cannot_run_are_refused() {
 #[tokio::test]
 async fn arbitrary_keys_round_trip_without_collisions() {
     let server = server();
-    let mut con = raw(&server).await;
+    let mut con = server.connection().await.unwrap();
     let l = limiter(&server, Algorithm::TokenBucket, "1/min", ManualClock::new()).await;
     let keys = [
         "a b",
@@ -349,7 +341,7 @@ async fn arbitrary_keys_round_trip_without_collisions() {
 #[tokio::test]
 async fn a_key_of_the_wrong_type_is_a_typed_error() {
     let server = server();
-    let mut con = raw(&server).await;
+    let mut con = server.connection().await.unwrap();
     for algorithm in ALGORITHMS {
         let l = limiter(&server, algorithm, "1/s", ManualClock::new()).await;
         let key = l.redis_key("taken");

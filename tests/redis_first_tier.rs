@@ -17,19 +17,11 @@ fn server() -> LocalRedis {
     LocalRedis::start().expect("these tests need redis-server (./scripts/test.sh installs it)")
 }
 
-async fn connection(server: &LocalRedis) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
 /// Script calls Redis has run since the last `CONFIG RESETSTAT`, from `INFO commandstats`.
 async fn script_calls(server: &LocalRedis) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
-        .query_async(&mut connection(server).await)
+        .query_async(&mut server.connection().await.unwrap())
         .await
         .unwrap();
     info.lines()
@@ -44,7 +36,7 @@ async fn script_calls(server: &LocalRedis) -> u64 {
 async fn reset_stats(server: &LocalRedis) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
-        .query_async(&mut connection(server).await)
+        .query_async(&mut server.connection().await.unwrap())
         .await
         .unwrap();
 }

@@ -47,11 +47,7 @@ fn nodes(
 
 /// Redis's clock, in µs.
 async fn server_time(server: &LocalRedis) -> u64 {
-    let mut con = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut con = server.connection().await.unwrap();
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
     secs * 1_000_000 + micros
 }
@@ -59,11 +55,7 @@ async fn server_time(server: &LocalRedis) -> u64 {
 /// How far ahead of Redis's clock the token-bucket state at `key` is (µs): the tokens it
 /// owes times the interval.
 async fn debt_us(server: &LocalRedis, key: &str) -> u64 {
-    let mut con = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut con = server.connection().await.unwrap();
     let tat: u64 = redis::cmd("HGET")
         .arg(key)
         .arg("t")
@@ -408,11 +400,7 @@ async fn an_empty_restart_is_recovered_from_within_two_seconds() {
     offer_each(&nodes, "k", &load, Duration::from_secs(5)).await;
     server.restart().unwrap();
     offer_each(&nodes, "k", &load, Duration::from_secs(2)).await;
-    let mut con = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut con = server.connection().await.unwrap();
     let registered: u64 = redis::cmd("ZCARD")
         .arg("{restart}:sync:tb:nodes")
         .query_async(&mut con)

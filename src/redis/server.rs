@@ -160,6 +160,17 @@ impl LocalRedis {
         format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
+    /// A connection of its own to a plain (not TLS) server, for a test to read or write
+    /// keys directly.
+    ///
+    /// # Errors
+    /// The client's error if the server does not answer.
+    pub async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
     /// The directory the server runs in (its files, such as a cluster's `nodes.conf`).
     pub fn dir(&self) -> &std::path::Path {
         &self.dir
