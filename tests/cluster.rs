@@ -7,9 +7,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use common::excess_over_rate;
+use common::{excess_over_rate, wall_secs_since, within_rate};
 
 use tollgate::clock::ManualClock;
 use tollgate::redis::{RedisError, RedisLimiter};
@@ -181,13 +181,13 @@ async fn the_sync_holds_the_global_limit_on_a_cluster() {
     let keys: Vec<String> = (0..3).map(|i| format!("global-{i}")).collect();
     // Spend the bursts and let the demands settle.
     offer(&nodes, &keys, 100.0, Duration::from_secs(2)).await;
+    let start = SystemTime::now();
     let admitted = offer(&nodes, &keys, 100.0, Duration::from_secs(8)).await;
+    let secs = wall_secs_since(start);
     for (key, &n) in keys.iter().zip(&admitted) {
-        let error = (n as f64 - 1_600.0) / 1_600.0;
-        assert!(
-            error.abs() <= 0.05,
-            "{key}: {n} admitted for 1,600 ({error:+.3})"
-        );
+        if let Err(e) = within_rate(n, 200.0, secs, 0.05, 0, 0) {
+            panic!("{key}: {e}");
+        }
     }
     for (_, handle) in &nodes {
         let stats = handle.stats();
@@ -464,12 +464,14 @@ async fn sixteen_nodes_at_the_largest_and_smallest_quotas() {
         16,
     );
     offer(&fast, &key, 12_500.0, Duration::from_secs(3)).await;
+    let start = SystemTime::now();
     let got = offer(&fast, &key, 12_500.0, Duration::from_secs(5)).await[0];
-    eprintln!("cluster, 16 nodes at 100,000/s: {got} in 5 s");
-    assert!(
-        (484_982..=515_018).contains(&got),
-        "{got} in 5 s at 100,000/s"
-    );
+    let secs = wall_secs_since(start);
+    eprintln!("cluster, 16 nodes at 100,000/s: {got} in {secs:.3} s");
+    // 500,000 ± 3%, and a token a node plus two at the ends of the span.
+    if let Err(e) = within_rate(got, 100_000.0, secs, 0.03, 18, 0) {
+        panic!("16 nodes at 100,000/s: {e}");
+    }
     stop(fast).await;
 
     let slow = synced(
@@ -514,9 +516,13 @@ async fn a_paused_master_is_recovered_from_within_two_seconds() {
     cluster.node(master).resume().unwrap();
     assert!(during.fallback_active, "{during:?}");
     offer(&nodes, &key, 150.0, Duration::from_secs(2)).await;
+    let start = SystemTime::now();
     let after = offer(&nodes, &key, 150.0, Duration::from_secs(2)).await[0];
-    eprintln!("cluster, after a 3 s pause of the key's master: {after} in 2 s");
-    assert!((360..=440).contains(&after), "{after} in the 2 s after");
+    let secs = wall_secs_since(start);
+    eprintln!("cluster, after a 3 s pause of the key's master: {after} in {secs:.3} s");
+    if let Err(e) = within_rate(after, 200.0, secs, 0.10, 0, 0) {
+        panic!("the 2 s after: {e}");
+    }
     for (_, handle) in &nodes {
         assert!(!handle.stats().fallback_active, "{:?}", handle.stats());
     }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{example_server, excess_over_rate};
+use common::{example_server, excess_over_rate, within_rate};
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
 use tollgate::test_support::LocalRedis;
 use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
@@ -156,13 +156,94 @@ async fn offer_each(
     admitted
 }
 
-/// What all nodes admit of `per_node` load in `length`.
-async fn admitted_in(
+/// What the nodes admitted over a span, measured against Redis's clock.
+struct Span {
+    /// Admissions per node.
+    admitted: Vec<u64>,
+    /// The span's length on Redis's clock (s).
+    redis_secs: f64,
+    /// Whole tokens the key's global state held, unleased, when the span began.
+    left: u64,
+}
+
+impl Span {
+    fn total(&self) -> u64 {
+        self.admitted.iter().sum()
+    }
+
+    /// [`within_rate`] for the span, with the per-node counts in the error.
+    fn check(&self, quota: Quota, tolerance: f64, slack: u64) -> Result<(), String> {
+        let rate = quota.limit() as f64 / quota.period().as_secs_f64();
+        within_rate(
+            self.total(),
+            rate,
+            self.redis_secs,
+            tolerance,
+            slack,
+            self.left,
+        )
+        .map_err(|e| format!("{e}; per node {:?}", self.admitted))
+    }
+}
+
+/// Offers `per_node` load on key `k` for `length`, as [`offer_each`], and measures the
+/// span on Redis's clock, which the global limit runs on. Redis reads the host's wall
+/// clock, so a step of it moves the limit: a CI run of the 10/s test admitted 131 in
+/// 12 s, 11 over and about 4 more on each node, as a 1.1 s step forward would (never
+/// seen in 20 runs here, under load or not).
+async fn measure(
+    server: &LocalRedis,
     nodes: &[(RateLimiter<String>, SyncHandle)],
+    prefix: &str,
+    quota: Quota,
     per_node: &[f64],
     length: Duration,
-) -> u64 {
-    offer_each(nodes, "k", per_node, length).await.iter().sum()
+) -> Span {
+    let left = tokens_left(server, &format!("{prefix}:sync:tb:{{k}}"), quota).await;
+    let start = server_time(server).await;
+    let admitted = offer_each(nodes, "k", per_node, length).await;
+    let end = server_time(server).await;
+    Span {
+        admitted,
+        redis_secs: end.saturating_sub(start) as f64 / 1e6,
+        left,
+    }
+}
+
+/// After an outage, once 2 s of load have passed: the limit within ±10% over the next
+/// 2 s, then within ±5% over 3 s, each plus what the state held unleased at its start.
+async fn back_at_the_limit(
+    server: &LocalRedis,
+    nodes: &[(RateLimiter<String>, SyncHandle)],
+    prefix: &str,
+    quota: Quota,
+    load: &[f64],
+) -> Result<(), String> {
+    let after = measure(server, nodes, prefix, quota, load, Duration::from_secs(2)).await;
+    after
+        .check(quota, 0.10, 0)
+        .map_err(|e| format!("the 2 s after: {e}"))?;
+    let later = measure(server, nodes, prefix, quota, load, Duration::from_secs(3)).await;
+    later
+        .check(quota, 0.05, 0)
+        .map_err(|e| format!("the 3 s after that: {e}"))
+}
+
+/// Whole tokens the token-bucket state at `key` holds now and has not leased (the
+/// burst for a key Redis does not hold; 0 in debt).
+async fn tokens_left(server: &LocalRedis, key: &str, quota: Quota) -> u64 {
+    let mut con = server.connection().await.unwrap();
+    let tat: Option<u64> = redis::cmd("HGET")
+        .arg(key)
+        .arg("t")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let now = server_time(server).await;
+    let t = quota.emission_interval().as_micros() as u64;
+    let capacity = t * quota.burst();
+    let ahead = tat.unwrap_or(0).saturating_sub(now);
+    capacity.saturating_sub(ahead) / t
 }
 
 /// Reconcile, 4 nodes, 2× skewed overload (70/10/10/10): 5 s after the start, the
@@ -185,12 +266,16 @@ async fn reconcile_tracks_the_global_limit() {
     // seconds still ran 15–17% over the limit in 2 of 9 runs, and after 5 s once (22%,
     // on a busy machine): the overdrafts of the burst's aftermath are still being repaid.
     offer(&nodes, quota, 2.0, Duration::from_secs(8)).await;
+    let start = server_time(&server).await;
     let admitted = offer(&nodes, quota, 2.0, Duration::from_secs(10)).await;
+    let redis_secs = (server_time(&server).await - start) as f64 / 1e6;
     let counts = per_window(&admitted, Duration::from_secs(1), 10);
     let total: u64 = counts.iter().sum();
+    // 10,000 ± 3.6% over the span on Redis's clock (see `measure`).
+    let expected = 1000.0 * redis_secs;
     assert!(
-        (9_640..=10_360).contains(&total),
-        "{total} in 10 s: {counts:?}"
+        (expected * 0.964..=expected * 1.036).contains(&(total as f64)),
+        "{total} in {redis_secs:.3} s of Redis's clock: {counts:?}"
     );
     for (w, &c) in counts.iter().enumerate() {
         assert!((900..=1100).contains(&c), "second {w}: {c}: {counts:?}");
@@ -291,22 +376,22 @@ async fn ten_per_second_holds_across_three_nodes() {
     let server = server();
     let quota = Quota::per_second(10).unwrap();
     for mode in [SyncMode::Reconcile, SyncMode::Lease] {
-        let nodes = nodes(
-            &server,
-            Algorithm::TokenBucket,
-            quota,
-            mode,
-            &format!("low-{mode:?}"),
-            3,
-        );
+        let prefix = format!("low-{mode:?}");
+        let nodes = nodes(&server, Algorithm::TokenBucket, quota, mode, &prefix, 3);
         offer_each(&nodes, "k", &[10.0; 3], Duration::from_secs(3)).await;
-        let admitted = offer_each(&nodes, "k", &[10.0; 3], Duration::from_secs(12)).await;
-        let total: u64 = admitted.iter().sum();
+        let span = measure(
+            &server,
+            &nodes,
+            &prefix,
+            quota,
+            &[10.0; 3],
+            Duration::from_secs(12),
+        )
+        .await;
         // 120 ± 3%, and a token a node plus two at the ends of the span.
-        assert!(
-            (111..=129).contains(&total),
-            "{mode:?}: {total} in 12 s: {admitted:?}"
-        );
+        if let Err(e) = span.check(quota, 0.03, 5) {
+            panic!("{mode:?}: {e}");
+        }
         stop(nodes).await;
     }
 }
@@ -345,14 +430,8 @@ async fn a_paused_redis_is_recovered_from_within_two_seconds() {
     let server = server();
     let quota = Quota::per_second(200).unwrap();
     for mode in [SyncMode::Reconcile, SyncMode::Lease] {
-        let nodes = nodes(
-            &server,
-            Algorithm::TokenBucket,
-            quota,
-            mode,
-            &format!("pause-{mode:?}"),
-            3,
-        );
+        let prefix = format!("pause-{mode:?}");
+        let nodes = nodes(&server, Algorithm::TokenBucket, quota, mode, &prefix, 3);
         let load = [200.0, 150.0, 100.0];
         offer_each(&nodes, "k", &load, Duration::from_secs(3)).await;
         server.pause().unwrap();
@@ -364,17 +443,14 @@ async fn a_paused_redis_is_recovered_from_within_two_seconds() {
         );
         server.resume().unwrap();
         offer_each(&nodes, "k", &load, Duration::from_secs(2)).await;
-        let after: u64 = admitted_in(&nodes, &load, Duration::from_secs(2)).await;
-        // 400 ± 10% (a burst may be left over from the pause, as the bound allows).
-        assert!(
-            (360..=440).contains(&after),
-            "{mode:?}: {after} in the 2 s after"
-        );
-        let later: u64 = admitted_in(&nodes, &load, Duration::from_secs(3)).await;
-        assert!(
-            (570..=630).contains(&later),
-            "{mode:?}: {later} in the 3 s after that"
-        );
+        // 400 ± 10%, and on top what the state held unleased: a burst left over from
+        // the pause, or in lease mode from the start (under contention leases follow
+        // the credits, which refill at the rate: what the state holds beyond them is
+        // spent only by the rounds that find no other node with credit, 2–5% of the
+        // rate here, so the 200-token burst lasts tens of seconds).
+        if let Err(e) = back_at_the_limit(&server, &nodes, &prefix, quota, &load).await {
+            panic!("{mode:?}: {e}");
+        }
         stop(nodes).await;
     }
 }
@@ -416,14 +492,11 @@ async fn an_empty_restart_is_recovered_from_within_two_seconds() {
         fields >= 4,
         "the key's state and the three nodes' records: {fields}"
     );
-    let after: u64 = admitted_in(&nodes, &load, Duration::from_secs(2)).await;
-    // 400 ± 10%, plus the fresh state's burst (200) at most.
-    assert!((360..=640).contains(&after), "{after} in the 2 s after");
-    let later: u64 = admitted_in(&nodes, &load, Duration::from_secs(3)).await;
-    assert!(
-        (570..=630).contains(&later),
-        "{later} in the 3 s after that"
-    );
+    // Back at the limit, plus what the fresh state held unleased (its burst, 200, at
+    // most).
+    back_at_the_limit(&server, &nodes, "restart", quota, &load)
+        .await
+        .unwrap();
     stop(nodes).await;
 }
 
@@ -672,14 +745,25 @@ async fn sixteen_nodes_at_the_largest_and_smallest_quotas() {
     let load: Vec<f64> = (0..16)
         .map(|i| 200_000.0 * f64::from(i + 1) / 136.0)
         .collect();
-    admitted_in(&nodes16, &load, Duration::from_secs(3)).await;
-    let got = admitted_in(&nodes16, &load, Duration::from_secs(5)).await;
-    println!("16 nodes at 100,000/s: {got} in 5 s");
-    // 500,000 ± 3%, and a token a node plus two at the ends of the span.
-    assert!(
-        (484_982..=515_018).contains(&got),
-        "{got} in 5 s at 100,000/s"
+    offer_each(&nodes16, "k", &load, Duration::from_secs(3)).await;
+    let got = measure(
+        &server,
+        &nodes16,
+        "edge-fast",
+        fast,
+        &load,
+        Duration::from_secs(5),
+    )
+    .await;
+    println!(
+        "16 nodes at 100,000/s: {} in {:.3} s",
+        got.total(),
+        got.redis_secs
     );
+    // 500,000 ± 3%, and a token a node plus two at the ends of the span.
+    if let Err(e) = got.check(fast, 0.03, 18) {
+        panic!("16 nodes at 100,000/s: {e}");
+    }
     stop(nodes16).await;
 
     let slow = Quota::per_second(1).unwrap();

@@ -111,6 +111,10 @@
 //! mint tokens. Each round measures Redis's clock against the limiter's (to express
 //! deadlines and outage starts in Redis's time) and against the wall clock
 //! ([`SyncStats::clock_offset`]).
+//!
+//! Redis's `TIME` is its host's wall clock, so the limit moves with it: a step forward by
+//! `d` refills `min(r·d, B)` at once, and a step back withholds `r·d`. Run Redis's host
+//! with a slewing clock (chrony, ntpd), not a stepping one.
 
 mod cell;
 mod config;

@@ -56,3 +56,38 @@ pub fn excess_over_rate(admitted: &[u64], rate_per_us: f64) -> f64 {
     }
     worst
 }
+
+/// Whether `total` admissions are `rate` (per second) over `secs` within `±tolerance`
+/// (relative) and `slack` tokens at the span's ends; above it, also `left`, what the
+/// global state held unspent at the start (a leftover burst, which the bounds allow).
+/// `secs` is the span on Redis's clock: the limit runs on it, and it moves with the
+/// host's wall clock.
+pub fn within_rate(
+    total: u64,
+    rate: f64,
+    secs: f64,
+    tolerance: f64,
+    slack: u64,
+    left: u64,
+) -> Result<(), String> {
+    let expected = rate * secs;
+    let low = ((expected * (1.0 - tolerance)).floor() as u64).saturating_sub(slack);
+    let high = (expected * (1.0 + tolerance)).ceil() as u64 + slack + left;
+    if (low..=high).contains(&total) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{total} admitted, not in {low}..={high}: {expected:.1} at {rate}/s over \
+             {secs:.3} s of Redis's clock, {left} tokens left at the start"
+        ))
+    }
+}
+
+/// Seconds of the wall clock since `start`: the clock a Redis on this host reads for its
+/// `TIME`, and so the one the global limits run on.
+pub fn wall_secs_since(start: std::time::SystemTime) -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(start)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
