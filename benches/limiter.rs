@@ -218,6 +218,7 @@ fn reference_10k(c: &mut Criterion) {
             "open-addressing-unseeded-multiply",
             Box::new(reference::open_addressing_multiply(KEYS)),
         ),
+        ("clock-read-only", Box::new(reference::ClockOnly::new())),
     ];
     for (name, design) in &designs {
         assert!(

@@ -8,6 +8,9 @@
 //! - the same with an unseeded multiply for a hash: the floor of a table lookup, but not
 //!   a design anyone should ship (anyone who can choose keys can collide them).
 //!
+//! - no table at all, only the clock read every design (governor's included) makes per
+//!   check: the floor under every row.
+//!
 //! None has tollgate's API around it (eviction, overrides, growth, reclamation, the deny
 //! cache, counters): they show what the hardware allows a check on 10k keys, measured
 //! beside tollgate and governor in the same run.
@@ -229,4 +232,27 @@ pub fn open_addressing_ahash(keys: u64) -> OpenAddressing<impl Fn(u64) -> u64 + 
 /// Open addressing hashed by a multiply by the golden ratio: no seed.
 pub fn open_addressing_multiply(keys: u64) -> OpenAddressing<impl Fn(u64) -> u64 + Sync> {
     OpenAddressing::new(keys, |key| key.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// Only the clock read of a check, as tollgate and the designs above make it: what no
+/// design on this machine can go below (governor reads the same TSC through quanta).
+pub struct ClockOnly {
+    clock: Clock,
+}
+
+impl ClockOnly {
+    pub fn new() -> Self {
+        Self {
+            clock: Clock::new(),
+        }
+    }
+}
+
+impl Check for ClockOnly {
+    #[inline]
+    fn check(&self, key: u64) -> bool {
+        // Depends on the key and the time, so neither read is optimised away (`!key` is
+        // above 2^64 − 10^4, which no clock reading reaches).
+        self.clock.now() ^ key != u64::MAX
+    }
 }
