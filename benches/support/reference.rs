@@ -6,8 +6,7 @@
 //! - open addressing of `{word, key}` slots (tollgate's layout) with no lock, hashed by
 //!   ahash;
 //! - the same with an unseeded multiply for a hash: the floor of a table lookup, but not
-//!   a design anyone should ship (anyone who can choose keys can collide them).
-//!
+//!   a design anyone should ship (anyone who can choose keys can collide them);
 //! - no table at all, only the clock read every design (governor's included) makes per
 //!   check: the floor under every row.
 //!
