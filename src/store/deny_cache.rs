@@ -175,8 +175,10 @@ thread_local! {
     static CACHE: RefCell<[Cached; WAYS]> = const { RefCell::new([EMPTY; WAYS]) };
 }
 
+/// The way of a key's hash: low bits, with the high half folded in (the word store's
+/// integer hashes are strong only in their high bits).
 fn way(hash: u64) -> usize {
-    (hash as usize) & (WAYS - 1)
+    (super::hash::spread(hash) as usize) & (WAYS - 1)
 }
 
 /// A deny cached for this key of `store` at `generation` whose retry instant is still

@@ -112,8 +112,8 @@ const EMPTY: u64 = u64::MAX;
 /// A table is resized before `used / capacity` passes `MAX_LOAD_NUM / MAX_LOAD_DEN`.
 const MAX_LOAD_NUM: usize = 43;
 const MAX_LOAD_DEN: usize = 50;
-/// The home slot is the low 32 bits of the hash scaled to the capacity, so a table has at
-/// most 2³² slots.
+/// The home slot is the high 32 bits of the hash scaled to the capacity, so a table has
+/// at most 2³² slots.
 const MAX_CAPACITY: usize = u32::MAX as usize;
 
 /// What a slot's word says.
@@ -222,18 +222,18 @@ impl<K> Slot<K> {
     }
 }
 
-/// The home slot of a hash: its low 32 bits scaled to the capacity (so the capacity need
-/// not be a power of two, and the hash's top bits stay free to pick a shard).
+/// The home slot of a hash: its high 32 bits scaled to the capacity (so the capacity
+/// need not be a power of two). The store passes hashes whose high bits are their
+/// strongest (see `store::hash`).
 #[inline]
 fn home(hash: u64, capacity: usize) -> usize {
-    (((hash & 0xffff_ffff) * capacity as u64) >> 32) as usize
+    (((hash >> 32) * capacity as u64) >> 32) as usize
 }
 
-/// The tag of a hash: its bits 32‥40, which neither the home slot, the shard nor the
-/// override filter use.
+/// The tag of a hash: its bits 16‥24, apart from the home slot's.
 #[inline]
 fn tag(hash: u64) -> u8 {
-    (hash >> 32) as u8
+    (hash >> 16) as u8
 }
 
 /// Whether `used` slots fit a table of `capacity` within the load limit.

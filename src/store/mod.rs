@@ -1,7 +1,9 @@
 //! The sharded maps that hold each key's state, and their policy.
 //!
 //! Keys are spread over a power-of-two number of cache-padded shards. A key is hashed
-//! once, with ahash: the top bits pick the shard, the low 32 bits its home slot.
+//! once: in the word store by [`hash::KeyHashing`] (a multiply and an add for integer
+//! keys), whose top bits pick the shard and the 32 below them the home slot; in the
+//! locked store by ahash, whose top bits pick the shard.
 //!
 //! - The word algorithms (token bucket, leaky bucket, window counters) use
 //!   [`WordStore`]: each shard is an open-addressing table of `{state word, key}` slots
@@ -24,6 +26,7 @@ mod counts;
 pub(crate) mod deny_cache;
 #[allow(unsafe_code)]
 mod epoch_table;
+mod hash;
 mod locked;
 mod shard;
 pub(crate) mod state;
@@ -47,8 +50,7 @@ const SAMPLES: usize = 8;
 /// Words of the override filter: 1,024 bits.
 const FILTER_WORDS: usize = 16;
 
-/// The override filter bit of a hash: bits 40‥50, which neither the shard nor the home
-/// slot use.
+/// The override filter bit of a hash: bits 40‥50.
 fn filter_bit(hash: u64) -> (usize, u64) {
     let bit = (hash >> 40) as usize % (FILTER_WORDS * 64);
     (bit / 64, 1 << (bit % 64))

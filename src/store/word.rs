@@ -22,7 +22,7 @@
 
 use std::borrow::Borrow;
 use std::cell::Cell;
-use std::hash::Hash;
+use std::hash::{BuildHasher as _, Hash};
 use std::sync::Arc;
 
 use crossbeam_epoch::Guard;
@@ -33,6 +33,7 @@ use parking_lot::Mutex;
 use super::counts::Counts;
 use super::deny_cache::Denies;
 use super::epoch_table::{EpochTable, Slot, Table, Word, Writer};
+use super::hash::{KeyHashing, for_table, spread};
 use super::{
     FILTER_WORDS, Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, WhenFull,
     filter_bit, fits, xorshift,
@@ -108,7 +109,7 @@ impl<K: Hash + Eq> Policies<K> {
         }
         overrides
             .map
-            .find(hash, |o| (*o.key).borrow() == key)
+            .find(spread(hash), |o| (*o.key).borrow() == key)
             .map_or(&self.default, |o| &o.policy)
     }
 }
@@ -248,7 +249,7 @@ fn repin(stale: Option<Guard>) -> Guard {
 /// A sharded, capped map from keys to word states whose checks take no lock.
 pub(crate) struct WordStore<K> {
     shards: Box<[CachePadded<Shelf<K>>]>,
-    hasher: ahash::RandomState,
+    hasher: KeyHashing,
     denies: Denies,
     /// `log2(shards.len())`.
     shard_bits: u32,
@@ -262,7 +263,7 @@ impl<K: crate::Key> WordStore<K> {
     /// A store with `limits.shards` shards (a power of two), all under `policy`.
     pub(crate) fn new(limits: Limits, policy: WordPolicy) -> Self {
         debug_assert!(limits.shards.is_power_of_two());
-        let hasher = ahash::RandomState::new();
+        let hasher = KeyHashing::new();
         let policies = || Policies {
             default: policy,
             overrides: None,
@@ -287,18 +288,21 @@ impl<K: crate::Key> WordStore<K> {
         }
     }
 
+    /// The hash the store reads for `key`: its [`KeyHashing`] hash rotated past the
+    /// shard bits ([`for_table`]), so its low `shard_bits` bits pick the shard and its
+    /// high 32 bits the home slot.
+    #[inline(always)]
+    fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        for_table(self.hasher.hash_one(key), self.shard_bits)
+    }
+
     #[inline]
     fn shard(&self, hash: u64) -> &Shelf<K> {
-        let index = if self.shard_bits == 0 {
-            0
-        } else {
-            (hash >> (u64::BITS - self.shard_bits)) as usize
-        };
-        &self.shards[index]
+        &self.shards[hash as usize & (self.shards.len() - 1)]
     }
 
     fn rehash(&self) -> impl Fn(&K) -> u64 + '_ {
-        |key| self.hasher.hash_one(key)
+        |key| self.hash(key)
     }
 
     /// Decides a request of `cost` for `key` at `now`, inserting the key if it is new
@@ -321,7 +325,7 @@ impl<K: crate::Key> WordStore<K> {
     {
         // The clock first: its latency overlaps the hash and the probe's loads.
         let now = now();
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let shelf = self.shard(hash);
         let cacheable = Denies::applies(true, cost, max_delay);
         let generation = if cacheable {
@@ -493,7 +497,7 @@ impl<K: crate::Key> WordStore<K> {
         if table.meta.overrides.is_none() {
             return &table.meta.default;
         }
-        slot.with_key(|key| table.meta.policy_for(self.hasher.hash_one(key), key))
+        slot.with_key(|key| table.meta.policy_for(self.hash(key), key))
             .unwrap_or(&table.meta.default)
     }
 
@@ -627,7 +631,7 @@ impl<K: crate::Key> WordStore<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let shelf = self.shard(hash);
         with_guard(&self.counts, |guard| {
             loop {
@@ -652,7 +656,7 @@ impl<K: crate::Key> WordStore<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let removed = with_guard(&self.counts, |guard| {
             let mut writer = self.shard(hash).write();
             let table = writer.table(guard);
@@ -678,7 +682,7 @@ impl<K: crate::Key> WordStore<K> {
     ///
     /// Takes the key's shard writer mutex.
     pub(crate) fn set_override(&self, key: K, policy: Option<WordPolicy>, now: u64) {
-        let hash = self.hasher.hash_one(&key);
+        let hash = self.hash(&key);
         with_guard(&self.counts, |guard| {
             let mut writer = self.shard(hash).write();
             let table = writer.table(guard);
@@ -698,10 +702,13 @@ impl<K: crate::Key> WordStore<K> {
                 },
             );
             let rehash = self.rehash();
-            match (overrides.map.find_mut(hash, |o| *o.key == key), policy) {
+            match (
+                overrides.map.find_mut(spread(hash), |o| *o.key == key),
+                policy,
+            ) {
                 (Some(o), Some(policy)) => o.policy = policy,
                 (Some(_), None) => {
-                    if let Ok(o) = overrides.map.find_entry(hash, |o| *o.key == key) {
+                    if let Ok(o) = overrides.map.find_entry(spread(hash), |o| *o.key == key) {
                         o.remove();
                     }
                     overrides.bits = [0; FILTER_WORDS];
@@ -712,12 +719,12 @@ impl<K: crate::Key> WordStore<K> {
                 }
                 (None, Some(policy)) => {
                     overrides.map.insert_unique(
-                        hash,
+                        spread(hash),
                         Override {
                             key: Arc::new(key),
                             policy,
                         },
-                        |o| rehash(&o.key),
+                        |o| spread(rehash(&o.key)),
                     );
                     let (word, bit) = filter_bit(hash);
                     overrides.bits[word] |= bit;
@@ -747,7 +754,7 @@ impl<K: crate::Key> WordStore<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         with_guard(&self.counts, |guard| {
             *self.shard(hash).read(guard).meta.policy_for(hash, key)
         })
@@ -783,7 +790,7 @@ impl<K: crate::Key> WordStore<K> {
                             .with_key(|key| {
                                 overrides
                                     .map
-                                    .find(self.hasher.hash_one(key), |o| *o.key == *key)
+                                    .find(spread(self.hash(key)), |o| *o.key == *key)
                                     .is_some()
                             })
                             .unwrap_or(false);
