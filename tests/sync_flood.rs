@@ -68,9 +68,9 @@ async fn flood_and_forget(
 
 /// The sync never falls back for good: its rounds stay bounded (urgent keys first), every
 /// flooded key gets its round, idle keys give their lease back and are dropped, and the
-/// memory comes back: at least 70% of what the flood took, and a second flood leaves no
-/// more behind than the first (what stays is the allocator keeping freed key strings for
-/// reuse, not a leak).
+/// memory comes back: at least 70% of what the flood took, and a second flood leaves
+/// almost nothing behind on top of the first (what stays is the allocator keeping freed
+/// key strings for reuse, not a leak).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_keys_is_absorbed_and_forgotten() {
     let server =
@@ -120,9 +120,15 @@ async fn a_flood_of_keys_is_absorbed_and_forgotten() {
         (after - before) >> 20,
         (peak - before) >> 20
     );
+    // A leak keeps part of each flood; the allocator's retention is noise of its own,
+    // ±1.3 MB between the two floods in runs here, where 10% of `after` (1.1–1.6 MB)
+    // failed 1 run in 4 with the same code. So the second flood may leave at most a
+    // tenth of what it took (about 4.7 MB) on top of the first's; keeping a quarter of
+    // the 400k keys it brought (their strings and cells) would exceed that.
     assert!(
-        after2 <= after + after / 10,
-        "{after2} after the second flood, {after} after the first"
+        after2.saturating_sub(after) <= (peak2 - before) / 10,
+        "{after2} after the second flood, {after} after the first, of {} it took",
+        peak2 - before
     );
     // The hot key went idle too and was released: in lease mode its next request waits
     // for a lease, which the next round brings.
