@@ -11,10 +11,11 @@
 //! With the key's 32-bit halves `lo` and `hi`,
 //! `h(x) = a₁·lo + a₂·hi + b mod 2⁶⁴`, for random 64-bit `a₁`, `a₂`, `b`, is the vector
 //! multiply-shift family (Thorup, "High Speed Hashing for Integers and Strings"): its top
-//! bits are strongly universal. For any two distinct keys, chosen by anyone who does not
-//! know the seeds, the top `l` bits of their hashes are equal with probability `2⁻ˡ`.
-//! The store reads only top bits: the shard from the top `s` bits, the home slot from
-//! the 32 below them (see [`for_table`]). So a client who picks keys cannot pile them into
+//! 32 bits are strongly universal. For any two distinct keys, chosen by anyone who does
+//! not know the seeds, the top `l ≤ 32` bits of their hashes are equal with probability
+//! `2⁻ˡ`. The store reads only top bits: the shard from the top `s` bits, the home slot
+//! from the 32 below them (see [`for_table`]); the theorem covers the top 32 of those
+//! `s + 32`, so below them the bound is only approximate. So a client who picks keys cannot pile them into
 //! one probe run except by luck it cannot improve on.
 //!
 //! Multiplicative hashing also spreads dense keys (ids `k, k+1, k+2…`, or strided by a
@@ -265,13 +266,14 @@ fn well_spread(a: u64) -> bool {
         let (mut before, mut denominator) = (0u128, 1u128);
         while q != 0 && denominator <= DENOMINATOR_LIMIT {
             let quotient = p / q;
+            let rest = p - quotient * q;
             // The last quotient ends the expansion at `a·2ˢ / 2⁶⁴` itself, whose
             // `2⁶⁴⁻ˢ` multiples are all distinct: it makes no cluster.
-            if quotient > MAX_QUOTIENT && p % q != 0 {
+            if quotient > MAX_QUOTIENT && rest != 0 {
                 return false;
             }
             (before, denominator) = (denominator, quotient * denominator + before);
-            (p, q) = (q, p - quotient * q);
+            (p, q) = (q, rest);
         }
         true
     })

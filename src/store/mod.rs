@@ -1,7 +1,7 @@
 //! The sharded maps that hold each key's state, and their policy.
 //!
 //! Keys are spread over a power-of-two number of cache-padded shards. A key is hashed
-//! once: in the word store by [`hash::KeyHashing`] (a multiply and an add for integer
+//! once: in the word store by [`hash::KeyHashing`] (two multiplies for integer
 //! keys), whose top bits pick the shard and the 32 below them the home slot; in the
 //! locked store by ahash, whose top bits pick the shard.
 //!
