@@ -45,6 +45,34 @@ impl Check for Governor {
     }
 }
 
+/// Tollgate on a clock that never moves ([`tollgate::clock::ManualClock`]: one atomic
+/// load): the check without its TSC read.
+struct TollgateFrozen(RateLimiter<u64, tollgate::clock::ManualClock>);
+
+impl Check for TollgateFrozen {
+    #[inline]
+    fn check(&self, key: u64) -> bool {
+        self.0.check(&key).is_allowed()
+    }
+}
+
+/// Governor on its own clock that never moves (`FakeRelativeClock`: one atomic load).
+struct GovernorFrozen(
+    governor::RateLimiter<
+        u64,
+        DefaultKeyedStateStore<u64>,
+        governor::clock::FakeRelativeClock,
+        governor::middleware::NoOpMiddleware<governor::nanos::Nanos>,
+    >,
+);
+
+impl Check for GovernorFrozen {
+    #[inline]
+    fn check(&self, key: u64) -> bool {
+        self.0.check_key(&key).is_ok()
+    }
+}
+
 /// A tollgate check preceded by what publishing the configuration through a
 /// crossbeam-epoch pointer would add: pinning the thread and loading the pointer.
 struct EpochPublished {
@@ -85,11 +113,15 @@ fn tollgate(algorithm: Algorithm, quota: Quota) -> RateLimiter<u64> {
         .expect("valid limiter")
 }
 
-fn governor() -> Governor {
-    let quota = governor::Quota::with_period(Duration::from_nanos(1))
+/// Governor's quota for the keyed benches: T = 1 ns, a burst of 10^9.
+fn governor_quota() -> governor::Quota {
+    governor::Quota::with_period(Duration::from_nanos(1))
         .expect("non-zero period")
-        .allow_burst(NonZeroU32::new(1_000_000_000).expect("non-zero"));
-    Governor(governor::RateLimiter::keyed(quota))
+        .allow_burst(NonZeroU32::new(1_000_000_000).expect("non-zero"))
+}
+
+fn governor() -> Governor {
+    Governor(governor::RateLimiter::keyed(governor_quota()))
 }
 
 /// Every tollgate algorithm, then governor, each built by `quota`.
@@ -194,7 +226,9 @@ fn keyed_10k(c: &mut Criterion) {
 }
 
 /// The check path's reference designs (benches/support/reference.rs) on the keyed_10k
-/// workload, beside tollgate's token bucket and governor in the same run.
+/// workload, beside tollgate's token bucket and governor in the same run; and tollgate
+/// and governor each on a clock that never moves, which shows what of a check is the TSC
+/// read (frozen at 0, the buckets admit every check of the run: 10^9 per key).
 fn reference_10k(c: &mut Criterion) {
     let keys = key_sequences();
     let designs: Vec<(&str, Box<dyn Check>)> = vec![
@@ -219,6 +253,23 @@ fn reference_10k(c: &mut Criterion) {
             Box::new(reference::open_addressing_multiply(KEYS)),
         ),
         ("clock-read-only", Box::new(reference::ClockOnly::new())),
+        (
+            "tollgate-frozen-clock",
+            Box::new(TollgateFrozen(
+                RateLimiter::builder(generous(Algorithm::TokenBucket))
+                    .clock(tollgate::clock::ManualClock::new())
+                    .build()
+                    .expect("valid limiter"),
+            )),
+        ),
+        (
+            "governor-frozen-clock",
+            Box::new(GovernorFrozen(governor::RateLimiter::new(
+                governor_quota(),
+                DefaultKeyedStateStore::default(),
+                governor::clock::FakeRelativeClock::default(),
+            ))),
+        ),
     ];
     for (name, design) in &designs {
         assert!(

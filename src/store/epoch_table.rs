@@ -129,7 +129,7 @@ pub(crate) enum Word {
 
 impl Word {
     #[inline]
-    fn from_raw(raw: u64) -> Self {
+    pub(crate) fn from_raw(raw: u64) -> Self {
         match raw {
             FROZEN => Self::Frozen,
             REMOVED | EMPTY => Self::Removed,
@@ -161,13 +161,19 @@ impl<K> Slot<K> {
     /// The slot's word.
     #[inline]
     pub(crate) fn load(&self) -> Word {
-        Word::from_raw(self.word.load(Ordering::Acquire))
+        Word::from_raw(self.load_raw())
+    }
+
+    /// The slot's word, raw: a live state is at most [`STATE_MAX`].
+    #[inline(always)]
+    pub(crate) fn load_raw(&self) -> u64 {
+        self.word.load(Ordering::Acquire)
     }
 
     /// Replaces the live state `current` with `next` (clamped to [`STATE_MAX`]); on
-    /// failure, returns what the word holds instead.
-    #[inline]
-    pub(crate) fn update(&self, current: u64, next: u64) -> Result<(), Word> {
+    /// failure, returns the raw word it holds instead (see [`Word::from_raw`]).
+    #[inline(always)]
+    pub(crate) fn update(&self, current: u64, next: u64) -> Result<(), u64> {
         self.word
             .compare_exchange_weak(
                 current,
@@ -176,7 +182,6 @@ impl<K> Slot<K> {
                 Ordering::Acquire,
             )
             .map(|_| ())
-            .map_err(Word::from_raw)
     }
 
     /// Runs `f` on the slot's key; `None` if the slot never held one.
@@ -282,11 +287,20 @@ impl<K, M> Table<K, M> {
     /// The slot whose key matches `eq`, with its word; `None` when absent. Skips removed
     /// slots; stops at the first empty one.
     #[inline]
-    pub(crate) fn find(
+    pub(crate) fn find(&self, hash: u64, eq: impl FnMut(&K) -> bool) -> Option<(&Slot<K>, Word)> {
+        self.find_raw(hash, eq)
+            .map(|(slot, raw)| (slot, Word::from_raw(raw)))
+    }
+
+    /// [`find`](Self::find), with the slot's word raw (a live state is at most
+    /// [`STATE_MAX`]), for the check's hot path: an enum there made the compiler pass the
+    /// state through the stack on its way to the CAS.
+    #[inline(always)]
+    pub(crate) fn find_raw(
         &self,
         hash: u64,
         mut eq: impl FnMut(&K) -> bool,
-    ) -> Option<(&Slot<K>, Word)> {
+    ) -> Option<(&Slot<K>, u64)> {
         let capacity = self.slots.len();
         let mut index = home(hash, capacity);
         let tag = tag(hash);
@@ -302,7 +316,7 @@ impl<K, M> Table<K, M> {
                 // Acquire, so the key was written before and is alive while `&self` is.
                 let equal = slot.key.with(|key| eq(unsafe { (*key).assume_init_ref() }));
                 if equal {
-                    return Some((slot, Word::from_raw(raw)));
+                    return Some((slot, raw));
                 }
             }
             index += 1;
@@ -699,7 +713,7 @@ mod loom_models {
                 match word {
                     Word::Live(state) => match slot.update(state, state + by) {
                         Ok(()) => return true,
-                        Err(actual) => word = actual,
+                        Err(actual) => word = Word::from_raw(actual),
                     },
                     Word::Removed => return false,
                     Word::Frozen => break,

@@ -32,7 +32,7 @@ use parking_lot::Mutex;
 
 use super::counts::Counts;
 use super::deny_cache::Denies;
-use super::epoch_table::{EpochTable, Slot, Table, Word, Writer};
+use super::epoch_table::{EpochTable, STATE_MAX, Slot, Table, Word, Writer};
 use super::hash::{KeyHashing, for_table, spread};
 use super::{
     FILTER_WORDS, Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, WhenFull,
@@ -135,24 +135,29 @@ enum Applied {
     Removed,
 }
 
-/// Runs `policy` on the slot's state: a deny returns without writing, an admission
-/// writes by CAS only if the state changes. An admission delayed more than `max_delay`
-/// ns is refused, as a deny whose `retry_after` is the excess.
+/// Runs `policy` on the slot's state, whose raw word is `raw`: a deny returns without
+/// writing, an admission writes by CAS only if the state changes. An admission delayed
+/// more than `max_delay` ns is refused, as a deny whose `retry_after` is the excess.
+///
+/// Takes the word raw, not as a [`Word`], so that the state stays in a register from the
+/// probe to the CAS (an enum made the compiler pass it through the stack).
 #[inline(always)]
 fn apply<K>(
     slot: &Slot<K>,
-    mut word: Word,
+    mut raw: u64,
     policy: &WordPolicy,
     now: u64,
     cost: u64,
     max_delay: u64,
 ) -> Applied {
     loop {
-        let state = match word {
-            Word::Live(state) => state,
-            Word::Frozen => return Applied::Frozen,
-            Word::Removed => return Applied::Removed,
-        };
+        if raw > STATE_MAX {
+            return match Word::from_raw(raw) {
+                Word::Frozen => Applied::Frozen,
+                _ => Applied::Removed,
+            };
+        }
+        let state = raw;
         match policy.evaluate(state, now, cost) {
             Outcome::Deny(decision) => return Applied::Done(decision),
             Outcome::Allow { decision, .. } if decision.delay_ns() > max_delay => {
@@ -172,7 +177,7 @@ fn apply<K>(
                 }
                 match slot.update(state, next) {
                     Ok(()) => return Applied::Done(decision),
-                    Err(actual) => word = actual,
+                    Err(actual) => raw = actual,
                 }
             }
         }
@@ -345,8 +350,8 @@ impl<K: crate::Key> WordStore<K> {
         let fast = if cost > 1 && cost > policy.capacity() {
             None
         } else {
-            match table.find(hash, |k| k.borrow() == key) {
-                Some((slot, word)) => match apply(slot, word, policy, now, cost, max_delay) {
+            match table.find_raw(hash, |k| k.borrow() == key) {
+                Some((slot, raw)) => match apply(slot, raw, policy, now, cost, max_delay) {
                     Applied::Done(decision) => Some(decision),
                     Applied::Frozen | Applied::Removed => None,
                 },
@@ -386,8 +391,8 @@ impl<K: crate::Key> WordStore<K> {
                 let table = shelf.read(guard);
                 let policy = table.meta.policy_for(hash, key);
                 fits(policy, cost)?;
-                match table.find(hash, |k| k.borrow() == key) {
-                    Some((slot, word)) => match apply(slot, word, policy, now, cost, max_delay) {
+                match table.find_raw(hash, |k| k.borrow() == key) {
+                    Some((slot, raw)) => match apply(slot, raw, policy, now, cost, max_delay) {
                         Applied::Done(decision) => return Ok(decision),
                         Applied::Frozen => shelf.wait_for_writer(),
                         Applied::Removed => {}
@@ -429,11 +434,11 @@ impl<K: crate::Key> WordStore<K> {
         // The policy may have changed since the lock-free read.
         let policy = *table.meta.policy_for(hash, key);
         fits(&policy, cost)?;
-        let decide = |slot: &Slot<K>| match apply(slot, slot.load(), &policy, now, cost, max_delay)
-        {
-            Applied::Done(decision) => Some(decision),
-            Applied::Frozen | Applied::Removed => None,
-        };
+        let decide =
+            |slot: &Slot<K>| match apply(slot, slot.load_raw(), &policy, now, cost, max_delay) {
+                Applied::Done(decision) => Some(decision),
+                Applied::Frozen | Applied::Removed => None,
+            };
         if let Some((slot, _)) = table.find(hash, |k| k.borrow() == key) {
             return Ok(decide(slot));
         }
