@@ -32,7 +32,7 @@ use parking_lot::Mutex;
 
 use super::counts::Counts;
 use super::deny_cache::Denies;
-use super::epoch_table::{EpochTable, STATE_MAX, Slot, Table, Word, Writer};
+use super::epoch_table::{EpochTable, Slot, Table, Word, Writer};
 use super::hash::{KeyHashing, for_table, spread};
 use super::{
     FILTER_WORDS, Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, WhenFull,
@@ -140,7 +140,8 @@ enum Applied {
 /// more than `max_delay` ns is refused, as a deny whose `retry_after` is the excess.
 ///
 /// Takes the word raw, not as a [`Word`], so that the state stays in a register from the
-/// probe to the CAS (an enum made the compiler pass it through the stack).
+/// probe to the CAS (an enum returned by the probe made the compiler pass it through the
+/// stack); the word is classified here, in registers.
 #[inline(always)]
 fn apply<K>(
     slot: &Slot<K>,
@@ -151,13 +152,11 @@ fn apply<K>(
     max_delay: u64,
 ) -> Applied {
     loop {
-        if raw > STATE_MAX {
-            return match Word::from_raw(raw) {
-                Word::Frozen => Applied::Frozen,
-                _ => Applied::Removed,
-            };
-        }
-        let state = raw;
+        let state = match Word::from_raw(raw) {
+            Word::Live(state) => state,
+            Word::Frozen => return Applied::Frozen,
+            Word::Removed => return Applied::Removed,
+        };
         match policy.evaluate(state, now, cost) {
             Outcome::Deny(decision) => return Applied::Done(decision),
             Outcome::Allow { decision, .. } if decision.delay_ns() > max_delay => {
