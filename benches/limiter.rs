@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group};
 use governor::clock::DefaultClock;
+use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use tollgate::{Algorithm, Quota, RateLimiter};
 
@@ -27,46 +28,23 @@ trait Check: Sync {
     fn check(&self, key: u64) -> bool;
 }
 
-struct Tollgate(RateLimiter<u64>);
+/// A tollgate limiter on `u64` keys, on its default clock or another.
+struct Tollgate<C: tollgate::clock::Clock = tollgate::clock::MonotonicClock>(RateLimiter<u64, C>);
 
-impl Check for Tollgate {
+impl<C: tollgate::clock::Clock> Check for Tollgate<C> {
     #[inline]
     fn check(&self, key: u64) -> bool {
         self.0.check(&key).is_allowed()
     }
 }
 
-struct Governor(governor::RateLimiter<u64, DefaultKeyedStateStore<u64>, DefaultClock>);
-
-impl Check for Governor {
-    #[inline]
-    fn check(&self, key: u64) -> bool {
-        self.0.check_key(&key).is_ok()
-    }
-}
-
-/// Tollgate on a clock that never moves ([`tollgate::clock::ManualClock`]: one atomic
-/// load): the check without its TSC read.
-struct TollgateFrozen(RateLimiter<u64, tollgate::clock::ManualClock>);
-
-impl Check for TollgateFrozen {
-    #[inline]
-    fn check(&self, key: u64) -> bool {
-        self.0.check(&key).is_allowed()
-    }
-}
-
-/// Governor on its own clock that never moves (`FakeRelativeClock`: one atomic load).
-struct GovernorFrozen(
-    governor::RateLimiter<
-        u64,
-        DefaultKeyedStateStore<u64>,
-        governor::clock::FakeRelativeClock,
-        governor::middleware::NoOpMiddleware<governor::nanos::Nanos>,
-    >,
+/// A keyed governor limiter on `u64` keys, on its default clock or another (the frozen
+/// rows use `FakeRelativeClock`).
+struct Governor<C: governor::clock::Clock = DefaultClock>(
+    governor::RateLimiter<u64, DefaultKeyedStateStore<u64>, C, NoOpMiddleware<C::Instant>>,
 );
 
-impl Check for GovernorFrozen {
+impl<C: governor::clock::Clock + Sync> Check for Governor<C> {
     #[inline]
     fn check(&self, key: u64) -> bool {
         self.0.check_key(&key).is_ok()
@@ -255,7 +233,7 @@ fn reference_10k(c: &mut Criterion) {
         ("clock-read-only", Box::new(reference::ClockOnly::new())),
         (
             "tollgate-frozen-clock",
-            Box::new(TollgateFrozen(
+            Box::new(Tollgate(
                 RateLimiter::builder(generous(Algorithm::TokenBucket))
                     .clock(tollgate::clock::ManualClock::new())
                     .build()
@@ -264,7 +242,7 @@ fn reference_10k(c: &mut Criterion) {
         ),
         (
             "governor-frozen-clock",
-            Box::new(GovernorFrozen(governor::RateLimiter::new(
+            Box::new(Governor(governor::RateLimiter::new(
                 governor_quota(),
                 DefaultKeyedStateStore::default(),
                 governor::clock::FakeRelativeClock::default(),
