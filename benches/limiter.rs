@@ -230,7 +230,15 @@ fn reference_10k(c: &mut Criterion) {
             "open-addressing-unseeded-multiply",
             Box::new(reference::open_addressing_multiply(KEYS)),
         ),
+        (
+            "open-addressing-unseeded-multiply-frozen-clock",
+            Box::new(reference::open_addressing_multiply_frozen(KEYS)),
+        ),
         ("clock-read-only", Box::new(reference::ClockOnly::new())),
+        (
+            "clock-read-then-cas",
+            Box::new(reference::ClockAndCas::new()),
+        ),
         (
             "tollgate-frozen-clock",
             Box::new(Tollgate(
@@ -358,8 +366,19 @@ fn string_keys(c: &mut Criterion) {
         ours.check(name.as_str());
         let _ = gov.check_key(name);
     }
+    // The reference designs for `String` keys (benches/support/reference.rs): the bare
+    // table of `{word, String}` slots, and of slots holding the key's bytes.
+    let heap = reference::string_slots(&names);
+    let inline = reference::inline_slots(&names);
+    assert!(
+        names
+            .iter()
+            .all(|n| heap.decide(n).is_some_and(|d| d.allowed)
+                && inline.decide(n).is_some_and(|d| d.allowed)),
+        "the reference designs admit every key"
+    );
     let mut group = c.benchmark_group("keyed_10k_string24");
-    let contenders: [(&str, &CheckFn<'_>); 2] = [
+    let contenders: [(&str, &CheckFn<'_>); 4] = [
         ("token-bucket", &|_, i| {
             ours.check(names[order[i & (SEQUENCE - 1)] as usize].as_str())
                 .is_allowed()
@@ -367,6 +386,15 @@ fn string_keys(c: &mut Criterion) {
         ("governor", &|_, i| {
             gov.check_key(&names[order[i & (SEQUENCE - 1)] as usize])
                 .is_ok()
+        }),
+        ("open-addressing-string-slots-ahash", &|_, i| {
+            heap.decide(&names[order[i & (SEQUENCE - 1)] as usize])
+                .is_some_and(|d| d.allowed)
+        }),
+        ("open-addressing-inline-key-bytes-ahash", &|_, i| {
+            inline
+                .decide(&names[order[i & (SEQUENCE - 1)] as usize])
+                .is_some_and(|d| d.allowed)
         }),
     ];
     for (name, check) in contenders {

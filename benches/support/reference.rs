@@ -8,7 +8,11 @@
 //! - the same with an unseeded multiply for a hash: the floor of a table lookup, but not
 //!   a design anyone should ship (anyone who can choose keys can collide them);
 //! - no table at all, only the clock read every design (governor's included) makes per
-//!   check: the floor under every row.
+//!   check; and that read followed by one CAS on a word of the design's own, which is what
+//!   every limiter here pays for an admitted check: the floor under every row;
+//! - the unseeded table on a frozen clock, to show what of its check is the clock;
+//! - for `String` keys, open addressing of `{word, String}` slots hashed by ahash (the
+//!   key's bytes a pointer away), and of slots holding up to 24 key bytes inline.
 //!
 //! None has tollgate's API around it (eviction, overrides, growth, reclamation, the deny
 //! cache, counters): they show what the hardware allows a check on 10k keys, measured
@@ -75,8 +79,13 @@ impl Gcra {
     }
 }
 
+/// A design's time source: the TSC as tollgate reads it, or a frozen one.
+pub trait Now: Sync {
+    fn now(&self) -> u64;
+}
+
 /// Nanoseconds since the design was made, read as tollgate reads them.
-struct Clock {
+pub struct Clock {
     clock: quanta::Clock,
     origin: u64,
 }
@@ -91,6 +100,24 @@ impl Clock {
     #[inline(always)]
     fn now(&self) -> u64 {
         self.clock.delta_as_nanos(self.origin, self.clock.raw())
+    }
+}
+
+impl Now for Clock {
+    #[inline(always)]
+    fn now(&self) -> u64 {
+        Clock::now(self)
+    }
+}
+
+/// A clock that never moves, as tollgate's `ManualClock` and governor's
+/// `FakeRelativeClock` in the frozen-clock rows.
+pub struct Frozen;
+
+impl Now for Frozen {
+    #[inline(always)]
+    fn now(&self) -> u64 {
+        0
     }
 }
 
@@ -159,14 +186,20 @@ struct Slot {
 const EMPTY: u64 = u64::MAX;
 
 /// Open addressing, linear probing, at 79% full (the middle of tollgate's 72–86%).
-pub struct OpenAddressing<H> {
+pub struct OpenAddressing<H, N = Clock> {
     slots: Box<[Slot]>,
     hash: H,
-    clock: Clock,
+    clock: N,
 }
 
 impl<H: Fn(u64) -> u64> OpenAddressing<H> {
     pub fn new(keys: u64, hash: H) -> Self {
+        Self::with_clock(keys, hash, Clock::new())
+    }
+}
+
+impl<H: Fn(u64) -> u64, N: Now> OpenAddressing<H, N> {
+    pub fn with_clock(keys: u64, hash: H, clock: N) -> Self {
         let capacity = (keys * 100 / 79) as usize;
         let design = Self {
             slots: (0..capacity)
@@ -176,7 +209,7 @@ impl<H: Fn(u64) -> u64> OpenAddressing<H> {
                 })
                 .collect(),
             hash,
-            clock: Clock::new(),
+            clock,
         };
         for key in 0..keys {
             let mut index = design.home(key);
@@ -215,7 +248,7 @@ impl<H: Fn(u64) -> u64> OpenAddressing<H> {
     }
 }
 
-impl<H: Fn(u64) -> u64 + Sync> Check for OpenAddressing<H> {
+impl<H: Fn(u64) -> u64 + Sync, N: Now> Check for OpenAddressing<H, N> {
     #[inline]
     fn check(&self, key: u64) -> bool {
         self.decide(key).is_some_and(|d| d.allowed)
@@ -228,9 +261,21 @@ pub fn open_addressing_ahash(keys: u64) -> OpenAddressing<impl Fn(u64) -> u64 + 
     OpenAddressing::new(keys, move |key| hasher.hash_one(key))
 }
 
+/// The golden ratio's multiply: no seed.
+fn golden(key: u64) -> u64 {
+    key.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 /// Open addressing hashed by a multiply by the golden ratio: no seed.
 pub fn open_addressing_multiply(keys: u64) -> OpenAddressing<impl Fn(u64) -> u64 + Sync> {
-    OpenAddressing::new(keys, |key| key.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    OpenAddressing::new(keys, golden)
+}
+
+/// The same on a frozen clock.
+pub fn open_addressing_multiply_frozen(
+    keys: u64,
+) -> OpenAddressing<impl Fn(u64) -> u64 + Sync, Frozen> {
+    OpenAddressing::with_clock(keys, golden, Frozen)
 }
 
 /// Only the clock read of a check, as tollgate and the designs above make it: what no
@@ -253,5 +298,174 @@ impl Check for ClockOnly {
         // Depends on the key and the time, so neither read is optimised away (`!key` is
         // above 2^64 − 10^4, which no clock reading reaches).
         self.clock.now() ^ key != u64::MAX
+    }
+}
+
+/// The clock read and then one CAS on a word of the design's own, always in the cache: on
+/// the Intel VM of 2026-12-01 the two do not overlap (a TSC read waits for the locked
+/// instruction before it, or the reverse), so this is what any limiter that reads the
+/// TSC and changes a key's state with a locked instruction pays per admitted check.
+pub struct ClockAndCas {
+    clock: Clock,
+    word: CachePadded<AtomicU64>,
+}
+
+impl ClockAndCas {
+    pub fn new() -> Self {
+        Self {
+            clock: Clock::new(),
+            word: CachePadded::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Check for ClockAndCas {
+    #[inline]
+    fn check(&self, key: u64) -> bool {
+        let now = self.clock.now();
+        let seen = self.word.load(Ordering::Relaxed);
+        // The word only records the latest time; what matters is the locked instruction.
+        let _ = self
+            .word
+            .compare_exchange_weak(seen, now, Ordering::AcqRel, Ordering::Relaxed);
+        now ^ key != u64::MAX
+    }
+}
+
+/// A slot of a `String`-keyed table: the state word and the key, whose bytes are on the
+/// heap.
+pub struct StringSlot {
+    word: AtomicU64,
+    key: String,
+}
+
+/// The most key bytes an inline slot holds.
+pub const INLINE_KEY: usize = 24;
+
+/// A slot holding its key's bytes: the state word, the length and up to [`INLINE_KEY`]
+/// bytes (40 bytes in all).
+pub struct InlineSlot {
+    word: AtomicU64,
+    len: u64,
+    bytes: [u8; INLINE_KEY],
+}
+
+/// Where a `String`-keyed design keeps its keys.
+pub trait KeySlot: Send + Sync {
+    fn vacant() -> Self;
+    fn word(&self) -> &AtomicU64;
+    fn fill(&mut self, key: &str);
+    fn holds(&self, key: &str) -> bool;
+}
+
+impl KeySlot for StringSlot {
+    fn vacant() -> Self {
+        Self {
+            word: AtomicU64::new(EMPTY),
+            key: String::new(),
+        }
+    }
+
+    fn word(&self) -> &AtomicU64 {
+        &self.word
+    }
+
+    fn fill(&mut self, key: &str) {
+        self.key = key.to_owned();
+    }
+
+    #[inline(always)]
+    fn holds(&self, key: &str) -> bool {
+        self.key == key
+    }
+}
+
+impl KeySlot for InlineSlot {
+    fn vacant() -> Self {
+        Self {
+            word: AtomicU64::new(EMPTY),
+            len: 0,
+            bytes: [0; INLINE_KEY],
+        }
+    }
+
+    fn word(&self) -> &AtomicU64 {
+        &self.word
+    }
+
+    fn fill(&mut self, key: &str) {
+        assert!(
+            key.len() <= INLINE_KEY,
+            "inline slots hold keys of up to 24 bytes"
+        );
+        self.len = key.len() as u64;
+        self.bytes[..key.len()].copy_from_slice(key.as_bytes());
+    }
+
+    #[inline(always)]
+    fn holds(&self, key: &str) -> bool {
+        self.len == key.len() as u64 && self.bytes[..key.len()] == *key.as_bytes()
+    }
+}
+
+/// Open addressing of `String` keys hashed by ahash, at 79% full, checked by `&str`.
+pub struct StringKeys<S> {
+    slots: Box<[S]>,
+    hasher: ahash::RandomState,
+    clock: Clock,
+}
+
+/// Slots holding a `String` (the key's bytes on the heap).
+pub fn string_slots(keys: &[String]) -> StringKeys<StringSlot> {
+    StringKeys::<StringSlot>::new(keys)
+}
+
+/// Slots holding the key's bytes inline (keys of up to [`INLINE_KEY`] bytes).
+pub fn inline_slots(keys: &[String]) -> StringKeys<InlineSlot> {
+    StringKeys::<InlineSlot>::new(keys)
+}
+
+impl<S: KeySlot> StringKeys<S> {
+    fn new(keys: &[String]) -> Self {
+        let capacity = keys.len() * 100 / 79;
+        let mut design = Self {
+            slots: (0..capacity).map(|_| S::vacant()).collect(),
+            hasher: ahash::RandomState::new(),
+            clock: Clock::new(),
+        };
+        for key in keys {
+            let mut index = design.home(key);
+            while design.slots[index].word().load(Ordering::Relaxed) != EMPTY {
+                index = (index + 1) % capacity;
+            }
+            let slot = &mut design.slots[index];
+            slot.fill(key);
+            slot.word().store(0, Ordering::Release);
+        }
+        design
+    }
+
+    #[inline(always)]
+    fn home(&self, key: &str) -> usize {
+        (((self.hasher.hash_one(key) >> 32) * self.slots.len() as u64) >> 32) as usize
+    }
+
+    #[inline]
+    pub fn decide(&self, key: &str) -> Option<Decision> {
+        let now = self.clock.now();
+        let mut index = self.home(key);
+        loop {
+            let slot = &self.slots[index];
+            if slot.word().load(Ordering::Acquire) == EMPTY {
+                return None;
+            }
+            if slot.holds(key) {
+                return Some(POLICY.check(slot.word(), now));
+            }
+            index += 1;
+            if index == self.slots.len() {
+                index = 0;
+            }
+        }
     }
 }
