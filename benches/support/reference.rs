@@ -301,20 +301,23 @@ impl Check for ClockOnly {
     }
 }
 
-/// The clock read and then one CAS on a word of the design's own, always in the cache: on
-/// the Intel VM of 2026-12-01 the two do not overlap (a TSC read waits for the locked
-/// instruction before it, or the reverse), so this is what any limiter that reads the
-/// TSC and changes a key's state with a locked instruction pays per admitted check.
+/// The clock read and then one CAS on a word of the calling thread's own, always in its
+/// cache: on the Intel VM of 2026-12-01 the two do not overlap (a TSC read waits for the
+/// locked instruction before it, or the reverse), so this is what any limiter that reads
+/// the TSC and changes a key's state with a locked instruction pays per admitted check.
 pub struct ClockAndCas {
     clock: Clock,
-    word: CachePadded<AtomicU64>,
+}
+
+thread_local! {
+    /// The word each thread's CAS changes, so that threads share no cache line.
+    static WORD: CachePadded<AtomicU64> = const { CachePadded::new(AtomicU64::new(0)) };
 }
 
 impl ClockAndCas {
     pub fn new() -> Self {
         Self {
             clock: Clock::new(),
-            word: CachePadded::new(AtomicU64::new(0)),
         }
     }
 }
@@ -323,11 +326,12 @@ impl Check for ClockAndCas {
     #[inline]
     fn check(&self, key: u64) -> bool {
         let now = self.clock.now();
-        let seen = self.word.load(Ordering::Relaxed);
-        // The word only records the latest time; what matters is the locked instruction.
-        let _ = self
-            .word
-            .compare_exchange_weak(seen, now, Ordering::AcqRel, Ordering::Relaxed);
+        WORD.with(|word| {
+            // The word only records the latest time; what matters is the locked
+            // instruction.
+            let seen = word.load(Ordering::Relaxed);
+            let _ = word.compare_exchange_weak(seen, now, Ordering::AcqRel, Ordering::Relaxed);
+        });
         now ^ key != u64::MAX
     }
 }
