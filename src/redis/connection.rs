@@ -79,6 +79,32 @@ impl Target {
         text
     }
 
+    /// This cluster target with `nodes` (`host:port`, as the cluster reports them) added
+    /// to its seeds, each with the first seed's scheme and credentials.
+    fn with_nodes(&self, nodes: &[String]) -> Self {
+        let Some(first) = self.urls.first() else {
+            return self.clone();
+        };
+        let (scheme, user_info) = match split_user_info(first) {
+            Some((scheme, user_info, _)) => (scheme, format!("{user_info}@")),
+            None => (
+                first.split_once("://").map_or("redis", |(s, _)| s),
+                String::new(),
+            ),
+        };
+        let mut urls = self.urls.clone();
+        for node in nodes {
+            let url = format!("{scheme}://{user_info}{node}/");
+            if !urls.contains(&url) {
+                urls.push(url);
+            }
+        }
+        Self {
+            urls,
+            ..self.clone()
+        }
+    }
+
     /// One plain client per URL (a cluster's seeds each), for a subscription: a cluster
     /// broadcasts `PUBLISH` to every node, so any one will do. Connects nothing.
     pub(crate) fn node_clients(&self) -> Result<Vec<redis::Client>, ConfigError> {
@@ -148,7 +174,10 @@ impl Target {
             });
         }
         // Every seed's credentials must agree: redis-rs takes the first one's.
-        Ok(Client::Cluster(builder.build().map_err(invalid)?))
+        Ok(Client::Cluster(
+            builder.build().map_err(invalid)?,
+            Box::new(self.clone()),
+        ))
     }
 }
 
@@ -156,7 +185,9 @@ impl Target {
 #[derive(Clone)]
 pub(crate) enum Client {
     Single(redis::Client),
-    Cluster(ClusterClient),
+    /// The client, and the target it was made from (to add the nodes a cluster reports
+    /// to its seeds).
+    Cluster(ClusterClient, Box<Target>),
 }
 
 impl Client {
@@ -173,7 +204,9 @@ impl Client {
                 let manager = ConnectionManager::new_with_config(client.clone(), config).await?;
                 Ok(Connection::Single(manager))
             }
-            Self::Cluster(client) => Ok(Connection::Cluster(client.get_async_connection().await?)),
+            Self::Cluster(client, _) => {
+                Ok(Connection::Cluster(client.get_async_connection().await?))
+            }
         }
     }
 
@@ -185,7 +218,7 @@ impl Client {
                 connection.set_read_timeout(Some(timeout))?;
                 redis::cmd("PING").query::<String>(&mut connection)?;
             }
-            Self::Cluster(client) => {
+            Self::Cluster(client, _) => {
                 let mut connection = client.get_connection()?;
                 connection.set_read_timeout(Some(timeout))?;
                 redis::cmd("PING").query::<String>(&mut connection)?;
@@ -193,35 +226,104 @@ impl Client {
         }
         Ok(())
     }
+
+    /// This client with `nodes` added to a cluster's seeds (itself if it is not a
+    /// cluster's, if there are none, or if the new seeds do not parse).
+    fn with_nodes(&self, nodes: &[String], timeout: Duration) -> Self {
+        match self {
+            Self::Cluster(_, target) if !nodes.is_empty() => target
+                .with_nodes(nodes)
+                .client(timeout)
+                .unwrap_or_else(|_| self.clone()),
+            _ => self.clone(),
+        }
+    }
+}
+
+/// The `host:port` of every node, master or replica, that a cluster's `CLUSTER SLOTS`
+/// lists; empty if the command fails or `connection` is not a cluster's.
+async fn discover(connection: &Connection, timeout: Duration) -> Vec<String> {
+    let Connection::Cluster(_) = connection else {
+        return Vec::new();
+    };
+    let mut connection = connection.clone();
+    let reply = tokio::time::timeout(
+        timeout,
+        redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async::<Value>(&mut connection),
+    )
+    .await;
+    let Ok(Ok(Value::Array(ranges))) = reply else {
+        return Vec::new();
+    };
+    let mut nodes = Vec::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            continue;
+        };
+        // start, end, then one [host, port, id, …] per node serving the range.
+        for node in fields.into_iter().skip(2) {
+            let Value::Array(node) = node else { continue };
+            let host = match node.first() {
+                Some(Value::BulkString(host)) => String::from_utf8_lossy(host).into_owned(),
+                Some(Value::SimpleString(host)) => host.clone(),
+                _ => continue,
+            };
+            let Some(Value::Int(port)) = node.get(1) else {
+                continue;
+            };
+            // An empty or "?" host means the node does not know its own address.
+            if host.is_empty() || host == "?" {
+                continue;
+            }
+            let address = if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            };
+            if !nodes.contains(&address) {
+                nodes.push(address);
+            }
+        }
+    }
+    nodes
 }
 
 /// How often a failing cluster connection is rebuilt, at most.
 const REBUILD_EVERY: Duration = Duration::from_millis(500);
 
 /// A connection that heals itself. On one server the connection manager reconnects. On a
-/// cluster, a connection whose requests fail is rebuilt from the seeds (at most every
-/// 500 ms, in the background): redis-rs retries a dead master's address and learns the
-/// new slot map from a `MOVED`, which a client whose every request for those slots goes
-/// to the dead address may never get (a CI run saw a sync connection stay on it for
-/// 12 s after a failover that another connection had followed in 4 s). A fresh
-/// connection reads the slot map anew.
+/// cluster, a connection whose requests fail is rebuilt (at most every 500 ms, in the
+/// background): redis-rs retries a dead master's address and learns the new slot map
+/// from a `MOVED`, which a client whose every request for those slots goes to the dead
+/// address may never get (a CI run saw a sync connection stay on it for 12 s after a
+/// failover that another connection had followed in 4 s). A fresh connection reads the
+/// slot map anew. It starts from the seeds and from every node the cluster listed when
+/// this link last connected: a node given one seed, which then died, would otherwise
+/// never reach the cluster again.
 pub(crate) struct Link {
     client: Client,
     timeout: Duration,
     current: RwLock<Connection>,
     /// When the last rebuild started, and whether one is under way.
     rebuild: Mutex<(Option<Instant>, bool)>,
+    /// The cluster's nodes (`host:port`) as `CLUSTER SLOTS` listed them at the last
+    /// connection; empty for one server.
+    known: Mutex<Vec<String>>,
 }
 
 impl Link {
     /// Connects, each step bounded by `timeout`.
     pub(crate) async fn connect(client: Client, timeout: Duration) -> redis::RedisResult<Self> {
         let current = client.connect(timeout).await?;
+        let known = discover(&current, timeout).await;
         Ok(Self {
             client,
             timeout,
             current: RwLock::new(current),
             rebuild: Mutex::new((None, false)),
+            known: Mutex::new(known),
         })
     }
 
@@ -246,8 +348,14 @@ impl Link {
         let link = Arc::clone(self);
         tokio::spawn(async move {
             let within = link.timeout.max(Duration::from_secs(1));
-            let fresh = tokio::time::timeout(within, link.client.connect(link.timeout)).await;
+            let known = link.known.lock().clone();
+            let client = link.client.with_nodes(&known, link.timeout);
+            let fresh = tokio::time::timeout(within, client.connect(link.timeout)).await;
             if let Ok(Ok(fresh)) = fresh {
+                let nodes = discover(&fresh, link.timeout).await;
+                if !nodes.is_empty() {
+                    *link.known.lock() = nodes;
+                }
                 *link.current.write() = fresh;
             }
             link.rebuild.lock().1 = false;
@@ -320,6 +428,35 @@ pub(crate) fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nodes_a_cluster_lists_join_the_seeds_with_their_credentials() {
+        let target = Target::cluster(&["redis://app:s3cret@10.0.0.1:7000/"]);
+        let grown = target.with_nodes(&[
+            "10.0.0.2:7001".to_owned(),
+            "[::1]:7002".to_owned(),
+            "10.0.0.1:7000".to_owned(),
+        ]);
+        assert_eq!(
+            grown.urls,
+            [
+                "redis://app:s3cret@10.0.0.1:7000/",
+                "redis://app:s3cret@10.0.0.2:7001/",
+                "redis://app:s3cret@[::1]:7002/",
+            ]
+        );
+        assert!(grown.is_cluster());
+        // The password stays out of what is printed.
+        let shown = format!("{grown:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("10.0.0.2:7001"), "{shown}");
+        // Without credentials, none are invented.
+        let plain =
+            Target::cluster(&["redis://10.0.0.1:7000"]).with_nodes(&["10.0.0.3:7003".to_owned()]);
+        assert_eq!(plain.urls[1], "redis://10.0.0.3:7003/");
+        // A client made from the grown target parses every seed.
+        assert!(grown.client(Duration::from_millis(100)).is_ok());
+    }
 
     #[test]
     fn passwords_are_redacted() {

@@ -97,10 +97,12 @@ impl RedisSync {
     }
 
     /// Sync through the Redis Cluster reached by the seed `nodes` (one live seed is
-    /// enough; credentials are taken from the first URL), with the same settings and
-    /// defaults as [`new`](Self::new). Each key's state lives in its own slot; a round
-    /// sends each slot's keys in calls of their own, all at once, so the sync state and
-    /// its traffic spread over the masters; the heartbeat is one more call.
+    /// enough to connect; a rebuilt connection also tries the nodes the cluster listed,
+    /// so the seeds may die later; credentials are taken from the first URL), with the
+    /// same settings and defaults as [`new`](Self::new). Each key's state lives in its
+    /// own slot; a round sends each slot's keys in calls of their own, all at once, so
+    /// the sync state and its traffic spread over the masters; the heartbeat is one more
+    /// call.
     pub fn cluster(nodes: &[&str]) -> Self {
         Self::with_target(Target::cluster(nodes))
     }
