@@ -765,6 +765,105 @@ fn memory_per_key(quick: bool) {
     }
 }
 
+/// Environment variable that turns a run of this binary into one reclamation probe.
+const RECLAIM_PROBE: &str = "TOLLGATE_RECLAIM_PROBE";
+
+/// In a fresh process, one of issue 26's experiments on retired tables, with or without a
+/// thread that makes one check and then sleeps: `changes` (200,000 keys, then 400
+/// default-quota changes, each migrating every shard, with 2,000 checks between them) or
+/// `cycles` (10 cycles of growing to 1M keys and removing them all). Prints the resident
+/// MB before and after.
+fn reclaim_probe(spec: &str) {
+    let (scenario, idle) = spec.split_once(':').expect("PROBE is scenario:idle");
+    let quick = scenario.ends_with("-quick");
+    let limiter: RateLimiter<u64> = RateLimiter::new(Quota::per_second(1000).expect("quota"));
+    let (keys, changes, cycles) = if quick {
+        (20_000u64, 40u64, 2)
+    } else {
+        (200_000, 400, 10)
+    };
+    if scenario.starts_with("changes") {
+        for key in 0..keys {
+            black_box(limiter.check(&key));
+        }
+    }
+    let idle_thread = (idle == "1").then(|| {
+        let idle = limiter.clone();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            black_box(idle.check(&u64::MAX));
+            ready_tx.send(()).expect("ready");
+            let _ = rx.recv();
+        });
+        ready_rx.recv().expect("idle thread ready");
+        (tx, thread)
+    });
+    let before = resident_bytes().expect("/proc/self/status");
+    if scenario.starts_with("changes") {
+        let quotas = [
+            Quota::per_second(1000).expect("quota"),
+            Quota::per_second(2000).expect("quota"),
+        ];
+        for change in 0..changes {
+            limiter
+                .set_default_quota(quotas[(change % 2) as usize])
+                .expect("same algorithm");
+            for i in 0..2_000 {
+                black_box(limiter.check(&((change * 2_000 + i) % keys)));
+            }
+        }
+    } else {
+        let top = if quick { 100_000u64 } else { 1_000_000 };
+        for _ in 0..cycles {
+            for key in 0..top {
+                black_box(limiter.check(&key));
+            }
+            for key in 0..top {
+                limiter.reset(&key);
+            }
+        }
+    }
+    let after = resident_bytes().expect("/proc/self/status");
+    println!("{:.1} {:.1}", before as f64 / 1e6, after as f64 / 1e6);
+    drop(idle_thread);
+}
+
+/// Issue 26's experiments on retired tables, each in a fresh process, without and with an
+/// idle thread: resident MB before and after, and the ratio of the two runs' final RSS.
+fn reclamation_memory(quick: bool) {
+    let exe = std::env::current_exe().expect("bench binary path");
+    println!("\nreclamation: resident MB before -> after, without and with an idle thread");
+    for scenario in ["changes", "cycles"] {
+        let scenario = if quick {
+            format!("{scenario}-quick")
+        } else {
+            scenario.to_owned()
+        };
+        let run = |idle: &str| -> (f64, f64) {
+            let out = std::process::Command::new(&exe)
+                .env(RECLAIM_PROBE, format!("{scenario}:{idle}"))
+                .output()
+                .expect("run reclamation probe");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let mut numbers = text.split_whitespace().map(|n| n.parse().expect("MB"));
+            (
+                numbers.next().expect("before"),
+                numbers.next().expect("after"),
+            )
+        };
+        let (plain, idle) = (run("0"), run("1"));
+        println!(
+            "reclamation/{scenario:<14} no idle thread {:7.1} -> {:7.1} MB   idle thread {:7.1} -> {:7.1} MB   ratio {:.3}",
+            plain.0,
+            plain.1,
+            idle.0,
+            idle.1,
+            idle.1 / plain.1
+        );
+    }
+}
+
 /// The check path of a limiter with background sync (reconcile mode, syncing every 50 ms
 /// to a local redis-server) against the same limiter without, in the same run: 10k keys,
 /// 1 thread.
@@ -1092,8 +1191,13 @@ fn main() {
         memory_probe(&spec);
         return;
     }
+    if let Ok(spec) = std::env::var(RECLAIM_PROBE) {
+        reclaim_probe(&spec);
+        return;
+    }
     benches();
     let quick = std::env::args().any(|a| a == "--test" || a == "--list");
     memory_per_key(quick);
+    reclamation_memory(quick);
     Criterion::default().configure_from_args().final_summary();
 }

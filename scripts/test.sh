@@ -40,7 +40,7 @@ cargo test --all-features "$@"
 # and the table switch to loom's atomics under this cfg; a separate target directory keeps
 # the main build's artefacts.
 echo "test.sh: loom models"
-LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" RUSTFLAGS="--cfg crossbeam_loom" \
+LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" RUSTFLAGS="--cfg tollgate_loom" \
     cargo test --lib --release --target-dir target/loom loom_ -- --test-threads=1
 
 # The stress test (every decision against a reference model while tiny tables resize)

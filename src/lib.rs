@@ -4,11 +4,10 @@
 //! many threads at once.
 //!
 //! - Per-key state is one packed `AtomicU64` beside its key in a sharded open-addressing
-//!   table; a check on an existing key is a hash, one probe and one CAS, with no lock
-//!   and no heap allocation (except that, after tables were resized, a check that helps
-//!   crossbeam-epoch free the old ones allocates a queue node per 64 bags of garbage it
-//!   collects), and writes no shared word but the key's state. A denied
-//!   check writes nothing. (The sliding log keeps a ring of timestamps per key, behind
+//!   table; a check on an existing key is a hash, one probe and one CAS, with no lock, no
+//!   fence and no heap allocation, and writes no shared word but the key's state. A denied
+//!   check writes nothing. A table replaced by a resize or a quota change is freed as
+//!   soon as every check in flight then has finished, whatever idle threads do. (The sliding log keeps a ring of timestamps per key, behind
 //!   a shard read lock.)
 //! - Time is integer nanoseconds from a monotonic clock ([`clock::MonotonicClock`], on
 //!   quanta); there is no floating point on the check path.

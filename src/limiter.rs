@@ -20,7 +20,8 @@ use crate::tally::Tally;
 /// tuples of them, …).
 ///
 /// `Send + Sync + 'static` because a key can outlive the call that inserted it on another
-/// thread: a resized table is freed by whichever thread next advances crossbeam-epoch.
+/// thread: a resized table, with its keys, is freed by whichever thread next collects
+/// what was retired.
 pub trait Key: Hash + Eq + Send + Sync + 'static {}
 
 impl<T: Hash + Eq + Send + Sync + 'static> Key for T {}

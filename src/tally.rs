@@ -188,7 +188,7 @@ impl Tally {
     }
 }
 
-#[cfg(all(test, not(crossbeam_loom)))]
+#[cfg(all(test, not(tollgate_loom)))]
 mod tests {
     use super::*;
 

@@ -100,6 +100,7 @@ impl Counts {
             evicted_active: self.evicted_active.load(Ordering::Relaxed),
             refused_new_keys: self.refused.load(Ordering::Relaxed),
             resizes: self.resizes(),
+            retired_tables: 0,
         }
     }
 

@@ -127,6 +127,10 @@ pub struct StoreStats {
     /// migrated to a new quota (the word algorithms' lock-free tables; 0 for the sliding
     /// log and synced limiters, whose tables grow in place).
     pub resizes: u64,
+    /// Tables replaced by a resize that are not freed yet: held only while a check that
+    /// was in flight when they were replaced runs, so 0 or a few, whatever the threads
+    /// that are not checking do.
+    pub retired_tables: u64,
 }
 
 /// How the store is configured.

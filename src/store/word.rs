@@ -2,9 +2,9 @@
 //! checks that take no lock and write nothing shared but their key's state word.
 //!
 //! Each shard is an [`EpochTable`] of `{state word, key}` slots. A check on an existing
-//! key pins crossbeam-epoch (through a guard cached per thread), loads its shard's table,
-//! reads the key's policy from it, probes for the key and runs the algorithm on the
-//! state word with one CAS. The policies travel with the table: a quota change migrates
+//! key takes a guard (two plain stores to its thread's own record), loads its shard's
+//! table, reads the key's policy from it, probes for the key and runs the algorithm on
+//! the state word with one CAS. The policies travel with the table: a quota change migrates
 //! the shard to a new table whose states are converted while frozen, so a check never
 //! pairs a new quota with an unconverted state, or the reverse.
 //!
@@ -14,25 +14,23 @@
 //! behind, so a key flood under `max_keys` cycles through a table of bounded size.
 //!
 //! # Reclamation
-//! A thread keeps one crossbeam-epoch guard pinned between checks and repins it every
-//! [`REPIN_EVERY`] checks: pinning costs a fence, repinning does not. A retired table is
-//! freed once every thread that might hold it has repinned, so a thread that stops
-//! checking delays the freeing of tables retired since (not their correctness) until it
-//! checks again or exits.
+//! A thread holds its guard only for the length of a check (see
+//! [`reclaim`](super::epoch_table::reclaim)): a table retired by a resize or a quota
+//! change is freed as soon as every check that was in flight then has finished, by the
+//! collect that follows the retire (or the next write path's), whatever other threads
+//! do between checks — idle, parked or blocked for hours, they hold nothing back.
 
 use std::borrow::Borrow;
-use std::cell::Cell;
 use std::hash::{BuildHasher as _, Hash};
 use std::sync::Arc;
 
-use crossbeam_epoch::Guard;
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use super::counts::Counts;
 use super::deny_cache::Denies;
-use super::epoch_table::{EpochTable, Slot, Table, Word, Writer};
+use super::epoch_table::{EpochTable, Guard, Slot, Table, Word, Writer, reclaim};
 use super::hash::{KeyHashing, for_table, spread};
 use super::{
     FILTER_WORDS, Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, WhenFull,
@@ -43,8 +41,6 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
 
-/// Checks between two repins of a thread's cached guard.
-pub(crate) const REPIN_EVERY: u32 = 64;
 /// The smallest table a shard keeps.
 const MIN_CAPACITY: usize = 8;
 /// A resize sizes the table for this load: 72%, so it grows by about 1.2× at 86%, and
@@ -183,71 +179,18 @@ fn apply<K>(
     }
 }
 
-/// A thread's cached guard, and how many checks it has served.
-struct Pinned {
-    guard: Cell<Option<Guard>>,
-    uses: Cell<u32>,
-}
-
-thread_local! {
-    static PINNED: Pinned = const {
-        Pinned {
-            guard: Cell::new(None),
-            uses: Cell::new(0),
-        }
-    };
-}
-
-/// Takes this thread's cached guard out of the cache, repinned every [`REPIN_EVERY`]
-/// calls; give it back with [`put_guard`]. A nested call (or one during thread teardown)
-/// finds the cache empty and pins a fresh guard instead. Written as two calls rather than
-/// a closure so the check's hot path stays one inlined function.
-#[inline(always)]
-fn take_guard() -> Guard {
-    let (cached, uses) = PINNED
-        .try_with(|p| {
-            let uses = p.uses.get().wrapping_add(1);
-            p.uses.set(uses);
-            (p.guard.take(), uses)
-        })
-        .unwrap_or((None, 1));
-    match cached {
-        Some(guard) if uses % REPIN_EVERY != 0 => guard,
-        stale => repin(stale),
-    }
-}
-
-/// Gives a guard from [`take_guard`] back to the cache (if the thread-local is gone,
-/// the guard is dropped: unpinned).
-#[inline(always)]
-fn put_guard(guard: Guard) {
-    let _ = PINNED.try_with(|p| p.guard.set(Some(guard)));
-}
-
-/// Runs `f` under this thread's cached guard (for the paths off the hot one). If `f`
-/// resized a table (the store's resize count moved), moves the epoch on twice, so that the retired
-/// table is freed now unless another thread lags.
-fn with_guard<R>(counts: &Counts, f: impl FnOnce(&Guard) -> R) -> R {
-    let before = counts.resizes();
-    let mut guard = take_guard();
+/// Runs `f` under a guard (for the paths off the hot one), then, once the guard has
+/// dropped, frees what was retired meanwhile (by `f`'s resize or elsewhere) unless a
+/// check in flight still holds it.
+fn with_guard<R>(f: impl FnOnce(&Guard<'_>) -> R) -> R {
+    let guard = reclaim::pin();
     let result = f(&guard);
-    if counts.resizes() != before {
-        for _ in 0..2 {
-            guard.repin();
-            guard.flush();
-        }
+    drop(guard);
+    let domain = reclaim::global();
+    if domain.unfreed() > 0 {
+        domain.collect();
     }
-    put_guard(guard);
     result
-}
-
-/// Unpins `stale` fully, then pins afresh: crossbeam collects garbage on every 128th
-/// pin, and a full pin lets the epoch move past this thread.
-#[cold]
-#[inline(never)]
-fn repin(stale: Option<Guard>) -> Guard {
-    drop(stale);
-    crossbeam_epoch::pin()
 }
 
 /// A sharded, capped map from keys to word states whose checks take no lock.
@@ -342,7 +285,7 @@ impl<K: crate::Key> WordStore<K> {
                 return Ok(denied);
             }
         }
-        let guard = take_guard();
+        let guard = reclaim::pin();
         let table = shelf.read(&guard);
         let policy = table.meta.policy_for(hash, key);
         // Every policy admits at least one unit, so a unit check skips the capacity test.
@@ -357,7 +300,7 @@ impl<K: crate::Key> WordStore<K> {
                 None => None,
             }
         };
-        put_guard(guard);
+        drop(guard);
         let decision = match fast {
             Some(decision) => decision,
             None => self.decide_slow(hash, key, now, cost, max_delay)?,
@@ -385,7 +328,7 @@ impl<K: crate::Key> WordStore<K> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let shelf = self.shard(hash);
-        with_guard(&self.counts, |guard| {
+        with_guard(|guard| {
             loop {
                 let table = shelf.read(guard);
                 let policy = table.meta.policy_for(hash, key);
@@ -417,7 +360,7 @@ impl<K: crate::Key> WordStore<K> {
     fn insert<Q>(
         &self,
         shelf: &Shelf<K>,
-        guard: &Guard,
+        guard: &Guard<'_>,
         hash: u64,
         key: &Q,
         now: u64,
@@ -473,7 +416,12 @@ impl<K: crate::Key> WordStore<K> {
 
     /// Migrates the shard to a table sized for `live` keys at the target load, with the
     /// same policies, leaving removed slots behind.
-    fn resize(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>, guard: &Guard, live: usize) {
+    fn resize(
+        &self,
+        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        guard: &Guard<'_>,
+        live: usize,
+    ) {
         let capacity = (live * TARGET_LOAD_DEN / TARGET_LOAD_NUM).max(MIN_CAPACITY);
         let meta = writer.table(guard).meta.clone();
         writer.migrate(guard, capacity, meta, self.rehash(), |_, state| state);
@@ -488,7 +436,7 @@ impl<K: crate::Key> WordStore<K> {
 
     /// Shrinks the shard's table once it is under a quarter full, so memory taken by a
     /// flood is given back.
-    fn shrink_if_sparse(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>, guard: &Guard) {
+    fn shrink_if_sparse(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>, guard: &Guard<'_>) {
         let live = writer.state().live;
         let capacity = writer.table(guard).capacity();
         if capacity > MIN_CAPACITY && live * 4 < capacity {
@@ -513,7 +461,7 @@ impl<K: crate::Key> WordStore<K> {
     fn sweep(
         &self,
         writer: &mut Writer<'_, K, Policies<K>, Hand>,
-        guard: &Guard,
+        guard: &Guard<'_>,
         now: u64,
         steps: usize,
         grace: bool,
@@ -565,7 +513,7 @@ impl<K: crate::Key> WordStore<K> {
     fn make_room(
         &self,
         writer: &mut Writer<'_, K, Policies<K>, Hand>,
-        guard: &Guard,
+        guard: &Guard<'_>,
         now: u64,
     ) -> Room {
         let (dropped, soonest) = self.sweep(writer, guard, now, SCAN_WHEN_FULL, false);
@@ -637,7 +585,7 @@ impl<K: crate::Key> WordStore<K> {
     {
         let hash = self.hash(key);
         let shelf = self.shard(hash);
-        with_guard(&self.counts, |guard| {
+        with_guard(|guard| {
             loop {
                 let table = shelf.read(guard);
                 let policy = table.meta.policy_for(hash, key);
@@ -661,7 +609,7 @@ impl<K: crate::Key> WordStore<K> {
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hash(key);
-        let removed = with_guard(&self.counts, |guard| {
+        let removed = with_guard(|guard| {
             let mut writer = self.shard(hash).write();
             let table = writer.table(guard);
             let Some((slot, _)) = table.find(hash, |k| k.borrow() == key) else {
@@ -687,7 +635,7 @@ impl<K: crate::Key> WordStore<K> {
     /// Takes the key's shard writer mutex.
     pub(crate) fn set_override(&self, key: K, policy: Option<WordPolicy>, now: u64) {
         let hash = self.hash(&key);
-        with_guard(&self.counts, |guard| {
+        with_guard(|guard| {
             let mut writer = self.shard(hash).write();
             let table = writer.table(guard);
             let old = *table.meta.policy_for(hash, &key);
@@ -759,16 +707,12 @@ impl<K: crate::Key> WordStore<K> {
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hash(key);
-        with_guard(&self.counts, |guard| {
-            *self.shard(hash).read(guard).meta.policy_for(hash, key)
-        })
+        with_guard(|guard| *self.shard(hash).read(guard).meta.policy_for(hash, key))
     }
 
     /// The default policy. Takes no lock.
     pub(crate) fn default_policy(&self) -> WordPolicy {
-        with_guard(&self.counts, |guard| {
-            self.shards[0].read(guard).meta.default
-        })
+        with_guard(|guard| self.shards[0].read(guard).meta.default)
     }
 
     /// Replaces the default quota, keeping the algorithm, converting every key without an
@@ -781,7 +725,7 @@ impl<K: crate::Key> WordStore<K> {
         let _serial = self.reconfigure.lock();
         let policy = self.default_policy().with_quota(quota)?;
         for shelf in self.shards.iter() {
-            with_guard(&self.counts, |guard| {
+            with_guard(|guard| {
                 let mut writer = shelf.write();
                 let table = writer.table(guard);
                 let old = table.meta.default;
@@ -827,7 +771,15 @@ impl<K: crate::Key> WordStore<K> {
 
     /// The store's counters.
     pub(crate) fn stats(&self) -> StoreStats {
-        self.counts.stats()
+        StoreStats {
+            retired_tables: self.retired_unfreed() as u64,
+            ..self.counts.stats()
+        }
+    }
+
+    /// This store's tables replaced by a resize and not yet freed.
+    pub(crate) fn retired_unfreed(&self) -> usize {
+        self.shards.iter().map(|s| s.retired_unfreed()).sum()
     }
 
     /// The number of shards.
@@ -978,7 +930,7 @@ mod tests {
             assert!(store.remove(format!("k{i}").as_str()));
         }
         assert!(store.stats().resizes > grown, "no shrink");
-        let capacity = with_guard(&store.counts, |g| store.shards[0].read(g).capacity());
+        let capacity = with_guard(|g| store.shards[0].read(g).capacity());
         assert!(capacity <= 64, "{capacity} slots for 10 keys");
         for i in 0..10 {
             assert!(

@@ -1,6 +1,6 @@
 //! The one module of tollgate with `unsafe` code: an open-addressing table of
 //! `{state word, key}` slots whose readers take no lock and write no shared word, kept
-//! alive by crossbeam-epoch and resized by freezing slots.
+//! alive by an epoch scheme of its own ([`reclaim`]) and resized by freezing slots.
 //!
 //! ```text
 //! EpochTable ── current ──► Table { meta, slots: [ Slot { word: AtomicU64, key: K } … ] }
@@ -36,9 +36,9 @@
 //!
 //! Readers read key bytes only after an `Acquire` load of a word other than `EMPTY`, so
 //! they never race with the write; nothing writes key bytes after that. A table is
-//! destroyed only through crossbeam-epoch (`defer_destroy`, after every thread pinned when
-//! it was unlinked has unpinned) or when the `EpochTable` itself is dropped, so no reader
-//! holding a guard ever sees freed memory.
+//! destroyed only through [`reclaim`] (retired when it is unlinked, freed once every
+//! guard that was in force then has dropped) or when the `EpochTable` itself is dropped,
+//! so no reader holding a guard ever sees freed memory.
 //!
 //! # Resizing without losing an update
 //!
@@ -48,22 +48,27 @@
 //! before the freeze (and is in the copy) or in the new table. A check that meets `FROZEN`
 //! waits for the writer mutex, after which the new table is published, and starts again.
 //!
-//! The loom models at the bottom of this file check these steps; `tests/stress.rs` checks
-//! every decision against a reference model while tiny tables resize, also under
-//! valgrind.
+//! The loom models at the bottom of this file check these steps and the reclamation of
+//! retired tables; `tests/stress.rs` checks every decision against a reference model while
+//! tiny tables resize, also under valgrind.
+
+pub(crate) mod reclaim;
 
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
+use std::sync::Arc;
 
-use crossbeam_epoch::{Atomic, Guard, Owned};
-
+pub(crate) use reclaim::Guard;
 use sync::{AtomicU8, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, UnsafeCell};
 
-/// The std and parking_lot primitives, or loom's under `--cfg crossbeam_loom`.
-#[cfg(not(crossbeam_loom))]
+/// The std and parking_lot primitives, or loom's under `--cfg tollgate_loom`.
+#[cfg(not(tollgate_loom))]
 mod sync {
     pub(super) use parking_lot::{Mutex, MutexGuard};
-    pub(super) use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+    pub(super) use std::hint::spin_loop;
+    pub(super) use std::sync::atomic::{
+        AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, compiler_fence, fence,
+    };
 
     /// `std::cell::UnsafeCell` with loom's closure API, so one code path serves both.
     pub(super) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
@@ -89,12 +94,16 @@ mod sync {
     }
 }
 
-/// The std and parking_lot primitives, or loom's under `--cfg crossbeam_loom`.
-#[cfg(crossbeam_loom)]
+/// The std and parking_lot primitives, or loom's under `--cfg tollgate_loom`.
+#[cfg(tollgate_loom)]
 mod sync {
     pub(super) use loom::cell::UnsafeCell;
-    pub(super) use loom::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+    pub(super) use loom::hint::spin_loop;
+    pub(super) use loom::sync::atomic::{
+        AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence,
+    };
     pub(super) use loom::sync::{Mutex, MutexGuard};
+    pub(super) use std::sync::atomic::compiler_fence;
 
     pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         mutex.lock().unwrap_or_else(|e| e.into_inner())
@@ -258,20 +267,39 @@ pub(crate) struct Table<K, M> {
     used: AtomicUsize,
     /// Read by checks with the slots; replaced only by publishing a new table.
     pub(crate) meta: M,
+    /// The tables of this table's shard not yet destroyed (this one among them).
+    alive: Arc<std::sync::atomic::AtomicUsize>,
+    /// Read by every probe and written by the destructor, so that loom reports a table
+    /// destroyed while a reader may still probe it.
+    #[cfg(tollgate_loom)]
+    canary: UnsafeCell<()>,
 }
 
 impl<K, M> Table<K, M> {
     /// Whether this key type keeps tags.
     const TAGGED: bool = std::mem::needs_drop::<K>();
 
-    fn new(capacity: usize, meta: M) -> Self {
+    fn new(capacity: usize, meta: M, alive: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
         let tags = if Self::TAGGED { capacity } else { 0 };
+        alive.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Self {
             slots: (0..capacity).map(|_| Slot::empty()).collect(),
             tags: (0..tags).map(|_| AtomicU8::new(0)).collect(),
             used: AtomicUsize::new(0),
             meta,
+            alive: Arc::clone(alive),
+            #[cfg(tollgate_loom)]
+            canary: UnsafeCell::new(()),
         }
+    }
+
+    /// Destroys a table made by `Box::into_raw` (the retired tables' destructor).
+    ///
+    /// # Safety
+    /// `ptr` came from `Box::<Table<K, M>>::into_raw`, and nothing uses the table any more.
+    unsafe fn destroy(ptr: *mut ()) {
+        // SAFETY: by this function's contract.
+        drop(unsafe { Box::from_raw(ptr.cast::<Self>()) });
     }
 
     /// The number of slots.
@@ -301,6 +329,8 @@ impl<K, M> Table<K, M> {
         hash: u64,
         mut eq: impl FnMut(&K) -> bool,
     ) -> Option<(&Slot<K>, u64)> {
+        #[cfg(tollgate_loom)]
+        self.canary.with(|_| ());
         let capacity = self.slots.len();
         let mut index = home(hash, capacity);
         let tag = tag(hash);
@@ -367,13 +397,20 @@ impl<K, M> Drop for Table<K, M> {
                     .with_mut(|key| unsafe { (*key).assume_init_drop() });
             }
         }
+        #[cfg(tollgate_loom)]
+        self.canary.with_mut(|_| ());
+        self.alive
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
 /// The current table of one shard, and the mutex its writers take.
 pub(crate) struct EpochTable<K, M, W> {
-    current: Atomic<Table<K, M>>,
+    /// Never null: a table made by `Box::into_raw`.
+    current: sync::AtomicPtr<Table<K, M>>,
     writer: Mutex<W>,
+    /// This shard's tables not yet destroyed: the current one and the retired ones.
+    alive: Arc<std::sync::atomic::AtomicUsize>,
     _owns: PhantomData<Table<K, M>>,
 }
 
@@ -385,22 +422,32 @@ where
     /// An empty table of `capacity` slots (at least 2) with `meta`; `writer` is the state
     /// the writers keep.
     pub(crate) fn new(capacity: usize, meta: M, writer: W) -> Self {
+        let alive = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let table = Table::new(capacity.clamp(2, MAX_CAPACITY), meta, &alive);
         Self {
-            current: Atomic::new(Table::new(capacity.clamp(2, MAX_CAPACITY), meta)),
+            current: sync::AtomicPtr::new(Box::into_raw(Box::new(table))),
             writer: Mutex::new(writer),
+            alive,
             _owns: PhantomData,
         }
     }
 
-    /// The current table, for as long as `guard` is pinned.
-    #[inline]
-    pub(crate) fn read<'g>(&self, guard: &'g Guard) -> &'g Table<K, M> {
-        let table = self.current.load(Ordering::Acquire, guard);
+    /// The current table, for as long as both `self` and `guard` are borrowed.
+    #[inline(always)]
+    pub(crate) fn read<'a>(&'a self, _guard: &'a Guard<'_>) -> &'a Table<K, M> {
+        let table = self.current.load(Ordering::Acquire);
         // SAFETY: `current` is never null (set in `new`, replaced only by non-null tables
-        // in `migrate`), and a table it pointed to while `guard` was pinned is destroyed
-        // only by `defer_destroy` after `guard` unpins, or in `drop(&mut self)`, which no
-        // `&self` borrow outlives.
-        unsafe { table.deref() }
+        // in `migrate`). A table it pointed to while `guard` was in force is destroyed
+        // only by the domain after every guard in force when it was retired has dropped
+        // (see `reclaim`), or by `drop(&mut self)`, which no `&self` borrow outlives.
+        unsafe { &*table }
+    }
+
+    /// How many of this shard's retired tables are not destroyed yet.
+    pub(crate) fn retired_unfreed(&self) -> usize {
+        self.alive
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .saturating_sub(1)
     }
 
     /// Waits until no writer holds the mutex (after a check met a frozen slot: the
@@ -420,14 +467,11 @@ where
 
 impl<K, M, W> Drop for EpochTable<K, M, W> {
     fn drop(&mut self) {
-        // SAFETY: `&mut self`: no guard-bound borrow of the current table is left, and no
-        // other thread can reach it (a retired table never points back here).
-        unsafe {
-            let current = self
-                .current
-                .load(Ordering::Relaxed, crossbeam_epoch::unprotected());
-            drop(current.into_owned());
-        }
+        let current = self.current.load(Ordering::Relaxed);
+        // SAFETY: `&mut self`: no borrow of the current table is left (`read` ties it to
+        // `&self`), and no other thread can reach it (a retired table never points back
+        // here). It was made by `Box::into_raw`.
+        drop(unsafe { Box::from_raw(current) });
     }
 }
 
@@ -438,7 +482,7 @@ pub(crate) struct Writer<'a, K, M, W> {
     state: MutexGuard<'a, W>,
 }
 
-impl<K, M, W> Writer<'_, K, M, W>
+impl<'a, K, M, W> Writer<'a, K, M, W>
 where
     K: Send + Sync + 'static,
     M: Send + Sync + 'static,
@@ -449,7 +493,10 @@ where
     }
 
     /// The current table. While this writer lives, no one else publishes another.
-    pub(crate) fn table<'g>(&self, guard: &'g Guard) -> &'g Table<K, M> {
+    pub(crate) fn table<'g>(&self, guard: &'g Guard<'_>) -> &'g Table<K, M>
+    where
+        'a: 'g,
+    {
         self.owner.read(guard)
     }
 
@@ -457,11 +504,14 @@ where
     /// has no room within its load limit (then [`migrate`](Self::migrate) first).
     pub(crate) fn insert<'g>(
         &mut self,
-        guard: &'g Guard,
+        guard: &'g Guard<'_>,
         hash: u64,
         key: K,
         state: u64,
-    ) -> Result<&'g Slot<K>, K> {
+    ) -> Result<&'g Slot<K>, K>
+    where
+        'a: 'g,
+    {
         let table = self.table(guard);
         if !fits(table.used.load(Ordering::Relaxed) + 1, table.capacity()) {
             return Err(key);
@@ -489,7 +539,7 @@ where
     }
 
     /// Whether one more key fits the current table within its load limit.
-    pub(crate) fn has_room(&self, guard: &Guard) -> bool {
+    pub(crate) fn has_room(&self, guard: &Guard<'_>) -> bool {
         let table = self.table(guard);
         fits(table.used.load(Ordering::Relaxed) + 1, table.capacity())
     }
@@ -507,7 +557,7 @@ where
     /// could cause one).
     pub(crate) fn migrate(
         &mut self,
-        guard: &Guard,
+        guard: &Guard<'_>,
         capacity: usize,
         meta: M,
         rehash: impl Fn(&K) -> u64,
@@ -526,7 +576,7 @@ where
         while !fits(live + 1, capacity) {
             capacity = (capacity + capacity / 4 + 1).min(MAX_CAPACITY);
         }
-        let new = Table::new(capacity, meta);
+        let new = Table::new(capacity, meta, &self.owner.alive);
         // From the first freeze until the new table is published, a panic (a `Hash` that
         // panics on its second call only, or a `convert` that panics) would leave frozen
         // slots that checks wait on forever: abort instead.
@@ -551,13 +601,14 @@ where
         let old = self
             .owner
             .current
-            .swap(Owned::new(new), Ordering::AcqRel, guard);
-        // SAFETY: `old` is no longer reachable from `current`, so only threads pinned now
-        // can hold it; crossbeam-epoch destroys it after they have all unpinned. Its keys
-        // are `Send + 'static`, so dropping them later on another thread is sound.
-        unsafe { guard.defer_destroy(old) };
+            .swap(Box::into_raw(Box::new(new)), Ordering::AcqRel);
+        // SAFETY: `old` (made by `Box::into_raw`, in `new` or an earlier migration) is no
+        // longer reachable from `current`, so only guards in force now can hold it, and
+        // the domain destroys it after they have all dropped; it is retired once, here.
+        // Its keys and meta are `Send + 'static`, so destroying it later on another thread
+        // is sound.
+        unsafe { guard.retire(old.cast(), Table::<K, M>::destroy) };
         std::mem::forget(no_unwind);
-        guard.flush();
         capacity
     }
 }
@@ -571,11 +622,11 @@ impl Drop for AbortOnUnwind {
     }
 }
 
-#[cfg(all(test, not(crossbeam_loom)))]
+#[cfg(all(test, not(tollgate_loom)))]
 mod tests {
+    use super::reclaim::Domain;
     use super::*;
     use std::collections::HashMap;
-    use std::sync::Arc;
 
     fn h(key: &u64) -> u64 {
         ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(key)
@@ -584,7 +635,7 @@ mod tests {
     #[test]
     fn matches_a_hashmap_through_inserts_removals_and_migrations() {
         let table: EpochTable<u64, (), ()> = EpochTable::new(2, (), ());
-        let guard = crossbeam_epoch::pin();
+        let guard = reclaim::pin();
         let mut model: HashMap<u64, u64> = HashMap::new();
         let mut x = 0x2545_f491_4f6c_dd1du64;
         for step in 0..100_000u64 {
@@ -630,7 +681,7 @@ mod tests {
     #[test]
     fn states_are_clamped_below_the_reserved_words() {
         let table: EpochTable<u64, (), ()> = EpochTable::new(8, (), ());
-        let guard = crossbeam_epoch::pin();
+        let guard = reclaim::pin();
         let slot = table.write().insert(&guard, 7, 7, u64::MAX).ok().unwrap();
         assert_eq!(slot.load(), Word::Live(STATE_MAX));
         slot.update(STATE_MAX, u64::MAX - 1).unwrap();
@@ -639,11 +690,11 @@ mod tests {
 
     #[test]
     fn keys_are_dropped_once_whether_moved_removed_or_kept() {
-        // A private collector: its garbage is destroyed when it is dropped, whatever the
-        // other tests' threads (pinned on the global collector) are doing.
+        // A private domain: what it retired is destroyed by its collects, whatever the
+        // other tests' threads (on the global one) are doing.
         let counter = Arc::new(());
-        let collector = crossbeam_epoch::Collector::new();
-        let handle = collector.register();
+        let domain = Domain::new();
+        let handle = domain.register();
         {
             let table: EpochTable<Arc<()>, (), ()> = EpochTable::new(4, (), ());
             let guard = handle.pin();
@@ -659,34 +710,41 @@ mod tests {
             writer.remove(slot);
             writer.migrate(&guard, 16, (), |k| Arc::as_ptr(k) as u64, |_, s| s);
             // Two keys moved to the new table, one left behind, removed, in the retired
-            // one: nothing dropped yet.
+            // one: nothing dropped yet, and the guard in force holds the retired table.
             assert_eq!(Arc::strong_count(&counter), 4);
             drop(writer);
+            assert_eq!(domain.collect(), 0);
+            assert_eq!(table.retired_unfreed(), 1);
             drop(guard);
+            // No guard in force: the retired table goes, with the removed key.
+            assert_eq!(domain.collect(), 1);
+            assert_eq!(table.retired_unfreed(), 0);
+            assert_eq!(Arc::strong_count(&counter), 3);
         }
-        // The current table dropped its two keys; the retired one drops the third when
-        // the collector destroys its garbage.
-        assert_eq!(Arc::strong_count(&counter), 2);
-        drop(handle);
-        drop(collector);
+        // The current table dropped its two keys.
         assert_eq!(Arc::strong_count(&counter), 1);
+        drop(handle);
     }
 }
 
-/// Loom models of the publish, freeze and migrate protocol. Run with
-/// `RUSTFLAGS="--cfg crossbeam_loom" cargo test --release --lib loom_` (the test script
-/// does).
-#[cfg(all(test, crossbeam_loom))]
+/// Loom models of the publish, freeze, migrate and reclaim protocol. Run with
+/// `RUSTFLAGS="--cfg tollgate_loom" cargo test --release --lib loom_` (the test script
+/// does). Each model has a domain of its own, whose barriers are `SeqCst` fences (loom
+/// models those; it cannot model `membarrier`, which stands in for the readers' fence).
+/// A table carries a canary cell under loom that every probe reads and its destruction
+/// writes, so a table freed while a reader can still probe it is a race loom reports.
+#[cfg(all(test, tollgate_loom))]
 mod loom_models {
+    use super::reclaim::Domain;
     use super::*;
     use loom::sync::Arc;
+    use loom::sync::atomic::AtomicBool;
     use loom::thread;
 
     type Shelf = EpochTable<u64, u64, ()>;
 
     /// Runs `f` under loom with every interleaving of up to `LOOM_MAX_PREEMPTIONS` (default 2)
-    /// preemptions per thread: the bound that keeps crossbeam-epoch's own atomics
-    /// tractable, as loom recommends.
+    /// preemptions per thread, as loom recommends for models of this size.
     fn model(f: impl Fn() + Sync + Send + 'static) {
         let mut builder = loom::model::Builder::new();
         if builder.preemption_bound.is_none() {
@@ -695,16 +753,28 @@ mod loom_models {
         builder.check(f);
     }
 
-    fn shelf() -> Arc<Shelf> {
-        Arc::new(EpochTable::new(4, 0, ()))
+    /// A shelf, and the domain its tables are retired to.
+    fn setup() -> (Arc<Shelf>, Arc<Domain>) {
+        (Arc::new(EpochTable::new(4, 0, ())), Arc::new(Domain::new()))
+    }
+
+    /// Runs `f` on a new loom thread, with the shelf and the domain.
+    fn spawn<T: Send + 'static>(
+        shelf: &Arc<Shelf>,
+        domain: &Arc<Domain>,
+        f: impl FnOnce(&Shelf, &Domain) -> T + Send + 'static,
+    ) -> thread::JoinHandle<T> {
+        let (shelf, domain) = (Arc::clone(shelf), Arc::clone(domain));
+        thread::spawn(move || f(&shelf, &domain))
     }
 
     /// A check as the store runs it: find the key, add `by` to its state by CAS, waiting
     /// for the writer and looking again on FROZEN; `false` if the key is absent or was
     /// removed.
-    fn add(shelf: &Shelf, key: u64, by: u64) -> bool {
+    fn add(shelf: &Shelf, domain: &Domain, key: u64, by: u64) -> bool {
+        let handle = domain.register();
         loop {
-            let guard = crossbeam_epoch::pin();
+            let guard = handle.pin();
             let table = shelf.read(&guard);
             let Some((slot, mut word)) = table.find(key, |k| *k == key) else {
                 return false;
@@ -724,24 +794,32 @@ mod loom_models {
         }
     }
 
-    fn state_of(shelf: &Shelf, key: u64) -> Option<u64> {
-        let guard = crossbeam_epoch::pin();
+    fn state_of(shelf: &Shelf, domain: &Domain, key: u64) -> Option<u64> {
+        let handle = domain.register();
+        let guard = handle.pin();
         match shelf.read(&guard).find(key, |k| *k == key)? {
             (_, Word::Live(state)) => Some(state),
             (_, word) => panic!("{word:?} after every thread joined"),
         }
     }
 
-    fn insert(shelf: &Shelf, key: u64) {
-        let guard = crossbeam_epoch::pin();
+    fn insert(shelf: &Shelf, domain: &Domain, key: u64) {
+        let handle = domain.register();
+        let guard = handle.pin();
         shelf.write().insert(&guard, key, key, 0).ok().unwrap();
     }
 
-    fn migrate(shelf: &Shelf, capacity: usize, meta: u64) {
-        let guard = crossbeam_epoch::pin();
-        shelf
-            .write()
-            .migrate(&guard, capacity, meta, |k| *k, |_, s| s);
+    /// A migration as the store runs it: under a guard, then a collect once the guard
+    /// has dropped.
+    fn migrate(shelf: &Shelf, domain: &Domain, capacity: usize, meta: u64) {
+        let handle = domain.register();
+        {
+            let guard = handle.pin();
+            shelf
+                .write()
+                .migrate(&guard, capacity, meta, |k| *k, |_, s| s);
+        }
+        domain.collect();
     }
 
     /// A check races a migration (and a check after it): no admission is lost, and
@@ -749,18 +827,17 @@ mod loom_models {
     #[test]
     fn loom_checks_racing_a_migration_lose_no_update() {
         model(|| {
-            let shelf = shelf();
-            insert(&shelf, 1);
-            let check = {
-                let shelf = Arc::clone(&shelf);
-                thread::spawn(move || assert!(add(&shelf, 1, 10)))
-            };
-            migrate(&shelf, 8, 1);
-            assert!(add(&shelf, 1, 1));
+            let (shelf, domain) = setup();
+            insert(&shelf, &domain, 1);
+            let check = spawn(&shelf, &domain, |shelf, domain| {
+                assert!(add(shelf, domain, 1, 10));
+            });
+            migrate(&shelf, &domain, 8, 1);
+            assert!(add(&shelf, &domain, 1, 1));
             check.join().unwrap();
-            assert_eq!(state_of(&shelf, 1), Some(11));
-            let guard = crossbeam_epoch::pin();
-            assert_eq!(shelf.read(&guard).meta, 1);
+            assert_eq!(state_of(&shelf, &domain, 1), Some(11));
+            let handle = domain.register();
+            assert_eq!(shelf.read(&handle.pin()).meta, 1);
         });
     }
 
@@ -769,21 +846,19 @@ mod loom_models {
     #[test]
     fn loom_an_insert_is_published_whole() {
         model(|| {
-            let shelf = shelf();
-            let reader = {
-                let shelf = Arc::clone(&shelf);
-                thread::spawn(move || {
-                    let guard = crossbeam_epoch::pin();
-                    let table = shelf.read(&guard);
-                    if let Some((slot, word)) = table.find(5, |k| *k == 5) {
-                        assert_eq!(word, Word::Live(0));
-                        assert_eq!(slot.with_key(|k| *k), Some(5));
-                    }
-                })
-            };
-            insert(&shelf, 5);
+            let (shelf, domain) = setup();
+            let reader = spawn(&shelf, &domain, |shelf, domain| {
+                let handle = domain.register();
+                let guard = handle.pin();
+                let table = shelf.read(&guard);
+                if let Some((slot, word)) = table.find(5, |k| *k == 5) {
+                    assert_eq!(word, Word::Live(0));
+                    assert_eq!(slot.with_key(|k| *k), Some(5));
+                }
+            });
+            insert(&shelf, &domain, 5);
             reader.join().unwrap();
-            assert_eq!(state_of(&shelf, 5), Some(0));
+            assert_eq!(state_of(&shelf, &domain, 5), Some(0));
         });
     }
 
@@ -791,49 +866,85 @@ mod loom_models {
     #[test]
     fn loom_a_check_racing_a_removal_sees_it() {
         model(|| {
-            let shelf = shelf();
-            insert(&shelf, 2);
-            let check = {
-                let shelf = Arc::clone(&shelf);
-                thread::spawn(move || add(&shelf, 2, 1))
-            };
-            let guard = crossbeam_epoch::pin();
+            let (shelf, domain) = setup();
+            insert(&shelf, &domain, 2);
+            let check = spawn(&shelf, &domain, |shelf, domain| add(shelf, domain, 2, 1));
+            let handle = domain.register();
+            let guard = handle.pin();
             let before = {
                 let mut writer = shelf.write();
                 let slot = writer.table(&guard).find(2, |k| *k == 2).unwrap().0;
                 writer.remove(slot).unwrap()
             };
+            drop(guard);
             let admitted = check.join().unwrap();
             // Admitted before the removal, or found it removed: never both, never neither.
             assert_eq!(admitted, before == 1);
-            assert_eq!(state_of(&shelf, 2), None);
+            assert_eq!(state_of(&shelf, &domain, 2), None);
         });
     }
 
-    /// Two migrations in a row while a reader holds the first table: the reader's
-    /// borrowed table and keys stay valid until it unpins (loom and crossbeam-epoch's
-    /// loom build check that nothing is freed early), and its check lands in the newest
-    /// table.
+    /// Two migrations, each followed by a collect, while a reader holds the first table:
+    /// the reader's borrowed table and keys stay valid until its guard drops (the
+    /// canary and the key cells tell loom of any table freed early), and its check lands
+    /// in the newest table.
     #[test]
     fn loom_a_reader_outlives_two_migrations() {
         model(|| {
-            let shelf = shelf();
-            insert(&shelf, 3);
+            let (shelf, domain) = setup();
+            insert(&shelf, &domain, 3);
+            let reader = spawn(&shelf, &domain, |shelf, domain| {
+                let handle = domain.register();
+                let guard = handle.pin();
+                let table = shelf.read(&guard);
+                let (slot, _) = table.find(3, |k| *k == 3).unwrap();
+                assert_eq!(slot.with_key(|k| *k), Some(3));
+                drop(guard);
+                drop(handle);
+                assert!(add(shelf, domain, 3, 4));
+            });
+            migrate(&shelf, &domain, 4, 1);
+            migrate(&shelf, &domain, 16, 2);
+            reader.join().unwrap();
+            assert_eq!(state_of(&shelf, &domain, 3), Some(4));
+            // Every reader is done: the last collect frees both retired tables.
+            domain.collect();
+            assert_eq!(shelf.retired_unfreed(), 0);
+        });
+    }
+
+    /// A thread that took a guard once and then idles, holding its record, never holds
+    /// back a table retired after its guard dropped: the collect right after the
+    /// migration frees it, in every interleaving.
+    #[test]
+    fn loom_an_idle_thread_holds_nothing_back() {
+        model(|| {
+            let (shelf, domain) = setup();
+            insert(&shelf, &domain, 6);
+            let idle = Arc::new(AtomicBool::new(false));
+            let stop = Arc::new(AtomicBool::new(false));
             let reader = {
-                let shelf = Arc::clone(&shelf);
-                thread::spawn(move || {
-                    let guard = crossbeam_epoch::pin();
-                    let table = shelf.read(&guard);
-                    let (slot, _) = table.find(3, |k| *k == 3).unwrap();
-                    assert_eq!(slot.with_key(|k| *k), Some(3));
-                    drop(guard);
-                    assert!(add(&shelf, 3, 4));
+                let (idle, stop) = (Arc::clone(&idle), Arc::clone(&stop));
+                spawn(&shelf, &domain, move |shelf, domain| {
+                    let handle = domain.register();
+                    {
+                        let guard = handle.pin();
+                        assert!(shelf.read(&guard).find(6, |k| *k == 6).is_some());
+                    }
+                    idle.store(true, Ordering::Release);
+                    // Idle, with the record still claimed, until told to stop.
+                    while !stop.load(Ordering::Acquire) {
+                        thread::yield_now();
+                    }
                 })
             };
-            migrate(&shelf, 4, 1);
-            migrate(&shelf, 16, 2);
+            while !idle.load(Ordering::Acquire) {
+                thread::yield_now();
+            }
+            migrate(&shelf, &domain, 8, 1);
+            assert_eq!(shelf.retired_unfreed(), 0);
+            stop.store(true, Ordering::Release);
             reader.join().unwrap();
-            assert_eq!(state_of(&shelf, 3), Some(4));
         });
     }
 }
