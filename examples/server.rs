@@ -140,6 +140,15 @@ struct Counters {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // tollgate's events (fallbacks, Redis failures, recoveries; each deny at `debug`) on
+    // stderr, filtered by RUST_LOG: `warn` and above by default, `RUST_LOG=debug` for all.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let args = Args::parse();
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -260,8 +269,11 @@ async fn run(args: Args) -> Result<(), String> {
                             .last_success_age
                             .map_or("never".to_owned(), |a| format!("{}ms ago", a.as_millis()));
                         let fallback = if s.fallback_active { ", FALLBACK" } else { "" };
+                        let failing = s
+                            .last_error
+                            .map_or(String::new(), |kind| format!(" (failing: {kind})"));
                         format!(
-                            "{} nodes, last sync {age}, {} errors{fallback}",
+                            "{} nodes, last sync {age}, {} errors{failing}{fallback}",
                             s.nodes, s.errors
                         )
                     }
@@ -349,9 +361,17 @@ async fn tier(args: &Args) -> Result<Tier, String> {
     while handle.stats().syncs == 0 && waited.elapsed() < Duration::from_secs(1) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    if handle.stats().syncs == 0 {
+    let stats = handle.stats();
+    if stats.syncs == 0 {
+        let why = match stats.last_error {
+            Some("authentication") => {
+                " (authentication failed: check the password or user in the URL)".to_owned()
+            }
+            Some(kind) => format!(" (last error: {kind})"),
+            None => String::new(),
+        };
         eprintln!(
-            "warning: Redis is not answering yet; serving by the local fallback until it does"
+            "warning: Redis is not answering yet{why}; serving by the local fallback until it does"
         );
     }
     Ok(Tier::Local(limiter, Some(handle)))

@@ -194,11 +194,14 @@ impl fmt::Display for ConfigError {
             ),
             Self::RedisUnreachable { url, reason } => write!(
                 f,
-                "cannot reach Redis at {url} ({reason}): start it, fix the URL, or drop                  require_connection to serve by the fallback until it answers"
+                "cannot reach Redis at {url} ({reason}): start it, fix the URL, or drop \
+                 require_connection to serve by the fallback until it answers"
             ),
             Self::PrefixInUse(what) => write!(
                 f,
-                "another synced limiter in this process already uses {what}: give each                  limiter its own prefix (or allow_shared_prefix(true) to run several nodes                  in one process)"
+                "another synced limiter in this process already uses {what}: give each \
+                 limiter its own prefix (or allow_shared_prefix(true) to run several nodes \
+                 in one process)"
             ),
         }
     }

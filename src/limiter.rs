@@ -212,6 +212,12 @@ impl<K: Key, C> RateLimiter<K, C> {
         on_store!(&self.inner.engine, s => s.default_policy().capacity())
     }
 
+    /// How many clones of this limiter exist (the sync task holds a few of its own).
+    #[cfg(feature = "redis")]
+    pub(crate) fn handles(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
     /// The store of a synced limiter.
     #[cfg(feature = "redis")]
     pub(crate) fn synced_store(&self) -> Option<&Store<K, crate::sync::SyncCell>> {

@@ -230,6 +230,33 @@ fn short_hash<Q: std::hash::Hash + ?Sized>(key: &Q) -> u32 {
     (hash >> 32) as u32
 }
 
+/// A synced limiter's sync task died (`error`): the fallback applies from now on.
+#[cfg(feature = "redis")]
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+pub(crate) fn sync_died(name: &str, policy: &dyn std::fmt::Debug) {
+    #[cfg(feature = "tracing")]
+    tracing::error!(
+        target: "tollgate",
+        limiter = name,
+        fallback = ?policy,
+        "sync: the sync task died (a bug); applying the fallback for the limiter's life"
+    );
+}
+
+/// A sync round failed with an error of `kind` (`message` has no password in it):
+/// `warn` when the kind is new (the first failure of a run, or another cause), `debug`
+/// after.
+#[cfg(feature = "redis")]
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+pub(crate) fn sync_error(name: &str, kind: &str, message: &str, changed: bool) {
+    #[cfg(feature = "tracing")]
+    if changed {
+        tracing::warn!(target: "tollgate", limiter = name, kind, error = message, "sync: a round failed");
+    } else {
+        tracing::debug!(target: "tollgate", limiter = name, kind, error = message, "sync: a round failed");
+    }
+}
+
 /// A synced limiter's node fell back (`warn`) or came back (`info`).
 #[cfg(feature = "redis")]
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]

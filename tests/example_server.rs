@@ -27,13 +27,39 @@ impl Drop for Server {
 }
 
 fn start(args: &[&str]) -> Server {
+    start_logging(args, &[], None)
+}
+
+/// As [`start`], with `env` set and, with `log`, everything the server writes to stderr
+/// appended to it as it comes.
+fn start_logging(
+    args: &[&str],
+    env: &[(&str, &str)],
+    log: Option<std::sync::Arc<std::sync::Mutex<String>>>,
+) -> Server {
     let mut child = Command::new(example_server())
         .args(["--listen", "127.0.0.1:0", "--quota", "5/min"])
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(if log.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .spawn()
         .unwrap();
+    if let Some(log) = log {
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+    }
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -85,6 +111,42 @@ fn sync_off_runs_the_redis_script_on_every_request() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--sync off needs --redis"));
+}
+
+/// A wrong Redis password with the sync on: the server says so at start (not only
+/// "Redis is not answering"), its `warn` event names the cause, and its per-second line
+/// shows it, all without the password. With `RUST_LOG=tollgate=debug` the server prints
+/// tollgate's `debug` events too (the later failed rounds). (The server installed no
+/// tracing subscriber: `RUST_LOG` printed nothing.)
+#[test]
+fn a_wrong_password_is_named_in_the_servers_log() {
+    let redis = LocalRedis::start_with(&["--requirepass", "right-one"]).unwrap();
+    let url = format!("redis://:hunter2@127.0.0.1:{}/", redis.port());
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let server = start_logging(
+        &["--redis", &url],
+        &[("RUST_LOG", "tollgate=debug")],
+        Some(std::sync::Arc::clone(&log)),
+    );
+    // It serves meanwhile (by the fallback's share of 5/min).
+    assert!([200, 429].contains(&status(&server)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = log.lock().unwrap().clone();
+        let ready = text.contains("authentication failed")
+            && text.contains("WARN")
+            && text.contains("DEBUG")
+            && text.contains("kind=\"authentication\"");
+        if ready {
+            assert!(!text.contains("hunter2"), "{text}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no authentication error in the log: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

@@ -125,6 +125,23 @@ async fn passwords_and_acl_users_work_and_never_show() {
                 .unwrap_err();
             assert!(matches!(err, ConfigError::RedisUnreachable { .. }), "{err}");
             assert_hidden("wrong-pw-31", &[err.to_string(), format!("{err:?}")]);
+            // Without `require_connection`, the sync serves by its fallback, and says
+            // why: the authentication failed (it used to say nothing but "errors").
+            let (_limiter, handle) = RateLimiter::<String>::builder(quota)
+                .build_synced(RedisSync::new(&bad).interval(Duration::from_millis(20)))
+                .unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while handle.stats().last_error.is_none() {
+                assert!(std::time::Instant::now() < deadline, "{:?}", handle.stats());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let stats = handle.stats();
+            assert_eq!(stats.last_error, Some("authentication"), "{stats:?}");
+            assert_hidden(
+                "wrong-pw-31",
+                &[format!("{stats:?}"), format!("{handle:?}")],
+            );
+            handle.shutdown().await;
         }
     }
 }

@@ -541,6 +541,72 @@ async fn shutdown_flushes_pending_consumption() {
     assert!((17_000_000..=18_000_000).contains(&debt), "debt {debt}µs");
 }
 
+/// Dropping the handle, as `let (limiter, _) = …` does, leaves the sync running for the
+/// limiter's life. (It used to abort the task: 300 checks over 3 s at 10/s admitted 0,
+/// silently.) Once the limiter is dropped too, the task reports what the node admitted,
+/// leaves the node registry and ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_handle_leaves_the_sync_running_for_the_limiters_life() {
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    let quota: Quota = "10/s burst 10".parse().unwrap();
+    let config = RedisSync::new(&server.url())
+        .interval(INTERVAL)
+        .prefix("dropped");
+    let (limiter, _) = RateLimiter::<String>::builder(quota)
+        .build_synced(config.clone())
+        .unwrap();
+    let start = Instant::now();
+    let mut admitted = 0u64;
+    for i in 0..300u32 {
+        tokio::time::sleep_until((start + Duration::from_millis(10) * i).into()).await;
+        admitted += u64::from(limiter.check("k").is_allowed());
+    }
+    let t = start.elapsed().as_secs_f64();
+    // More than one burst: rounds went on granting leases after the handle was dropped.
+    // At most the lease bound `B + r·H + 2·N` over `r·t`, with H = 2·I and N = 1.
+    let (b, r, h) = (10.0, 10.0, 2.0 * INTERVAL.as_secs_f64());
+    assert!(admitted as f64 > b, "{admitted} admitted in {t:.1}s");
+    assert!(
+        admitted as f64 <= b + r * h + 2.0 + r * t,
+        "{admitted} admitted in {t:.1}s"
+    );
+    // Drop the limiter: the task's last round reports every admission and leaves the
+    // registry; then its prefix is free for a new limiter.
+    drop(limiter);
+    let mut con = server.connection().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let registered: u64 = redis::cmd("ZCARD")
+            .arg("{dropped}:sync:tb:nodes")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if registered == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the node never left the registry"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let debt = debt_us(&server, "dropped:sync:tb:{k}").await;
+    assert!(debt > 0, "the admissions were never reported");
+    loop {
+        match RateLimiter::<String>::builder(quota).build_synced(config.clone()) {
+            Ok((_, handle)) => {
+                handle.shutdown().await;
+                break;
+            }
+            Err(ConfigError::PrefixInUse(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("the task never ended: {e}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn unsupported_setups_are_refused() {
     let quota = Quota::per_second(10).unwrap();
@@ -657,26 +723,39 @@ fn the_example_server_reports_bad_and_unreachable_redis() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // First lines of each stream, read with a deadline: a test never hangs.
-    let first_line = |stream: Box<dyn std::io::Read + Send>| {
+    // The first line of a stream that starts with `prefix` (and the lines before it),
+    // read with a deadline: a test never hangs.
+    let line_starting = |stream: Box<dyn std::io::Read + Send>, prefix: &'static str| {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stream).read_line(&mut line);
-            let _ = tx.send(line);
+            let mut seen = String::new();
+            for line in BufReader::new(stream).lines() {
+                let Ok(line) = line else { break };
+                seen.push_str(&line);
+                seen.push('\n');
+                if line.starts_with(prefix) {
+                    break;
+                }
+            }
+            let _ = tx.send(seen);
         });
         rx
     };
-    let warning = first_line(Box::new(child.stderr.take().unwrap()));
-    let listening = first_line(Box::new(child.stdout.take().unwrap()));
+    let stderr = line_starting(Box::new(child.stderr.take().unwrap()), "warning:");
+    let listening = line_starting(Box::new(child.stdout.take().unwrap()), "listening on");
     let deadline = Duration::from_secs(20);
-    let warning = warning.recv_timeout(deadline).unwrap_or_default();
+    let stderr = stderr.recv_timeout(deadline).unwrap_or_default();
     let listening = listening.recv_timeout(deadline).unwrap_or_default();
     let _ = child.kill();
     let _ = child.wait();
+    // The failed round's `warn` event names its cause, and so does the warning.
     assert!(
-        warning.starts_with("warning: Redis is not answering"),
-        "{warning}"
+        stderr.contains("WARN") && stderr.contains("kind=\"unavailable\""),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("warning: Redis is not answering yet (last error: unavailable)"),
+        "{stderr}"
     );
     assert!(listening.starts_with("listening on"), "{listening}");
 }

@@ -162,6 +162,12 @@ pub struct SyncStats {
     pub keys_released: u64,
     /// The sync task died (a bug): checks apply the configured [`Fallback`] from then on.
     pub task_died: bool,
+    /// Why the last round failed, while rounds fail (`None` once one succeeds):
+    /// `authentication` (a wrong password or user: fix the URL; retrying will not help),
+    /// `timeout`, `unavailable` (refused, dropped, or a cluster slot without a master),
+    /// `script` (Redis refused the round's script), `reply` (an answer the task cannot
+    /// read) or `redis` (any other error reply).
+    pub last_error: Option<&'static str>,
 }
 
 /// The state a sync task shares with its handle.
@@ -182,9 +188,16 @@ pub(crate) struct StatsCell {
     pub(crate) stats: SyncStats,
 }
 
-/// The running sync task of one limiter. Dropping it stops the task at once (pending
-/// consumption is then lost); [`shutdown`](Self::shutdown) flushes first.
+/// The running sync task of one limiter, for its [`stats`](Self::stats) and an explicit
+/// [`shutdown`](Self::shutdown).
+///
+/// **Dropping the handle leaves the sync running for the limiter's life:** once every
+/// clone of the limiter has been dropped too, the task runs a last round that reports
+/// what was admitted and returns every lease (as `shutdown` does), then stops, within a
+/// second or one interval. `shutdown` stops it now, and returns once that round is done.
 #[derive(Debug)]
+#[must_use = "dropping the handle leaves the sync running until the limiter is dropped; \
+              keep it for `stats()` and a flushing `shutdown().await`"]
 pub struct SyncHandle {
     name: String,
     shared: Arc<Shared>,
@@ -217,19 +230,12 @@ impl SyncHandle {
     }
 
     /// Stops the task after a last round that reports all pending consumption, returns
-    /// every leased token and leaves the node registry.
+    /// every leased token and leaves the node registry. The limiter gets no leases after
+    /// it: shut down when the node is about to stop serving.
     pub async fn shutdown(mut self) {
         self.shared.stop.notify_one();
         if let Some(task) = self.task.take() {
             let _ = task.await;
-        }
-    }
-}
-
-impl Drop for SyncHandle {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
         }
     }
 }

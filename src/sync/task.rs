@@ -31,6 +31,8 @@ pub(crate) const ROUND: &str = include_str!("round.lua");
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 /// How many rounds a shutdown may run to flush every key.
 const SHUTDOWN_ROUNDS: usize = 1_000;
+/// How often the task looks whether the limiter's users have all dropped it.
+const ALIVE_EVERY: Duration = Duration::from_millis(250);
 
 /// The prefixes (with the algorithm) in use by this process's synced limiters.
 static IN_USE: Mutex<Option<HashSet<String>>> = Mutex::new(None);
@@ -85,6 +87,9 @@ struct Task {
     shared: Arc<Shared>,
     /// The limiter's name, for metrics.
     name: Arc<str>,
+    /// How many clones of the limiter the task itself holds: once no other is left, the
+    /// limiter is gone for its users, and the task flushes and stops.
+    own_handles: usize,
 }
 
 /// Validates `config` for the limiter's algorithm and spawns the task for `limiter`,
@@ -152,6 +157,7 @@ where
     let node = format!("{:016x}", ahash::RandomState::new().hash_one(seed));
     let shared = Arc::new(Shared::default());
     let clock_of = limiter.clone();
+    let for_run = limiter.clone();
     let interval_us = micros(config.interval);
     let hold = interval_us * 2;
     let task = Task {
@@ -185,8 +191,11 @@ where
         shared: Arc::clone(&shared),
         settings,
         config,
+        // `limiter`, `clock_of` and `for_run`: every clone but the caller's (`build_synced`
+        // keeps one, which it returns).
+        own_handles: limiter.handles() - 1,
     };
-    let handle = runtime.spawn(supervise(Arc::new(task), limiter, guard));
+    let handle = runtime.spawn(supervise(Arc::new(task), limiter, for_run, guard));
     Ok(SyncHandle {
         name: format!("tollgate-sync-{node}"),
         shared,
@@ -202,13 +211,18 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Runs the task; if it dies, records it and applies the fallback until stopped.
-async fn supervise<K, C>(task: Arc<Task>, limiter: RateLimiter<K, C>, _guard: PrefixGuard)
-where
+/// Runs the task; if it dies, records it and applies the fallback until stopped or the
+/// limiter's users have all dropped it.
+async fn supervise<K, C>(
+    task: Arc<Task>,
+    limiter: RateLimiter<K, C>,
+    for_run: RateLimiter<K, C>,
+    _guard: PrefixGuard,
+) where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     C: Clock,
 {
-    let mut inner = AbortOnDrop(tokio::spawn(Arc::clone(&task).run(limiter.clone())));
+    let mut inner = AbortOnDrop(tokio::spawn(Arc::clone(&task).run(for_run)));
     if (&mut inner.0).await.is_ok() {
         return;
     }
@@ -220,21 +234,30 @@ where
         cell.stats.task_died = true;
         cell.stats.fallback_active = true;
     }
+    crate::observe::sync_died(&task.name, &task.config.fallback);
     match task.config.fallback {
         Fallback::AllowAll => task.set_override(store, Override::AllowAll),
         Fallback::DenyAll => task.set_override(store, Override::DenyAll),
-        Fallback::LocalShare => {
-            let nodes = task.shared.stats.lock().stats.nodes.max(1);
-            let mut ticker = tokio::time::interval(task.config.interval);
-            loop {
-                tokio::select! {
-                    _ = ticker.tick() => task.refill_locally(store, nodes),
-                    _ = task.shared.stop.notified() => return,
+        Fallback::LocalShare => {}
+    }
+    // The rest of the process's life is the dead task's, less its own clone.
+    let own = task.own_handles - 1;
+    let nodes = task.shared.stats.lock().stats.nodes.max(1);
+    let mut refill = tokio::time::interval(task.config.interval);
+    let mut alive = tokio::time::interval(ALIVE_EVERY);
+    loop {
+        tokio::select! {
+            _ = refill.tick(), if task.config.fallback == Fallback::LocalShare => {
+                task.refill_locally(store, nodes);
+            }
+            _ = alive.tick() => {
+                if limiter.handles() <= own {
+                    return;
                 }
             }
+            _ = task.shared.stop.notified() => return,
         }
     }
-    task.shared.stop.notified().await;
 }
 
 /// The task's running state.
@@ -323,6 +346,52 @@ fn unexpected_reply() -> redis::RedisError {
     redis::RedisError::from((redis::ErrorKind::Parse, "sync round: unexpected reply"))
 }
 
+/// What a round's timeout says.
+const TIMED_OUT: &str = "sync round timed out";
+
+/// The [`SyncStats::last_error`](super::SyncStats::last_error) of a failed round.
+fn error_kind(e: &redis::RedisError) -> &'static str {
+    // A pipeline's failure carries its calls' error codes in its message only.
+    let text = e.to_string();
+    let coded = |codes: &[&str]| {
+        codes.iter().any(|code| {
+            e.code() == Some(code)
+                || text.contains(&format!("\"{code}\""))
+                || text.starts_with(code)
+        })
+    };
+    // Without a password, Redis refuses the round's large request before any code:
+    // "Protocol error: unauthenticated multibulk length".
+    if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || coded(&["NOAUTH", "WRONGPASS"])
+        || text.contains("unauthenticated")
+    {
+        "authentication"
+    } else if e.is_timeout() || text.contains(TIMED_OUT) {
+        "timeout"
+    } else if e.kind() == redis::ErrorKind::Parse {
+        "reply"
+    } else if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || coded(&[
+            "MOVED",
+            "ASK",
+            "TRYAGAIN",
+            "CLUSTERDOWN",
+            "MASTERDOWN",
+            "READONLY",
+            "LOADING",
+        ])
+    {
+        "unavailable"
+    } else if coded(&["NOSCRIPT"]) || text.contains("script") {
+        "script"
+    } else {
+        "redis"
+    }
+}
+
 /// What a successful round learnt.
 struct Round {
     nodes: u64,
@@ -366,6 +435,7 @@ impl Task {
         // global state refills.
         let mut jitter = Jitter::new(&self.node);
         let mut next = tokio::time::Instant::now();
+        let mut alive = tokio::time::interval(ALIVE_EVERY);
         loop {
             let window_at = p
                 .window_round
@@ -381,6 +451,15 @@ impl Task {
                 }
                 _ = self.shared.wake.notified() => false,
                 _ = self.shared.stop.notified() => true,
+                // Whether the limiter's users have all dropped it (and the handle, or kept
+                // it without calling `shutdown`): then flush, and stop. This look is no
+                // round: the rounds keep their own schedule.
+                _ = alive.tick() => {
+                    if limiter.handles() > self.own_handles {
+                        continue;
+                    }
+                    true
+                }
             };
             #[cfg(test)]
             if self.shared.poison.load(Ordering::Acquire) {
@@ -445,13 +524,18 @@ impl Task {
     {
         let started = Instant::now();
         if p.connection.is_none() {
-            match tokio::time::timeout(self.config.timeout, self.connect()).await {
-                Ok(Ok(c)) => p.connection = Some(c),
-                _ => {
-                    let took = started.elapsed();
-                    crate::observe::sync_round(&self.name, false, took, p.fallback, p.nodes);
-                    return self.failed(p);
+            let failure = match tokio::time::timeout(self.config.timeout, self.connect()).await {
+                Ok(Ok(c)) => {
+                    p.connection = Some(c);
+                    None
                 }
+                Ok(Err(e)) => Some((error_kind(&e), self.config.target.scrub(&e.to_string()))),
+                Err(_) => Some(("timeout", "connecting timed out".to_owned())),
+            };
+            if let Some((kind, message)) = failure {
+                let took = started.elapsed();
+                crate::observe::sync_round(&self.name, false, took, p.fallback, p.nodes);
+                return self.failed(p, kind, &message);
             }
         }
         let Some(link) = p.connection.clone() else {
@@ -481,8 +565,9 @@ impl Task {
                 stats.nodes = p.nodes;
                 stats.clock_offset = round.clock_offset;
                 stats.fallback_active = false;
+                stats.last_error = None;
             }
-            Err(_) => {
+            Err(e) => {
                 crate::observe::sync_round(
                     &self.name,
                     false,
@@ -493,12 +578,22 @@ impl Task {
                 // On a cluster, a fresh connection is made in the background and replaces
                 // this one once it connects (see `Link`).
                 link.failed();
-                self.failed(p);
+                let message = self.config.target.scrub(&e.to_string());
+                self.failed(p, error_kind(&e), &message);
             }
         }
     }
 
-    fn failed(&self, p: &mut Progress) {
+    /// A round failed with an error of `kind`: counted, shown in the stats, and logged
+    /// (`warn` for the first failure of a run or a new kind, `debug` after).
+    fn failed(&self, p: &mut Progress, kind: &'static str, message: &str) {
+        let changed = {
+            let mut cell = self.shared.stats.lock();
+            let changed = cell.stats.last_error != Some(kind);
+            cell.stats.last_error = Some(kind);
+            changed
+        };
+        crate::observe::sync_error(&self.name, kind, message, changed);
         p.failures = p.failures.saturating_add(1);
         // One failure retries at the next interval; repeated ones back off.
         let backoff = self
@@ -795,10 +890,7 @@ impl Task {
         };
         match tokio::time::timeout(self.config.timeout, query).await {
             Ok(result) => result,
-            Err(_) => Err(redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "sync round timed out",
-            ))),
+            Err(_) => Err(redis::RedisError::from((redis::ErrorKind::Io, TIMED_OUT))),
         }
     }
 
@@ -890,6 +982,19 @@ mod tests {
         let stats = handle.stats();
         assert!(stats.task_died && stats.fallback_active, "{stats:?}");
         assert!(!limiter.check("k").is_allowed(), "DenyAll applies");
+        // Once the limiter is dropped, the supervisor ends too: its prefix is free.
+        drop(limiter);
+        let again = || {
+            RateLimiter::<String>::builder(Quota::per_second(10).unwrap())
+                .build_synced(RedisSync::new("redis://127.0.0.1:1/").prefix("poisoned"))
+        };
+        for _ in 0..200 {
+            if again().is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the supervisor of a dead task outlived its limiter");
     }
 
     #[tokio::test]
@@ -923,7 +1028,8 @@ mod tests {
         assert!(matches!(err, ConfigError::RedisUnreachable { .. }), "{err}");
         assert!(!err.to_string().contains("hunter2"), "{err}");
         assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
-        let (_, handle) = RateLimiter::<String>::builder(quota)
+        // (The limiter is kept: once it is dropped, its sync stops.)
+        let (_limiter, handle) = RateLimiter::<String>::builder(quota)
             .build_synced(config)
             .unwrap();
         for _ in 0..100 {
