@@ -255,7 +255,7 @@ impl TryFrom<RawConfig> for LimiterConfig {
             }
         };
         if let Some(shards) = raw.shards
-            && !shards.is_power_of_two()
+            && !crate::limiter::valid_shards(shards)
         {
             return Err(field(
                 "shards",
@@ -371,6 +371,8 @@ mod tests {
                 "field `algorithm`",
             ),
             ("quota = \"10/s\"\nshards = 3", "field `shards`"),
+            // 128 GiB of shards aborted the process.
+            ("quota = \"10/s\"\nshards = 1073741824", "from 1 to 65,536"),
             ("quota = \"10/s\"\nmax_keys = 0", "field `max_keys`"),
             (
                 "quota = \"10/s\"\nwhen_full = \"panic\"",

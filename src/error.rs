@@ -39,7 +39,8 @@ pub enum ConfigError {
         /// The largest limit the algorithm supports.
         max: u64,
     },
-    /// The shard count was zero or not a power of two.
+    /// The shard count was zero, not a power of two, or above
+    /// [`MAX_SHARDS`](crate::MAX_SHARDS).
     InvalidShards(usize),
     /// `max_keys` was zero.
     ZeroMaxKeys,
@@ -140,7 +141,7 @@ impl fmt::Display for ConfigError {
             ),
             Self::InvalidShards(n) => write!(
                 f,
-                "shard count {n} is invalid: use a power of two of at least 1 (for example 16)"
+                "shard count {n} is invalid: use a power of two from 1 to 65,536 (for example 16)"
             ),
             Self::ZeroMaxKeys => f.write_str("max_keys is 0: allow at least 1 key"),
             Self::InvalidJitter { min, max } => write!(

@@ -151,7 +151,7 @@ pub use algorithm::{
 };
 pub use decision::Decision;
 pub use error::{ConfigError, InsufficientCapacity};
-pub use limiter::{Builder, Key, RateLimiter};
+pub use limiter::{Builder, Key, MAX_SHARDS, RateLimiter};
 pub use quota::Quota;
 pub use store::{StoreStats, WhenFull};
 #[cfg(feature = "tokio")]

@@ -551,8 +551,8 @@ impl<K: Key, C: Clock> Builder<K, C> {
         self
     }
 
-    /// The number of shards of the key map: a power of two. By default four per CPU,
-    /// rounded up to a power of two.
+    /// The number of shards of the key map: a power of two, at most [`MAX_SHARDS`]. By
+    /// default four per CPU, rounded up to a power of two.
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
@@ -591,15 +591,12 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// Validates the configuration and builds the limiter.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidShards`] for a shard count that is zero or not a power of two,
+    /// [`ConfigError::InvalidShards`] for a shard count that is zero, not a power of two
+    /// or above [`MAX_SHARDS`],
     /// [`ConfigError::ZeroMaxKeys`], or [`ConfigError::LimitTooLarge`] when the algorithm
     /// cannot hold the quota's limit.
     pub fn build(self) -> Result<RateLimiter<K, C>, ConfigError> {
-        let shards = match self.shards {
-            Some(n) if !n.is_power_of_two() => return Err(ConfigError::InvalidShards(n)),
-            Some(n) => n,
-            None => default_shards(),
-        };
+        let shards = self.shard_count()?;
         if self.max_keys == Some(0) {
             return Err(ConfigError::ZeroMaxKeys);
         }
@@ -634,11 +631,7 @@ impl<K: Key, C: Clock> Builder<K, C> {
             ));
         };
         let capacity = word.capacity();
-        let shards = match self.shards {
-            Some(n) if !n.is_power_of_two() => return Err(ConfigError::InvalidShards(n)),
-            Some(n) => n,
-            None => default_shards(),
-        };
+        let shards = self.shard_count()?;
         // Until the first round tells how many nodes share the limit, a new key waits for
         // its first lease (the sync task sets each key's share of a fresh capacity then).
         let interval_ns = u64::try_from(sync.interval.as_nanos()).unwrap_or(u64::MAX);
@@ -651,6 +644,15 @@ impl<K: Key, C: Clock> Builder<K, C> {
         let limiter = self.assemble(Engine::Synced(Store::new(limits, policy)));
         let handle = crate::sync::start(limiter.clone(), sync)?;
         Ok((limiter, handle))
+    }
+
+    /// The shard count asked for, or the default.
+    fn shard_count(&self) -> Result<usize, ConfigError> {
+        match self.shards {
+            Some(n) if !valid_shards(n) => Err(ConfigError::InvalidShards(n)),
+            Some(n) => Ok(n),
+            None => Ok(default_shards()),
+        }
     }
 
     fn assemble(self, engine: Engine<K>) -> RateLimiter<K, C> {
@@ -679,8 +681,17 @@ fn unit(decided: Result<Decision, InsufficientCapacity>) -> Decision {
     decided.unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
 }
 
-/// Four shards per CPU, rounded up to a power of two.
+/// The most shards a limiter may have: 65,536 (a few MiB of empty shards; more would
+/// only cost memory, and `1 << 30` of them would take 128 GiB before the first check).
+pub const MAX_SHARDS: usize = 1 << 16;
+
+/// Whether `n` is a shard count a limiter accepts: a power of two up to [`MAX_SHARDS`].
+pub(crate) fn valid_shards(n: usize) -> bool {
+    n.is_power_of_two() && n <= MAX_SHARDS
+}
+
+/// Four shards per CPU, rounded up to a power of two (at most [`MAX_SHARDS`]).
 fn default_shards() -> usize {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    (cpus * 4).next_power_of_two()
+    (cpus.saturating_mul(4)).min(MAX_SHARDS).next_power_of_two()
 }

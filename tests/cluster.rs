@@ -197,7 +197,10 @@ async fn the_sync_holds_the_global_limit_on_a_cluster() {
     stop(nodes).await;
 }
 
-/// With 600 keys in use, each of the three masters holds at least 15% of the sync state.
+/// With 600 keys in use, each of the three masters holds at least 15% of the sync state,
+/// though every key has a `}` in it (`x}0`, `x}1`, …): the hash tag used to end there and
+/// put them all in the slot of `x`, so a client choosing keys could load one master with
+/// all of them. The Redis tier's names of such keys spread too, by `CLUSTER KEYSLOT`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_state_spreads_over_the_masters() {
     let cluster = cluster();
@@ -211,7 +214,7 @@ async fn sync_state_spreads_over_the_masters() {
     for round in 0..3 {
         for (limiter, handle) in &nodes {
             for k in 0..600 {
-                limiter.check(format!("user-{k}").as_str());
+                limiter.check(format!("x}}{k}").as_str());
             }
             handle.sync_now();
         }
@@ -232,6 +235,27 @@ async fn sync_state_spreads_over_the_masters() {
         assert_eq!((stats.nodes, stats.keys_waiting), (2, 0), "{stats:?}");
     }
     stop(nodes).await;
+
+    let urls = cluster.urls();
+    let limiter = RedisLimiter::cluster_builder(&refs(&urls), Quota::per_minute(1).unwrap())
+        .prefix("braces")
+        .build()
+        .await
+        .unwrap();
+    let port = cluster.ports()[0];
+    let slot = |key: &str| {
+        let name = String::from_utf8(limiter.redis_key(key)).unwrap();
+        cluster.cli(port, &["CLUSTER", "KEYSLOT", &name]).unwrap()
+    };
+    let slots: std::collections::HashSet<String> =
+        (0..200).map(|k| slot(&format!("x}}{k}"))).collect();
+    // 200 keys hashed at random into 16,384 slots: about 199 distinct; before, 1.
+    assert!(slots.len() >= 190, "{} slots for 200 keys", slots.len());
+    // And each is a key of its own: `x`, `x}1`, `x}2`, `}` each admit once at 1/min.
+    for key in ["x", "x}1", "x}2", "}", "x%7D1"] {
+        assert!(limiter.check(key).await.unwrap().is_allowed(), "{key}");
+        assert!(!limiter.check(key).await.unwrap().is_allowed(), "{key}");
+    }
 }
 
 /// A key of `limiter` whose state lives on the master at `port`.

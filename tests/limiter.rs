@@ -106,14 +106,41 @@ fn reset_restores_a_full_quota() {
 #[test]
 fn builder_rejects_bad_configuration() {
     let q = Quota::per_second(10).unwrap();
-    for shards in [0, 3, 12] {
+    // Above the cap: 1 << 30 aborted the process with a 128 GiB allocation, 1 << 62
+    // panicked, 1 << 24 took 10 GB.
+    for shards in [
+        0,
+        3,
+        12,
+        tollgate::MAX_SHARDS * 2,
+        1 << 24,
+        1 << 30,
+        1 << 62,
+    ] {
         let err = RateLimiter::<u64>::builder(q)
             .shards(shards)
             .build()
             .unwrap_err();
         assert_eq!(err, ConfigError::InvalidShards(shards));
-        assert!(err.to_string().contains("power of two"));
+        assert!(
+            err.to_string().contains("power of two from 1 to 65,536"),
+            "{err}"
+        );
     }
+    assert_eq!(
+        RateLimiter::<u64>::builder(q)
+            .shards(tollgate::MAX_SHARDS)
+            .build()
+            .unwrap()
+            .shards(),
+        65_536
+    );
+    // The largest key cap is no cap at all: nothing is sized by it.
+    let unbounded = RateLimiter::<u64>::builder(q)
+        .max_keys(usize::MAX)
+        .build()
+        .unwrap();
+    assert!(unbounded.check(&1).is_allowed());
     for shards in [1, 2, 64] {
         let limiter = RateLimiter::<u64>::builder(q)
             .shards(shards)

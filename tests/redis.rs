@@ -303,7 +303,8 @@ async fn configurations_the_scripts_cannot_run_are_refused() {
 }
 
 /// Keys with spaces, braces, newlines and other bytes stay distinct and map to exactly
-/// `<prefix>:<algorithm>:{<key>}`.
+/// `<prefix>:<algorithm>:{<key>}`, with `}` written `%7D` and `%` written `%25` (so that
+/// the hash tag is always the whole key).
 #[tokio::test]
 async fn arbitrary_keys_round_trip_without_collisions() {
     let server = server();
@@ -320,13 +321,16 @@ async fn arbitrary_keys_round_trip_without_collisions() {
         "a",
         "a{",
         "}",
+        "a%7Db",
+        "%",
     ];
     for key in keys {
         assert!(
             l.check(key).await.unwrap().is_allowed(),
             "{key:?} collided with an earlier key"
         );
-        let expected = [b"tollgate:tb:{".as_slice(), key.as_bytes(), b"}"].concat();
+        let escaped = key.replace('%', "%25").replace('}', "%7D");
+        let expected = [b"tollgate:tb:{".as_slice(), escaped.as_bytes(), b"}"].concat();
         assert_eq!(l.redis_key(key), expected);
         let exists: bool = con.exists(&expected).await.unwrap();
         assert!(exists, "{key:?}");

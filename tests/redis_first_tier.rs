@@ -488,6 +488,128 @@ async fn the_breaker_opens_on_a_pause_and_a_kill_and_closes_by_itself() {
     }
 }
 
+/// Floods `key` through `check_or(key, FailMode::Open)` (as the HTTP layer checks) from
+/// `tasks` tasks for `for_`, each checking every millisecond: the slowest check.
+async fn slowest_check_or(
+    limiter: &RedisLimiter,
+    key: &str,
+    tasks: usize,
+    for_: Duration,
+) -> Duration {
+    let started = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (limiter, key) = (limiter.clone(), key.to_owned());
+            tokio::spawn(async move {
+                let mut slowest = Duration::ZERO;
+                while started.elapsed() < for_ {
+                    let one = Instant::now();
+                    limiter.check_or(&key, FailMode::Open).await;
+                    slowest = slowest.max(one.elapsed());
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                slowest
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for h in handles {
+        slowest = slowest.max(h.await.unwrap());
+    }
+    slowest
+}
+
+/// The timeout is a deadline from the moment a check is called. With the deny cache and
+/// the breaker on (the defaults), 1 and 64 tasks flood one key at 20/s burst 20, whose
+/// cached deny keeps expiring, while Redis is paused and after it is killed, through the
+/// breaker's opening and its background probes: every check completes within the timeout
+/// plus 15 ms, for 10 ms and 50 ms timeouts. (A request waiting for another's call on the
+/// key used to wait out one timeout for it and then spend one of its own: 103 ms for a
+/// 50 ms timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_check_completes_within_its_timeout_with_the_cache_on() {
+    let slack = Duration::from_millis(15);
+    for timeout in [Duration::from_millis(10), Duration::from_millis(50)] {
+        for tasks in [1, 64] {
+            for outage in ["pause", "kill"] {
+                let mut server = server();
+                let limiter = RedisLimiter::builder(&server.url(), quota("20/s burst 20"))
+                    .timeout(timeout)
+                    .build()
+                    .await
+                    .unwrap();
+                // Spend the burst: the key's deny is cached, and expires every 50 ms.
+                for _ in 0..25 {
+                    limiter.check("hot").await.unwrap();
+                }
+                match outage {
+                    "pause" => server.pause().unwrap(),
+                    _ => server.stop(),
+                }
+                let slowest =
+                    slowest_check_or(&limiter, "hot", tasks, Duration::from_millis(1_500)).await;
+                eprintln!("{outage}, {timeout:?} timeout, {tasks} tasks: slowest {slowest:?}");
+                assert!(
+                    slowest <= timeout + slack,
+                    "{outage}, {tasks} tasks: a check took {slowest:?} for a {timeout:?} timeout"
+                );
+                let stats = limiter.stats();
+                assert!(stats.breaker_opened >= 1, "{stats:?}");
+                if outage == "pause" {
+                    server.resume().unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// Checks answer again at most 1 s after Redis does, with the default breaker: after a
+/// pause, and after a kill and an empty restart (whose first probe may meet the broken
+/// connection's old error: it retries through the reconnected one). Five outages each,
+/// ending at different points of the probes' period. (An empty restart took 2.3–2.4 s:
+/// the probe failed at once and the breaker waited out its doubled period.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_answer_again_within_a_second_of_redis() {
+    let mut server = server();
+    let limiter = RedisLimiter::builder(&server.url(), quota("100000/s"))
+        .build()
+        .await
+        .unwrap();
+    assert!(limiter.check("k").await.unwrap().is_allowed());
+    for (round, outage) in ["restart", "pause"].iter().cycle().take(10).enumerate() {
+        match *outage {
+            "pause" => server.pause().unwrap(),
+            _ => server.stop(),
+        }
+        // Long enough for the breaker to open and its period to reach its maximum.
+        let down = Duration::from_millis(1_200 + 97 * round as u64);
+        let until = Instant::now() + down;
+        while Instant::now() < until {
+            let _ = limiter.check("k").await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let breaker = limiter.stats().breaker;
+        assert!(
+            matches!(breaker, BreakerState::Open | BreakerState::HalfOpen),
+            "{breaker:?}"
+        );
+        match *outage {
+            "pause" => server.resume().unwrap(),
+            _ => server.restart().unwrap(),
+        }
+        let back = Instant::now();
+        while limiter.check("k").await.is_err() {
+            assert!(
+                back.elapsed() <= Duration::from_secs(1),
+                "{outage}: no answer 1 s after Redis: {:?}",
+                limiter.stats()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        eprintln!("{outage}: answering again {:?} after Redis", back.elapsed());
+    }
+}
+
 /// With Redis killed, `FailMode::Local` limits in process: 1 s of flooding admits at
 /// least the local burst and at most burst + rate·t + 1 — not everything, not nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -539,13 +661,39 @@ async fn fail_mode_local_limits_by_the_insurance_quota() {
 /// Bad settings are typed errors at build time, before any connection.
 #[tokio::test]
 async fn bad_first_tier_settings_are_typed_errors() {
+    let url = "redis://127.0.0.1:1/";
     for builder in [
-        RedisLimiter::builder("redis://127.0.0.1:1/", quota("1/s"))
+        RedisLimiter::builder(url, quota("1/s"))
             .circuit_breaker(CircuitBreaker::new(0, Duration::from_secs(1))),
-        RedisLimiter::builder("redis://127.0.0.1:1/", quota("1/s")).deny_cache_max_keys(0),
+        RedisLimiter::builder(url, quota("1/s")).deny_cache_max_keys(0),
+        RedisLimiter::builder(url, quota("1/s")).timeout(Duration::ZERO),
+        // A deadline this far away would overflow the clock.
+        RedisLimiter::builder(url, quota("1/s")).timeout(Duration::MAX),
     ] {
         let e = builder.build().await.unwrap_err();
         assert!(matches!(e, RedisError::Config(_)), "{e}");
         assert!(e.to_string().contains("out of range"), "{e}");
     }
+}
+
+/// The largest values of the first tier's numeric settings are served, not a panic: a
+/// deny cache of `usize::MAX` keys (whose shard count once overflowed) and breaker
+/// periods of `Duration::MAX`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_first_tier_settings_work() {
+    let server = server();
+    let limiter = RedisLimiter::builder(&server.url(), quota("1/s"))
+        .deny_cache_max_keys(usize::MAX)
+        .timeout(Duration::from_secs(3600))
+        .circuit_breaker(
+            CircuitBreaker::new(u32::MAX, Duration::MAX).open_for(Duration::MAX, Duration::MAX),
+        )
+        .build()
+        .await
+        .unwrap();
+    assert!(limiter.check("k").await.unwrap().is_allowed());
+    // The admission left nothing: both denies come from the cache.
+    assert!(!limiter.check("k").await.unwrap().is_allowed());
+    assert!(!limiter.check("k").await.unwrap().is_allowed());
+    assert_eq!(limiter.stats().cached_denies, 2);
 }

@@ -1,16 +1,16 @@
 //! The circuit breaker of [`RedisLimiter`](super::RedisLimiter): after consecutive
-//! failures, checks stop calling Redis for a while and answer by their fail mode at
-//! once; one probe per period finds out when Redis is back.
+//! failures, checks stop calling Redis and answer by their fail mode at once; a probe in
+//! the background, once per period, finds out when Redis is back.
 //!
 //! States:
 //! - **closed**: every check calls Redis. `failures` consecutive failures, the first and
 //!   the last at most `within` apart, open the breaker.
-//! - **open**: checks fail at once with [`RedisError::CircuitOpen`](super::RedisError)
-//!   until the period ends. Then the first check is the probe (the breaker is
-//!   *half-open* while it runs) and the others still fail at once. A probe that
-//!   succeeds closes the breaker; one that fails opens it again for twice the period, up
-//!   to `max_open_for`. A probe that is dropped unfinished (its caller gave up) leaves
-//!   the next period's first check to probe.
+//! - **open**: every check fails at once with
+//!   [`RedisError::CircuitOpen`](super::RedisError). When each period ends, a background
+//!   task (not a check: no request ever waits for a probe) makes one call (the breaker is
+//!   *half-open* while it runs). A probe that Redis answers closes the breaker; one that
+//!   fails opens it again for twice the period, up to `max_open_for`. So checks answer
+//!   again at most `max_open_for` after Redis does.
 //!
 //! The arithmetic takes time as an argument (nanoseconds of a monotonic clock), so the
 //! unit tests drive it without sleeping. Closed and healthy, a check reads one atomic.
@@ -23,8 +23,9 @@ use parking_lot::Mutex;
 use crate::error::ConfigError;
 
 /// When [`RedisLimiter`](super::RedisLimiter) stops calling a failing Redis, and for how
-/// long. The default: open after 3 consecutive failures within 1 s, for 500 ms at first,
-/// doubling while probes fail, up to 2 s (so a recovery is seen within 2 s).
+/// long. The default: open after 3 consecutive failures within 1 s, for 250 ms at first,
+/// doubling while the background probes fail, up to 500 ms (so checks answer again at
+/// most 500 ms, plus a round trip, after Redis does).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CircuitBreaker {
     failures: u32,
@@ -48,14 +49,15 @@ impl CircuitBreaker {
         Self {
             failures,
             within,
-            open_for: Duration::from_millis(500),
-            max_open_for: Duration::from_secs(2),
+            open_for: Duration::from_millis(250),
+            max_open_for: Duration::from_millis(500),
             enabled: true,
         }
     }
 
     /// Stays open for `first` after opening, doubling after each failed probe up to
-    /// `max` (both > 0, `max` ≥ `first`).
+    /// `max` (both > 0, `max` ≥ `first`): `max` bounds how long after Redis answers again
+    /// checks still fail at once, and a probe is one call per `max` while Redis is away.
     pub const fn open_for(mut self, first: Duration, max: Duration) -> Self {
         self.open_for = first;
         self.max_open_for = max;
@@ -123,11 +125,19 @@ pub enum BreakerState {
 pub(crate) enum Gate {
     /// Call Redis.
     Call,
-    /// Call Redis as the probe of an open breaker: report the outcome, or drop the
-    /// ticket (then the next period probes again).
-    Probe,
-    /// Do not call; the breaker's period ends in this many ns (at least 1).
+    /// Do not call; the next probe is due in this many ns (at least 1).
     Reject(u64),
+}
+
+/// What the background prober does now.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// The breaker is closed: stop probing.
+    Closed,
+    /// Wait this many ns.
+    Wait(u64),
+    /// Call Redis now, and report the outcome.
+    Now,
 }
 
 #[derive(Debug, Default)]
@@ -175,18 +185,33 @@ impl Breaker {
         if !self.troubled.load(Ordering::Acquire) {
             return Gate::Call;
         }
-        let mut run = self.run.lock();
+        let run = self.run.lock();
         if !run.open {
             return Gate::Call;
         }
-        if now >= run.open_until && !run.probing {
-            run.probing = true;
-            // The next probe, should this one hang or be dropped, waits a period.
-            run.open_until = now.saturating_add(run.period);
-            return Gate::Probe;
-        }
         self.rejected.fetch_add(1, Ordering::Relaxed);
         Gate::Reject(run.open_until.saturating_sub(now).max(1))
+    }
+
+    /// Whether the breaker is open (checks fail at once).
+    pub(crate) fn is_open(&self) -> bool {
+        self.troubled.load(Ordering::Acquire) && self.run.lock().open
+    }
+
+    /// What the background prober does at `now`; `Now` marks the breaker half-open until
+    /// the outcome is reported (and, should the probe hang, lets the next one start a
+    /// period later).
+    pub(crate) fn next_probe(&self, now: u64) -> Probe {
+        let mut run = self.run.lock();
+        if !run.open {
+            return Probe::Closed;
+        }
+        if now < run.open_until {
+            return Probe::Wait(run.open_until - now);
+        }
+        run.probing = true;
+        run.open_until = now.saturating_add(run.period);
+        Probe::Now
     }
 
     /// A call succeeded (Redis answered); true if that closed the breaker.
@@ -239,12 +264,6 @@ impl Breaker {
         true
     }
 
-    /// The probe ended without an outcome (its future was dropped): the next period's
-    /// first check probes.
-    pub(crate) fn probe_abandoned(&self) {
-        self.run.lock().probing = false;
-    }
-
     pub(crate) fn state(&self) -> BreakerState {
         let run = self.run.lock();
         match (run.open, run.probing) {
@@ -262,36 +281,6 @@ impl Breaker {
     /// Checks answered without calling Redis because the breaker was open.
     pub(crate) fn rejected(&self) -> u64 {
         self.rejected.load(Ordering::Relaxed)
-    }
-}
-
-/// Reports a probe's end to its breaker; dropped unresolved, it abandons the probe.
-pub(crate) struct ProbeTicket<'a> {
-    breaker: Option<&'a Breaker>,
-}
-
-impl<'a> ProbeTicket<'a> {
-    pub(crate) fn new(breaker: &'a Breaker, gate: &Gate) -> Self {
-        Self {
-            breaker: (*gate == Gate::Probe).then_some(breaker),
-        }
-    }
-
-    pub(crate) fn is_probe(&self) -> bool {
-        self.breaker.is_some()
-    }
-
-    /// The probe (if this was one) has an outcome, reported separately.
-    pub(crate) fn resolve(mut self) {
-        self.breaker = None;
-    }
-}
-
-impl Drop for ProbeTicket<'_> {
-    fn drop(&mut self) {
-        if let Some(breaker) = self.breaker {
-            breaker.probe_abandoned();
-        }
     }
 }
 
@@ -319,6 +308,7 @@ mod tests {
         assert_eq!(b.gate(31 * MS), Gate::Call);
         assert!(b.failed(40 * MS, false), "the third in a row");
         assert_eq!(b.state(), BreakerState::Open);
+        assert!(b.is_open());
         assert_eq!(b.gate(41 * MS), Gate::Reject(499 * MS));
         assert_eq!(b.opened(), 1);
         assert_eq!(b.rejected(), 1);
@@ -335,57 +325,68 @@ mod tests {
     }
 
     #[test]
-    fn one_probe_per_period_doubling_to_the_max_and_a_success_closes() {
+    fn one_probe_per_period_doubling_to_the_max_and_checks_never_probe() {
         let b = breaker();
         for t in 0..3 {
             b.failed(t, false);
         }
         let open_at = 2;
-        assert!(matches!(b.gate(open_at + 499 * MS), Gate::Reject(_)));
-        assert_eq!(b.gate(open_at + 500 * MS), Gate::Probe);
+        assert_eq!(b.next_probe(open_at + 499 * MS), Probe::Wait(MS));
+        assert_eq!(b.next_probe(open_at + 500 * MS), Probe::Now);
         assert_eq!(b.state(), BreakerState::HalfOpen);
-        assert!(
-            matches!(b.gate(open_at + 501 * MS), Gate::Reject(_)),
-            "one probe at a time"
-        );
+        // Checks fail at once while the probe runs: none of them waits for it.
+        assert!(matches!(b.gate(open_at + 500 * MS), Gate::Reject(_)));
         // The probe fails: 1 s, then 2 s, then 2 s (the max).
         let mut now = open_at + 600 * MS;
         for period in [1_000, 2_000, 2_000] {
             assert!(!b.failed(now, true));
+            assert_eq!(b.state(), BreakerState::Open);
             assert_eq!(b.gate(now + period * MS - 1), Gate::Reject(1));
+            assert_eq!(b.next_probe(now + period * MS - 1), Probe::Wait(1));
             now += period * MS;
-            assert_eq!(b.gate(now), Gate::Probe);
+            assert_eq!(b.next_probe(now), Probe::Now);
         }
         assert!(b.succeeded(), "the probe closes it");
         assert_eq!(b.state(), BreakerState::Closed);
         assert_eq!(b.gate(now), Gate::Call);
+        assert_eq!(b.next_probe(now), Probe::Closed);
         // A new outage starts again from the first period.
         for t in 0..3 {
             b.failed(now + t, false);
         }
-        assert_eq!(b.gate(now + 2 + 500 * MS), Gate::Probe);
+        assert_eq!(b.next_probe(now + 2 + 500 * MS), Probe::Now);
         assert_eq!(b.opened(), 2);
     }
 
     #[test]
-    fn an_abandoned_probe_lets_the_next_period_probe() {
+    fn a_hung_probe_lets_the_next_one_start_a_period_later() {
         let b = breaker();
         for t in 0..3 {
             b.failed(t, false);
         }
-        let gate = b.gate(600 * MS);
-        assert_eq!(gate, Gate::Probe);
-        drop(ProbeTicket::new(&b, &gate));
-        assert_eq!(b.state(), BreakerState::Open);
-        assert!(matches!(b.gate(700 * MS), Gate::Reject(_)));
-        assert_eq!(b.gate(1_100 * MS), Gate::Probe);
-        let ticket = ProbeTicket::new(&b, &Gate::Probe);
-        ticket.resolve();
-        assert_eq!(
-            b.state(),
-            BreakerState::HalfOpen,
-            "resolved: the outcome decides"
-        );
+        assert_eq!(b.next_probe(600 * MS), Probe::Now);
+        assert_eq!(b.next_probe(700 * MS), Probe::Wait(400 * MS));
+        assert_eq!(b.next_probe(1_100 * MS), Probe::Now);
+    }
+
+    #[test]
+    fn the_default_answers_again_within_half_a_second() {
+        let b = Breaker::new(CircuitBreaker::default());
+        for t in 0..3 {
+            b.failed(t, false);
+        }
+        let mut now = 2;
+        let mut longest = 0;
+        for _ in 0..10 {
+            let Probe::Wait(ns) = b.next_probe(now) else {
+                panic!("a probe before its period")
+            };
+            longest = longest.max(ns);
+            now += ns;
+            assert_eq!(b.next_probe(now), Probe::Now);
+            b.failed(now, true);
+        }
+        assert_eq!(longest, 500 * MS);
     }
 
     #[test]

@@ -294,9 +294,14 @@ pub(crate) struct DenyCache {
 
 impl DenyCache {
     pub(crate) fn new(policy: CachePolicy, max_keys: usize) -> Self {
-        let shards = (std::thread::available_parallelism().map_or(1, usize::from) * 4)
-            .next_power_of_two()
-            .min(max_keys.next_power_of_two());
+        // Four per CPU, but no more than the keys it may hold (a power of two, however
+        // large `max_keys` is).
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        let shards = cpus
+            .saturating_mul(4)
+            .min(max_keys)
+            .min(crate::MAX_SHARDS)
+            .next_power_of_two();
         let limits = Limits {
             shards,
             max_keys,

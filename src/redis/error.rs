@@ -33,8 +33,8 @@ pub enum RedisError {
     Redis(redis::RedisError),
     /// Redis answered with something the limiter cannot read.
     UnexpectedReply(String),
-    /// The circuit breaker is open after consecutive failures: no call was made. The
-    /// breaker lets one probe through when its period ends, in `retry_in`.
+    /// The circuit breaker is open after consecutive failures: no call was made. Its
+    /// background probe next calls Redis in `retry_in`.
     CircuitOpen {
         /// Time left in the breaker's open period.
         retry_in: Duration,

@@ -39,12 +39,27 @@ impl KeyHasher {
     }
 }
 
-/// Appends the part of a Redis key that names `key`: the key itself or, with a hasher,
-/// its digest.
+/// Appends the part of a Redis key that names `key`, which goes between the braces of
+/// its hash tag: the key itself or, with a hasher, its digest.
+///
+/// Redis Cluster hashes a key name only up to the first `}` after its first `{`, so a
+/// `}` in the key would end the tag early (`x}1`, `x}2` and `x` would share one slot, and
+/// a client choosing keys could pin any number of them to one master). It is written
+/// `%7D`, and `%` itself `%25`, so that the tag is always the whole key and distinct keys
+/// keep distinct names; a key with neither is written as it is.
 pub(crate) fn write_key(hasher: Option<&KeyHasher>, key: &[u8], out: &mut Vec<u8>) {
     match hasher {
         Some(h) => h.write(key, out),
-        None => out.extend_from_slice(key),
+        None if !key.iter().any(|&b| b == b'}' || b == b'%') => out.extend_from_slice(key),
+        None => {
+            for &byte in key {
+                match byte {
+                    b'}' => out.extend_from_slice(b"%7D"),
+                    b'%' => out.extend_from_slice(b"%25"),
+                    other => out.push(other),
+                }
+            }
+        }
     }
 }
 
@@ -56,6 +71,24 @@ mod tests {
         let mut out = Vec::new();
         KeyHasher::new(secret).write(key.as_bytes(), &mut out);
         String::from_utf8(out).unwrap()
+    }
+
+    fn written(key: &str) -> String {
+        let mut out = Vec::new();
+        write_key(None, key.as_bytes(), &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn a_closing_brace_cannot_end_the_hash_tag_and_names_stay_distinct() {
+        assert_eq!(written("user_1024"), "user_1024");
+        assert_eq!(written("x}1"), "x%7D1");
+        assert_eq!(written("%7D"), "%257D");
+        assert_eq!(written("a{b}c%"), "a{b%7Dc%25");
+        let keys = ["x", "x}", "x%7D", "x%", "x%25", "}", "%", "", "}}", "%%"];
+        let names: std::collections::HashSet<String> = keys.iter().map(|k| written(k)).collect();
+        assert_eq!(names.len(), keys.len(), "two keys share a name");
+        assert!(names.iter().all(|n| !n.contains('}')));
     }
 
     #[test]

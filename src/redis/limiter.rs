@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::RwLock;
 
 use super::RedisError;
-use super::breaker::{Breaker, BreakerState, CircuitBreaker, Gate, ProbeTicket};
+use super::breaker::{Breaker, BreakerState, CircuitBreaker, Gate, Probe};
 use super::connection::{Link, Target};
 use super::deny_cache::{CachePolicy, DenyCache, Lookup, lesson};
 use super::fallback::{FailMode, Fallbacks, LocalClock};
@@ -33,6 +33,29 @@ pub mod scripts {
 
 /// The default timeout of a call to Redis.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// The key the breaker's background probe calls the script on, with a cost of 0 (which
+/// writes nothing).
+const PROBE_KEY: &str = "tollgate:breaker-probe";
+
+/// While the breaker of the limiter behind `weak` is open, probes Redis once per period
+/// until a probe closes it, or the limiter is dropped.
+async fn probe_while_open(weak: std::sync::Weak<Inner>) {
+    loop {
+        let due = {
+            let Some(inner) = weak.upgrade() else { return };
+            inner.breaker.next_probe(inner.monotonic.now_ns())
+        };
+        match due {
+            Probe::Closed => return,
+            Probe::Wait(ns) => tokio::time::sleep(Duration::from_nanos(ns)).await,
+            Probe::Now => {
+                let Some(inner) = weak.upgrade() else { return };
+                RedisLimiter { inner }.probe().await;
+            }
+        }
+    }
+}
 
 /// Integers in Lua's doubles are exact below this.
 const LUA_EXACT: u64 = 1 << 53;
@@ -173,8 +196,10 @@ impl RedisBuilder {
         self
     }
 
-    /// How long a call to Redis (or the first connection) may take before it fails with
-    /// [`RedisError::Timeout`]; 50 ms by default.
+    /// How long a check may take before it fails with [`RedisError::Timeout`] (from 1 ms
+    /// to 1 h; 50 ms by default): a deadline from the moment `check` is called, waiting
+    /// for another request's call, reconnection and retries included. It also bounds the
+    /// first connection.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -249,6 +274,14 @@ impl RedisBuilder {
             return Err(ConfigError::InvalidPrefix(self.prefix).into());
         }
         self.breaker.validate()?;
+        if !(Duration::from_millis(1)..=Duration::from_secs(3600)).contains(&self.timeout) {
+            return Err(ConfigError::InvalidRedisSetting {
+                setting: "timeout",
+                value: format!("{:?}", self.timeout),
+                expected: "from 1ms to 1h",
+            }
+            .into());
+        }
         if self.deny_cache_keys == 0 {
             return Err(ConfigError::InvalidRedisSetting {
                 setting: "deny_cache_max_keys",
@@ -393,8 +426,9 @@ fn short_name(algorithm: Algorithm) -> &'static str {
 ///   instants, what the new master would admit — never the reverse.)
 /// - *A circuit breaker* ([`RedisBuilder::circuit_breaker`]). After 3 consecutive
 ///   failures within 1 s (by default), checks fail at once with
-///   [`RedisError::CircuitOpen`] for 500 ms (doubling up to 2 s while Redis stays
-///   down); then one check probes Redis, and a success closes the breaker.
+///   [`RedisError::CircuitOpen`] while a background task probes Redis, once after 250 ms
+///   and then every 500 ms while Redis stays down (no check ever waits for a probe); the
+///   first probe Redis answers closes the breaker.
 /// - *Fail modes* ([`check_or`](Self::check_or)): when Redis fails or the breaker is
 ///   open, admit ([`FailMode::Open`]), deny ([`FailMode::Closed`]) or limit in process
 ///   by an insurance quota ([`FailMode::Local`]).
@@ -402,8 +436,10 @@ fn short_name(algorithm: Algorithm) -> &'static str {
 /// [`stats`](Self::stats) (and the metrics) count calls, cached denies, short circuits
 /// and fail-mode decisions, and show the breaker's state.
 ///
-/// **Failures.** Every error is typed ([`RedisError`]) and arrives within the timeout,
-/// or at once while the breaker is open.
+/// **Failures.** Every error is typed ([`RedisError`]) and arrives at once while the
+/// breaker is open, else within the timeout: **the timeout is a deadline from the moment
+/// `check` is called**, across waiting for another request's call on the same key (the
+/// deny cache), reconnection, retries and redirections.
 ///
 /// The scripts keep integer state (microseconds and counts, never floats), write nothing
 /// on a deny, give every key they write a TTL of exactly the time until it is untouched
@@ -560,8 +596,10 @@ impl RedisLimiter {
 
     /// The Redis key that holds `key`'s state: `<prefix>:<algorithm>:{<key>}` (or, with
     /// [`hash_keys`](RedisBuilder::hash_keys), `{h:<digest>}`), one hash slot per key in
-    /// Redis Cluster. The user key is passed as a binary-safe script key, never spliced
-    /// into a command, so any bytes round-trip.
+    /// Redis Cluster. In the key, `}` is written `%7D` and `%` is written `%25`, so
+    /// that the hash tag is always the whole key (a `}` would end it early and put
+    /// `x}1`, `x}2`, … in one slot). The name is passed as a binary-safe script key,
+    /// never spliced into a command, so any bytes round-trip.
     pub fn redis_key(&self, key: &str) -> Vec<u8> {
         let prefix = &self.inner.prefix;
         let mut k = Vec::with_capacity(prefix.len() + key.len().max(34) + 2);
@@ -596,15 +634,16 @@ impl RedisLimiter {
     /// [`check`](Self::check).
     pub async fn check_n(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
         let inner = &*self.inner;
+        // One deadline for the whole check: waiting for another request's call, the
+        // call, its reconnection and retries all come out of it.
+        let deadline = tokio::time::Instant::now() + inner.timeout;
         let mut now_us = inner.now_us();
         // The caller for a key whose cached deny expired, if this request is it.
         let mut _call_guard = None;
         // A unit request always fits the quota: the cache answers before anything else.
         if let (1, Some(cache)) = (n, &inner.cache) {
-            // How long this request may wait for others' calls: set at its first wait.
-            let mut deadline = None;
             loop {
-                let coalesce = deadline.is_none_or(|d| tokio::time::Instant::now() < d);
+                let coalesce = tokio::time::Instant::now() < deadline;
                 match cache.lookup(key, now_us, coalesce) {
                     Lookup::Hit(hit) => return Ok(hit),
                     Lookup::Miss => break,
@@ -612,15 +651,17 @@ impl RedisLimiter {
                         _call_guard = Some(guard);
                         break;
                     }
+                    // With the breaker open, the call under way fails or is a check that
+                    // got through just before: answer now (the gate below rejects) rather
+                    // than queue behind it.
+                    Lookup::Wait(_) if inner.breaker.is_open() => break,
                     Lookup::Wait(shared) => {
-                        let deadline = *deadline
-                            .get_or_insert_with(|| tokio::time::Instant::now() + inner.timeout);
                         let done = shared.done();
                         tokio::pin!(done);
                         done.as_mut().enable();
                         if shared.calling() {
-                            // The call is bounded by its timeout, and its guard wakes us
-                            // even if it is abandoned; the deadline bounds us anyway.
+                            // The call is bounded by its own deadline, and its guard wakes
+                            // us even if it is abandoned; ours bounds us anyway.
                             let _ = tokio::time::timeout_at(deadline, done).await;
                         }
                         now_us = inner.now_us();
@@ -637,46 +678,82 @@ impl RedisLimiter {
             }
             .into());
         }
-        let gate = inner.breaker.gate(inner.monotonic.now_ns());
-        if let Gate::Reject(ns) = gate {
+        if let Gate::Reject(ns) = inner.breaker.gate(inner.monotonic.now_ns()) {
             return Err(RedisError::CircuitOpen {
                 retry_in: Duration::from_nanos(ns),
             });
         }
-        let ticket = ProbeTicket::new(&inner.breaker, &gate);
         let generation = inner.cache.as_ref().map(DenyCache::generation);
         inner.calls.fetch_add(1, Ordering::Relaxed);
         let script_now = inner.clock.as_ref().map(|_| now_us);
-        let decided = self.call(key, n, current.rule, script_now).await;
-        let probe = ticket.is_probe();
-        ticket.resolve();
+        let decided = self.call(key, n, current.rule, script_now, deadline).await;
         match &decided {
             Ok(decision) => {
-                if inner.breaker.succeeded() {
-                    crate::observe::redis_breaker(&inner.name, BreakerState::Closed);
-                }
-                self.recovered();
+                self.answered();
                 if let (Some(cache), Some(generation)) = (&inner.cache, generation) {
                     let lesson = lesson(inner.algorithm, current.rule.tau(), n, now_us, decision);
                     cache.learn(key, generation, now_us, lesson);
                 }
             }
-            Err(e) => {
-                inner.errors.fetch_add(1, Ordering::Relaxed);
-                crate::observe::redis_error(&inner.name, e);
-                let first = !inner.failing.swap(true, Ordering::Relaxed);
-                crate::observe::redis_health(&inner.name, Some(e), first);
-                if e.is_outage() {
-                    if inner.breaker.failed(inner.monotonic.now_ns(), probe) {
-                        crate::observe::redis_breaker(&inner.name, BreakerState::Open);
-                    }
-                } else if inner.breaker.succeeded() {
-                    // Redis answered (with an error about this call): it is up.
-                    crate::observe::redis_breaker(&inner.name, BreakerState::Closed);
-                }
-            }
+            Err(e) => self.failed(e, false),
         }
         decided
+    }
+
+    /// Redis answered a call: the breaker closes, and the end of an outage is logged once.
+    fn answered(&self) {
+        let inner = &*self.inner;
+        if inner.breaker.succeeded() {
+            crate::observe::redis_breaker(&inner.name, BreakerState::Closed);
+        }
+        self.recovered();
+    }
+
+    /// A call (the background probe's, if `probe`) failed with `e`: counted, logged, and
+    /// told to the breaker. If that opens it, the background probe starts.
+    fn failed(&self, e: &RedisError, probe: bool) {
+        let inner = &*self.inner;
+        inner.errors.fetch_add(1, Ordering::Relaxed);
+        crate::observe::redis_error(&inner.name, e);
+        let first = !inner.failing.swap(true, Ordering::Relaxed);
+        crate::observe::redis_health(&inner.name, Some(e), first);
+        if !e.is_outage() {
+            // Redis answered (with an error about this call): it is up.
+            if inner.breaker.succeeded() {
+                crate::observe::redis_breaker(&inner.name, BreakerState::Closed);
+            }
+            return;
+        }
+        if inner.breaker.failed(inner.monotonic.now_ns(), probe) {
+            crate::observe::redis_breaker(&inner.name, BreakerState::Open);
+            tokio::spawn(probe_while_open(Arc::downgrade(&self.inner)));
+        }
+    }
+
+    /// One probe of an open breaker: a call of cost 0 (it writes nothing) on a key of its
+    /// own. A connection that broke while Redis was away may answer its first request at
+    /// once with the old error, and reconnect: then the probe tries once more, through
+    /// the reconnected connection, within the same deadline.
+    async fn probe(&self) {
+        let inner = &*self.inner;
+        let deadline = tokio::time::Instant::now() + inner.timeout;
+        let rule = inner.current.read().rule;
+        let script_now = inner.clock.as_ref().map(|_| inner.now_us());
+        let mut outcome = Err(RedisError::Timeout(inner.timeout));
+        for attempt in 0..2 {
+            inner.calls.fetch_add(1, Ordering::Relaxed);
+            outcome = self.call(PROBE_KEY, 0, rule, script_now, deadline).await;
+            let again = attempt == 0
+                && matches!(&outcome, Err(RedisError::Unavailable(_)))
+                && tokio::time::Instant::now() < deadline;
+            if !again {
+                break;
+            }
+        }
+        match &outcome {
+            Ok(_) => self.answered(),
+            Err(e) => self.failed(e, true),
+        }
     }
 
     /// Logs the end of an outage, once.
@@ -688,13 +765,14 @@ impl RedisLimiter {
     }
 
     /// One script call for a request of cost `n`, with the script's time (µs) or none
-    /// (the server's `TIME`).
+    /// (the server's `TIME`), failing with [`RedisError::Timeout`] at `deadline`.
     async fn call(
         &self,
         key: &str,
         n: u64,
         rule: Rule,
         now_us: Option<u64>,
+        deadline: tokio::time::Instant,
     ) -> Result<Decision, RedisError> {
         let inner = &*self.inner;
         let redis_key = self.redis_key(key);
@@ -732,7 +810,7 @@ impl RedisLimiter {
             }
         };
         // One timer bounds the whole call, reconnection, retries and redirections included.
-        let reply = match tokio::time::timeout(inner.timeout, run).await {
+        let reply = match tokio::time::timeout_at(deadline, run).await {
             Ok(Ok(reply)) => reply,
             Ok(Err(e)) => {
                 let e = self.classify(e, &redis_key);
