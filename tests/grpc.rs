@@ -86,7 +86,9 @@ async fn a_rejected_key_is_invalid_argument_not_internal() {
     let status = greeter::say_hello(channel, "x").await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(
-        status.message().contains("nothing to rate-limit"),
+        status
+            .message()
+            .contains("no rate-limit key: the server looks for the `x-api-key` header"),
         "{status:?}"
     );
 }

@@ -313,3 +313,102 @@ async fn sync_rounds_and_redis_errors_are_published() {
     }
     drop(handle);
 }
+
+/// Sends one HTTP/1.1 GET with `headers` (raw bytes) to `addr` over a fresh connection:
+/// the status and the body.
+async fn raw_get(addr: std::net::SocketAddr, headers: &[(&str, &[u8])]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut request = b"GET / HTTP/1.1\r\nhost: test\r\nconnection: close\r\n".to_vec();
+    for (name, value) in headers {
+        request.extend_from_slice(name.as_bytes());
+        request.extend_from_slice(b": ");
+        request.extend_from_slice(value);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"\r\n");
+    stream.write_all(&request).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let status = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    (status, body)
+}
+
+/// Requests the HTTP layer answers with a 400 before deciding — no key, a key that is not
+/// UTF-8, one over the maximum length — are counted as `tollgate_decisions_total` with
+/// `outcome="rejected"` and their `reason`, reach the rejection hook, and the 400 names
+/// what the layer looked for. (They were invisible: neither counted nor hooked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_rejected_before_a_decision_are_counted_and_hooked() {
+    use std::sync::{Arc, Mutex};
+    use tollgate::http::{KeyExtractor, KeyRejection, RateLimitLayer};
+
+    let _serial = SERIAL.lock().await;
+    let _ = snap();
+    let limiter: RateLimiter<String> = RateLimiter::builder("100/s".parse().unwrap())
+        .name("rejecting")
+        .build()
+        .unwrap();
+    let seen: Arc<Mutex<Vec<(KeyRejection, String)>>> = Arc::default();
+    let hook = Arc::clone(&seen);
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "hi" }))
+        .layer(
+            RateLimitLayer::new(limiter)
+                .key(KeyExtractor::header("x-api-key").unwrap())
+                .on_rejected(move |event| {
+                    hook.lock()
+                        .unwrap()
+                        .push((event.rejection, event.looked_for.to_owned()));
+                }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let (status, body) = raw_get(addr, &[]).await;
+    assert_eq!(status, 400);
+    assert!(
+        body.contains("no rate-limit key: the server looks for the `x-api-key` header"),
+        "{body}"
+    );
+    assert_eq!(raw_get(addr, &[("x-api-key", b"caf\xe9")]).await.0, 400);
+    let long = "k".repeat(300);
+    assert_eq!(
+        raw_get(addr, &[("x-api-key", long.as_bytes())]).await.0,
+        400
+    );
+    assert_eq!(raw_get(addr, &[("x-api-key", b"fine")]).await.0, 200);
+    let (_, again) = raw_get(addr, &[]).await;
+    assert_eq!(again, body);
+
+    let snap = snap();
+    for (reason, count) in [("missing_key", 2), ("invalid_key", 1), ("oversized_key", 1)] {
+        assert_eq!(
+            snap.counter(
+                "tollgate_decisions_total",
+                &[
+                    ("limiter", "rejecting"),
+                    ("outcome", "rejected"),
+                    ("reason", reason)
+                ]
+            ),
+            Some(count),
+            "{reason}"
+        );
+    }
+    let seen = seen.lock().unwrap();
+    let reasons: Vec<&str> = seen.iter().map(|(r, _)| r.reason()).collect();
+    assert_eq!(
+        reasons,
+        ["missing_key", "invalid_key", "oversized_key", "missing_key"]
+    );
+    assert!(
+        seen.iter()
+            .all(|(_, looked_for)| looked_for == "the `x-api-key` header")
+    );
+}

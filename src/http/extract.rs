@@ -58,6 +58,14 @@ pub trait ExtractKey<K>: Send + Sync + 'static {
         req: &'r Request<B>,
         limits: &KeyLimits,
     ) -> Result<Self::Key<'r>, KeyRejection>;
+
+    /// What this extractor looks for in `req`, as the 400 for a request without it
+    /// names it: "the `x-api-key` header", "the peer address". By default, "a rate-limit
+    /// key".
+    fn looks_for<B>(&self, req: &Request<B>) -> String {
+        let _ = req;
+        "a rate-limit key".to_owned()
+    }
 }
 
 /// Why a request has no usable key.
@@ -76,6 +84,18 @@ pub enum KeyRejection {
         /// The maximum.
         max: usize,
     },
+}
+
+impl KeyRejection {
+    /// The `reason` label of the layer's metric for a request it rejects:
+    /// `missing_key`, `invalid_key` (not UTF-8) or `oversized_key`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Missing => "missing_key",
+            Self::NotUtf8 => "invalid_key",
+            Self::TooLong { .. } => "oversized_key",
+        }
+    }
 }
 
 impl fmt::Display for KeyRejection {

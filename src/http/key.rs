@@ -309,11 +309,62 @@ impl ExtractKey<String> for KeyExtractor {
                 .and_then(|key| limits.owned(key)),
         }
     }
+
+    fn looks_for<B>(&self, req: &Request<B>) -> String {
+        let peer = match self {
+            Self::PeerIp { .. } => "the peer address",
+            Self::ClientIp { .. } => {
+                "the client address (the peer address, or what trusted proxies forwarded)"
+            }
+            Self::Header(name) => return format!("the `{name}` header"),
+            Self::Custom(_) => return "a rate-limit key".to_owned(),
+        };
+        let grpc = super::service::is_grpc(req);
+        match peer_address_hint(grpc, cfg!(feature = "tonic"), cfg!(feature = "axum")) {
+            Some(hint) => format!("{peer}; {hint}"),
+            None => peer.to_owned(),
+        }
+    }
+}
+
+/// Why a request may lack a peer address though its server has one: the connection
+/// info of tonic and axum is read only with tollgate's `tonic` and `axum` features
+/// (`tonic` and `axum`: whether they are on).
+fn peer_address_hint(grpc: bool, tonic: bool, axum: bool) -> Option<&'static str> {
+    if grpc && !tonic {
+        Some("a tonic server's peer address is read only with tollgate's `tonic` feature")
+    } else if !grpc && !axum {
+        Some(
+            "axum's `ConnectInfo` is read only with tollgate's `axum` feature (with hyper, \
+             insert the connection's `SocketAddr` into the request's extensions)",
+        )
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_peer_address_names_the_feature_that_reads_it() {
+        let grpc = peer_address_hint(true, false, true).unwrap();
+        assert!(grpc.contains("`tonic` feature"), "{grpc}");
+        assert_eq!(peer_address_hint(true, true, false), None);
+        let http = peer_address_hint(false, true, false).unwrap();
+        assert!(http.contains("`axum` feature"), "{http}");
+        assert_eq!(peer_address_hint(false, false, true), None);
+        // With every feature on (as here), a request's message names only the address.
+        let mut req = Request::new(());
+        req.headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
+        assert_eq!(KeyExtractor::peer_ip().looks_for(&req), "the peer address");
+        assert_eq!(
+            KeyExtractor::header("x-api-key").unwrap().looks_for(&req),
+            "the `x-api-key` header"
+        );
+    }
 
     fn request(peer: &str, headers: &[(&str, &str)]) -> Request<()> {
         let mut req = Request::new(());

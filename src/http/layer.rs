@@ -12,7 +12,7 @@ use http::Method;
 use tower::Layer;
 
 use super::exempt::Exempt;
-use super::extract::{ExtractKey, KeyLimits, OversizedKey, RequestHead};
+use super::extract::{ExtractKey, KeyLimits, KeyRejection, OversizedKey, RequestHead};
 use super::key::{Cidr, KeyExtractor};
 use super::response::{DenyHook, ErrorBody, GrpcCode, HeaderStyle, Style};
 use super::service::RateLimitService;
@@ -98,6 +98,33 @@ impl fmt::Debug for DecisionEvent<'_> {
 /// A hook that sees every decision (for audit logs).
 pub(crate) type DecisionHook = Arc<dyn Fn(&DecisionEvent<'_>) + Send + Sync>;
 
+/// What the rejection hook sees of a request the layer answered with a 400 (or gRPC
+/// `INVALID_ARGUMENT`) before deciding: no key, or a key it refuses.
+#[derive(Clone, Copy)]
+#[non_exhaustive]
+pub struct RejectionEvent<'a> {
+    /// Why the request has no usable key.
+    pub rejection: KeyRejection,
+    /// What the key extractor looks for ("the `x-api-key` header", "the peer address").
+    pub looked_for: &'a str,
+    /// The request's head (extensions included).
+    pub head: RequestHead<'a>,
+}
+
+impl fmt::Debug for RejectionEvent<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RejectionEvent")
+            .field("rejection", &self.rejection)
+            .field("looked_for", &self.looked_for)
+            .field("method", self.head.method)
+            .field("path", &self.head.uri.path())
+            .finish()
+    }
+}
+
+/// A hook that sees every request rejected before a decision.
+pub(crate) type RejectionHook = Arc<dyn Fn(&RejectionEvent<'_>) + Send + Sync>;
+
 /// A remote limiter, as the layer uses it: starts the decision for a key.
 pub(crate) type RemoteLimiter<Q> = Arc<dyn Fn(&Q) -> RemoteDecision + Send + Sync>;
 
@@ -120,6 +147,8 @@ impl<Q: ?Sized> Clone for Backend<Q> {
 /// Everything a [`RateLimitService`] needs, shared by all its clones.
 pub(crate) struct Config<K, E: ExtractKey<K>> {
     pub(crate) backend: Backend<E::Lookup>,
+    /// The backend limiter's name: the `limiter` label of the layer's own metric.
+    pub(crate) name: Arc<str>,
     pub(crate) key: E,
     pub(crate) missing: MissingKey<K>,
     pub(crate) style: Arc<Style>,
@@ -127,6 +156,7 @@ pub(crate) struct Config<K, E: ExtractKey<K>> {
     pub(crate) exempt: Exempt,
     pub(crate) deny_hook: Option<DenyHook>,
     pub(crate) decision_hook: Option<DecisionHook>,
+    pub(crate) rejection_hook: Option<RejectionHook>,
     /// Leaky-bucket shaping: the longest an admitted request is held; `None`: off.
     pub(crate) shape: Option<Duration>,
 }
@@ -135,6 +165,7 @@ impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
     fn clone(&self) -> Self {
         Self {
             backend: self.backend.clone(),
+            name: Arc::clone(&self.name),
             key: self.key.clone(),
             missing: self.missing.clone(),
             style: Arc::clone(&self.style),
@@ -142,6 +173,7 @@ impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
             exempt: self.exempt.clone(),
             deny_hook: self.deny_hook.clone(),
             decision_hook: self.decision_hook.clone(),
+            rejection_hook: self.rejection_hook.clone(),
             shape: self.shape,
         }
     }
@@ -221,6 +253,7 @@ impl RateLimitLayer<String, KeyExtractor> {
     #[cfg(feature = "redis")]
     pub fn redis(limiter: crate::redis::RedisLimiter, on_failure: crate::redis::FailMode) -> Self {
         let (quota, capacity) = (limiter.quota(), limiter.capacity());
+        let name = Arc::from(limiter.name());
         let remote: RemoteLimiter<str> = Arc::new(move |key: &str| {
             let limiter = limiter.clone();
             let key = key.to_owned();
@@ -231,6 +264,7 @@ impl RateLimitLayer<String, KeyExtractor> {
         });
         Self::with_backend(
             Backend::Remote(remote),
+            name,
             KeyExtractor::peer_ip(),
             quota,
             capacity,
@@ -249,15 +283,23 @@ where
     pub fn keyed<C: Clock>(limiter: RateLimiter<K, C>, extractor: E) -> Self {
         let quota = limiter.quota();
         let capacity = limiter.capacity();
+        let name = Arc::from(limiter.name());
         Self::with_backend(
             Backend::Local(Arc::new(limiter)),
+            name,
             extractor,
             quota,
             capacity,
         )
     }
 
-    fn with_backend(backend: Backend<E::Lookup>, key: E, quota: Quota, capacity: u64) -> Self {
+    fn with_backend(
+        backend: Backend<E::Lookup>,
+        name: Arc<str>,
+        key: E,
+        quota: Quota,
+        capacity: u64,
+    ) -> Self {
         let period = quota.period();
         let style = Style::new(
             period.as_secs() + u64::from(period.subsec_nanos() > 0),
@@ -266,6 +308,7 @@ where
         Self {
             config: Arc::new(Config {
                 backend,
+                name,
                 key,
                 missing: MissingKey::Reject,
                 style: Arc::new(style),
@@ -273,6 +316,7 @@ where
                 exempt: Exempt::default(),
                 deny_hook: None,
                 decision_hook: None,
+                rejection_hook: None,
                 shape: None,
             }),
         }
@@ -293,6 +337,7 @@ where
         RateLimitLayer {
             config: Arc::new(Config {
                 backend: config.backend,
+                name: config.name,
                 key,
                 missing: config.missing,
                 style: config.style,
@@ -300,6 +345,7 @@ where
                 exempt: config.exempt,
                 deny_hook: config.deny_hook,
                 decision_hook: config.decision_hook,
+                rejection_hook: config.rejection_hook,
                 shape: config.shape,
             }),
         }
@@ -365,6 +411,16 @@ where
     /// hook runs before the response is made; keep it quick.
     pub fn on_decision(self, hook: impl Fn(&DecisionEvent<'_>) + Send + Sync + 'static) -> Self {
         self.edit(|c| c.decision_hook = Some(Arc::new(hook)))
+    }
+
+    /// Calls `hook` with every request the layer rejects before deciding — no key under
+    /// [`MissingKey::Reject`], a key that is not UTF-8, one longer than the maximum —
+    /// with what the key extractor looked for, so that an audit log can tell these 400s
+    /// from the inner service's. They are also counted, as `tollgate_decisions_total`
+    /// with `outcome="rejected"` and a `reason` label (`missing_key`, `invalid_key`,
+    /// `oversized_key`), with the `metrics` feature.
+    pub fn on_rejected(self, hook: impl Fn(&RejectionEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.edit(|c| c.rejection_hook = Some(Arc::new(hook)))
     }
 
     /// Shapes traffic like nginx's `limit_req` without `nodelay`: a request the leaky

@@ -53,6 +53,6 @@ pub use extract::{
 };
 pub use future::ResponseFuture;
 pub use key::{Cidr, KeyExtractor, KeyFn};
-pub use layer::{BackendError, DecisionEvent, MissingKey, RateLimitLayer};
+pub use layer::{BackendError, DecisionEvent, MissingKey, RateLimitLayer, RejectionEvent};
 pub use response::{DenyHook, ErrorBody, GrpcCode, HeaderStyle};
 pub use service::RateLimitService;

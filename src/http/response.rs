@@ -399,10 +399,20 @@ impl Style {
     }
 
     /// The 400 (or gRPC `INVALID_ARGUMENT`) for a request whose key the layer rejects:
-    /// none found under [`MissingKey::Reject`](super::MissingKey::Reject), not UTF-8, or
-    /// too long.
-    pub(crate) fn rejected<B>(&self, why: KeyRejection, grpc: bool) -> Response<RateLimitBody<B>> {
-        let message = why.to_string();
+    /// none found under [`MissingKey::Reject`](super::MissingKey::Reject) (the message
+    /// names `looked_for`, what the extractor looks for), not UTF-8, or too long.
+    pub(crate) fn rejected<B>(
+        &self,
+        why: KeyRejection,
+        looked_for: &str,
+        grpc: bool,
+    ) -> Response<RateLimitBody<B>> {
+        let message = match why {
+            KeyRejection::Missing => {
+                format!("this request has no rate-limit key: the server looks for {looked_for}")
+            }
+            other => other.to_string(),
+        };
         if grpc {
             return grpc_status(GRPC_INVALID_ARGUMENT, &message);
         }
@@ -413,7 +423,7 @@ impl Style {
         };
         let body = format!(
             r#"{{"error":"{code}","message":"{}."}}"#,
-            capitalised(&message)
+            json_escaped(&capitalised(&message))
         );
         let mut response = Response::new(RateLimitBody::own(body));
         *response.status_mut() = StatusCode::BAD_REQUEST;
@@ -422,6 +432,20 @@ impl Style {
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         response
     }
+}
+
+/// `s` as the inside of a JSON string.
+fn json_escaped(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `s` with its first letter upper-case.

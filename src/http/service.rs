@@ -13,7 +13,7 @@ use super::body::RateLimitBody;
 use super::extract::{ExtractKey, KeyRejection, RequestHead};
 use super::future::{Pending, ResponseFuture};
 use super::key::KeyExtractor;
-use super::layer::{Backend, Config, DecisionEvent, MissingKey, RemoteDecision};
+use super::layer::{Backend, Config, DecisionEvent, MissingKey, RejectionEvent, RemoteDecision};
 use crate::decision::Decision;
 
 /// A service rate-limited by a [`RateLimitLayer`](super::RateLimitLayer).
@@ -50,7 +50,7 @@ enum Step {
 }
 
 /// Whether `req` is a gRPC call (`content-type: application/grpc`, `+proto`, `+json`…).
-fn is_grpc<B>(req: &Request<B>) -> bool {
+pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
     req.headers()
         .get(CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
@@ -122,7 +122,16 @@ where
         match step {
             Step::Pass => ResponseFuture::admitted(self.inner.call(req), Pending::None),
             Step::Reject(why) => {
-                ResponseFuture::ready(self.config.style.rejected(why, is_grpc(&req)))
+                let looked_for = config.key.looks_for(&req);
+                crate::observe::http_rejected(&config.name, why);
+                if let Some(hook) = &config.rejection_hook {
+                    hook(&RejectionEvent {
+                        rejection: why,
+                        looked_for: &looked_for,
+                        head: RequestHead::of(&req),
+                    });
+                }
+                ResponseFuture::ready(config.style.rejected(why, &looked_for, is_grpc(&req)))
             }
             Step::Decided(decision) => {
                 self.report(&decision, &req, None);
