@@ -86,6 +86,12 @@ pub(crate) struct Record {
     next: *const Record,
 }
 
+// SAFETY: every thread reads every record (the collect's scan) while its owner writes
+// it: its state and claim are atomics, `light` is never written after the record is
+// made, and `next` is written once, before the record is published (`Release` on the
+// registry's head), and never after.
+unsafe impl Sync for Record {}
+
 /// A table (or anything) unlinked at `epoch`, and how to destroy it.
 struct Retired {
     epoch: u64,
@@ -110,12 +116,6 @@ pub(crate) struct Domain {
     membarrier: (bool, std::sync::OnceLock<bool>),
 }
 
-// SAFETY: the registry's records are reached through `head` and `next` pointers that are
-// written once, before publication (`Release`), and never freed while the domain lives;
-// everything else is atomics and a mutex. `Retired` entries are `Send` (see above).
-unsafe impl Sync for Domain {}
-// SAFETY: as above: the raw pointers are owned by the domain.
-unsafe impl Send for Domain {}
 
 impl Domain {
     /// A domain of its own, for tests: with `SeqCst` fences on both sides under loom,
