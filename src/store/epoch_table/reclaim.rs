@@ -116,7 +116,6 @@ pub(crate) struct Domain {
     membarrier: (bool, std::sync::OnceLock<bool>),
 }
 
-
 impl Domain {
     /// A domain of its own, for tests: with `SeqCst` fences on both sides under loom,
     /// else as the global one.
