@@ -121,6 +121,19 @@ impl From<InsufficientCapacity> for RedisError {
     }
 }
 
+/// The error replies that mean the key's slot has no master serving it right now (a
+/// failover or a slot move under way) or the server is not ready: Redis is unavailable
+/// for the call, not refusing it.
+pub(crate) const UNAVAILABLE_CODES: [&str; 7] = [
+    "MOVED",
+    "ASK",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MASTERDOWN",
+    "READONLY",
+    "LOADING",
+];
+
 impl RedisError {
     /// Classifies an error from redis-rs about `key`.
     pub(crate) fn from_redis(e: redis::RedisError, key: &[u8]) -> Self {
@@ -129,10 +142,7 @@ impl RedisError {
                 key: String::from_utf8_lossy(key).into_owned(),
             },
             Some("TOLLGATE") => Self::Rejected(e.detail().unwrap_or_default().to_owned()),
-            Some(
-                "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "READONLY"
-                | "LOADING",
-            ) => Self::Unavailable(e),
+            Some(code) if UNAVAILABLE_CODES.contains(&code) => Self::Unavailable(e),
             _ if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() => {
                 Self::Unavailable(e)
             }

@@ -739,16 +739,15 @@ impl RedisLimiter {
         let deadline = tokio::time::Instant::now() + inner.timeout;
         let rule = inner.current.read().rule;
         let script_now = inner.clock.as_ref().map(|_| inner.now_us());
-        let mut outcome = Err(RedisError::Timeout(inner.timeout));
-        for attempt in 0..2 {
+        let call = || {
             inner.calls.fetch_add(1, Ordering::Relaxed);
-            outcome = self.call(PROBE_KEY, 0, rule, script_now, deadline).await;
-            let again = attempt == 0
-                && matches!(&outcome, Err(RedisError::Unavailable(_)))
-                && tokio::time::Instant::now() < deadline;
-            if !again {
-                break;
-            }
+            self.call(PROBE_KEY, 0, rule, script_now, deadline)
+        };
+        let mut outcome = call().await;
+        if matches!(outcome, Err(RedisError::Unavailable(_)))
+            && tokio::time::Instant::now() < deadline
+        {
+            outcome = call().await;
         }
         match &outcome {
             Ok(_) => self.answered(),

@@ -12,7 +12,7 @@
 mod breaker;
 pub(crate) mod connection;
 mod deny_cache;
-mod error;
+pub(crate) mod error;
 mod fallback;
 mod invalidate;
 pub(crate) mod keys;

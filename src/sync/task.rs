@@ -374,15 +374,7 @@ fn error_kind(e: &redis::RedisError) -> &'static str {
     } else if e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
-        || coded(&[
-            "MOVED",
-            "ASK",
-            "TRYAGAIN",
-            "CLUSTERDOWN",
-            "MASTERDOWN",
-            "READONLY",
-            "LOADING",
-        ])
+        || coded(&crate::redis::error::UNAVAILABLE_CODES)
     {
         "unavailable"
     } else if coded(&["NOSCRIPT"]) || text.contains("script") {
