@@ -660,6 +660,7 @@ async fn misconfiguration_is_refused_with_a_clear_error() {
         RedisSync::new("redis://127.0.0.1:1/").batch_size(0),
         RedisSync::new("redis://127.0.0.1:1/").round_keys(0),
         RedisSync::new("redis://127.0.0.1:1/").staleness(Duration::from_micros(1)),
+        RedisSync::new("redis://127.0.0.1:1/").share_ttl(Duration::from_secs(3601)),
     ] {
         let err = build(config.prefix("bad")).unwrap_err();
         assert!(

@@ -23,8 +23,14 @@ pub enum SyncMode {
 /// task has died.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Fallback {
-    /// Enforce the quota divided by the last known number of nodes, locally; what is
-    /// admitted is charged to the global state once Redis answers again.
+    /// Admit each key, locally, at this node's share of the rate for as long as Redis
+    /// keeps that share reserved for the node ([`RedisSync::share_ttl`] after its last
+    /// round: Redis charges the global state for it meanwhile), then at most a one-time
+    /// budget of the quota's capacity divided by the last known number of nodes for the
+    /// rest of the outage. What is admitted is set against what Redis charged on the
+    /// node's behalf once Redis answers again; the budget's excess is this node's own
+    /// debt. So a node cut off from Redis alone adds at most its budget to the global
+    /// bound, however long the partition lasts.
     #[default]
     LocalShare,
     /// Admit everything (availability first).
@@ -47,6 +53,7 @@ pub struct RedisSync {
     pub(crate) staleness: Option<Duration>,
     pub(crate) node_ttl: Option<Duration>,
     pub(crate) idle_ttl: Option<Duration>,
+    pub(crate) share_ttl: Duration,
     pub(crate) batch_size: usize,
     pub(crate) round_keys: usize,
     pub(crate) timeout: Duration,
@@ -66,6 +73,7 @@ impl fmt::Debug for RedisSync {
             .field("staleness", &self.staleness)
             .field("node_ttl", &self.node_ttl)
             .field("idle_ttl", &self.idle_ttl)
+            .field("share_ttl", &self.share_ttl)
             .field("batch_size", &self.batch_size)
             .field("round_keys", &self.round_keys)
             .field("timeout", &self.timeout)
@@ -82,6 +90,8 @@ const MAX_WAIT: Duration = Duration::from_secs(3600);
 const MAX_IDLE: Duration = Duration::from_secs(7 * 24 * 3600);
 const MAX_BATCH: usize = 10_000;
 const MAX_ROUND_KEYS: usize = 1_000_000;
+/// How long Redis keeps a silent node's share reserved, by default.
+const DEFAULT_SHARE_TTL: Duration = Duration::from_secs(10);
 /// The default node TTL is never below this: a node that loses a few rounds in a row
 /// must not drop out of the others' count (which sizes the local fallback's share).
 const DEFAULT_MIN_NODE_TTL: Duration = Duration::from_secs(1);
@@ -118,6 +128,7 @@ impl RedisSync {
             staleness: None,
             node_ttl: None,
             idle_ttl: None,
+            share_ttl: DEFAULT_SHARE_TTL,
             batch_size: 500,
             round_keys: 2_000,
             timeout: Duration::from_millis(200),
@@ -173,6 +184,19 @@ impl RedisSync {
     /// rarely is admitted at once.
     pub fn idle_ttl(mut self, ttl: Duration) -> Self {
         self.idle_ttl = Some(ttl);
+        self
+    }
+
+    /// How long after each round Redis keeps this node's share of each key reserved
+    /// for it should it fall silent (cut off from Redis alone, or dead): 10 s by default,
+    /// from 0 to 1 h. Meanwhile the other nodes share only the rest, and this node's
+    /// [`Fallback::LocalShare`] admits at its share; then it gets a one-time budget and
+    /// nothing more until Redis answers. Longer rides out longer Redis outages at the
+    /// share rate; shorter returns a dead node's share to the others sooner (a dead node
+    /// costs the others at most this long of its share). 0: no reservation (the fallback
+    /// has only its budget).
+    pub fn share_ttl(mut self, ttl: Duration) -> Self {
+        self.share_ttl = ttl;
         self
     }
 
@@ -274,6 +298,9 @@ impl RedisSync {
                 "from the sync interval to 7 days",
             ));
         }
+        if self.share_ttl > MAX_WAIT {
+            return Err(setting("share_ttl", &self.share_ttl, "from 0 to 1h"));
+        }
         if !(MIN_INTERVAL..=MAX_WAIT).contains(&self.timeout) {
             return Err(setting("timeout", &self.timeout, "from 1ms to 1h"));
         }
@@ -293,6 +320,7 @@ impl RedisSync {
             staleness,
             node_ttl,
             idle_ttl,
+            share_ttl: self.share_ttl,
         })
     }
 }
@@ -303,6 +331,7 @@ pub(crate) struct Settings {
     pub(crate) staleness: Duration,
     pub(crate) node_ttl: Duration,
     pub(crate) idle_ttl: Duration,
+    pub(crate) share_ttl: Duration,
 }
 
 #[cfg(test)]

@@ -23,28 +23,59 @@ fn record(now: u64) -> impl Strategy<Value = Record> {
         (1u64..50, 0u64..5_000, 0u64..3_000_000, 0u64..3_000_000),
         (
             0u64..(1 << 25),
-            0u64..400_000,
+            // Heard from recently, or silent for up to 2 s (its share reserved or not).
+            0u64..2_000_000,
             0u64..3,
             1u64..4,
             0u64..30,
             0u64..30,
+        ),
+        (
+            0u64..=(1 << 20),
+            0u64..3_000_000,
+            0u64..2_000_000,
+            0u64..400_000,
+            0u64..400_000,
+            0u64..600_000,
+            0u64..20,
+            0u64..2,
         ),
     )
         .prop_map(
             move |(
                 (seq, reserved, credit, credit_ago),
                 (demand, demand_ago, w, epoch, unmet, overdraft),
-            )| Record {
-                seq,
-                reserved,
-                credit,
-                credit_at: now.saturating_sub(credit_ago),
-                demand,
-                demand_at: now.saturating_sub(demand_ago),
-                window: w,
-                epoch,
-                unmet,
-                overdraft,
+                (share, until_after, charged_after, prepaid, landed, landed_ahead, owes, fallback),
+            )| {
+                let demand_at = now.saturating_sub(demand_ago);
+                Record {
+                    seq,
+                    reserved,
+                    credit,
+                    credit_at: now.saturating_sub(credit_ago),
+                    demand,
+                    demand_at,
+                    window: w,
+                    epoch,
+                    unmet,
+                    overdraft,
+                    share,
+                    until: demand_at + until_after,
+                    charged_to: if charged_after == 0 {
+                        0
+                    } else {
+                        demand_at + charged_after
+                    },
+                    prepaid,
+                    landed: landed.min(prepaid),
+                    landed_end: if landed_ahead == 0 {
+                        0
+                    } else {
+                        now + landed_ahead - 300_000
+                    },
+                    owes,
+                    fallback,
+                }
             },
         )
 }
@@ -56,6 +87,8 @@ struct Case {
     records: Vec<Option<Record>>,
     node: usize,
     request: Request,
+    /// Each node's last heartbeat, µs ago (none: not in the registry).
+    heard_ago: Vec<Option<u64>>,
 }
 
 fn case(now: u64) -> impl Strategy<Value = Case> {
@@ -68,10 +101,18 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
     ];
     (
         shape,
-        (0u64..2, 1_000u64..400_000, 1_000u64..300_000),
+        (
+            0u64..2,
+            1_000u64..400_000,
+            1_000u64..300_000,
+            0u64..3_000_000,
+        ),
         (0u64..6_000_000, 0u64..3, 0u64..20_000, 0u64..20_000),
         prop::collection::vec(prop::option::of(record(now)), 4),
-        0usize..4,
+        (
+            0usize..4,
+            prop::collection::vec(prop::option::of(0u64..2_000_000), 4),
+        ),
         (
             (1u64..60, 1u64..4, 0u64..6_000, 0u64..50, 0u64..6_000),
             (
@@ -80,17 +121,21 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
                 0u64..3_000_000,
                 0u64..400_000,
                 0u64..20,
+                0u64..20,
             ),
         ),
     )
         .prop_map(
             move |(
                 shape,
-                (reconcile, hold, demand_ttl),
+                (reconcile, hold, demand_ttl, share_ttl),
                 (ago, w, prev, cur),
                 records,
-                node,
-                ((seq, epoch, floor, keep, known), (demand, want, anchor_ago, deadline_in, local)),
+                (node, heard_ago),
+                (
+                    (seq, epoch, floor, keep, known),
+                    (demand, want, anchor_ago, deadline_in, local, beyond),
+                ),
             )| {
                 let window = match shape {
                     Shape::SlidingWindow { period, .. } => {
@@ -105,6 +150,8 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
                         hold,
                         demand_ttl,
                         retain_ms: 2_000,
+                        share_ttl,
+                        silent_after: demand_ttl * 2,
                     },
                     global: Global {
                         tat: (now + 3_000_000).saturating_sub(ago),
@@ -114,6 +161,7 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
                     },
                     records,
                     node,
+                    heard_ago,
                     request: Request {
                         seq,
                         epoch,
@@ -133,6 +181,7 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
                             now + deadline_in * 10
                         },
                         local,
+                        beyond: beyond.min(local),
                     },
                 }
             },
@@ -140,8 +189,7 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
 }
 
 fn encode(r: &Record) -> String {
-    format!(
-        "{}:{}:{}:{}:{}:{}:{}:{}:{}:{}",
+    [
         r.seq,
         r.reserved,
         r.credit,
@@ -151,8 +199,18 @@ fn encode(r: &Record) -> String {
         r.window,
         r.epoch,
         r.unmet,
-        r.overdraft
-    )
+        r.overdraft,
+        r.share,
+        r.until,
+        r.charged_to,
+        r.prepaid,
+        r.landed,
+        r.landed_end,
+        r.owes,
+        r.fallback,
+    ]
+    .map(|n| n.to_string())
+    .join(":")
 }
 
 fn decode(v: &str) -> Record {
@@ -168,6 +226,14 @@ fn decode(v: &str) -> Record {
         epoch: n[7],
         unmet: n[8],
         overdraft: n[9],
+        share: n[10],
+        until: n[11],
+        charged_to: n[12],
+        prepaid: n[13],
+        landed: n[14],
+        landed_end: n[15],
+        owes: n[16],
+        fallback: n[17],
     }
 }
 
@@ -196,8 +262,9 @@ fn the_script_computes_exactly_what_serve_computes() {
         ..ProptestConfig::default()
     };
     let mut runner = proptest::test_runner::TestRunner::new(config);
-    // What the cases exercised: grants, overdrafts, stale rounds, refunds, late rounds.
-    let seen = std::cell::RefCell::new([0u32; 5]);
+    // What the cases exercised: grants, overdrafts, stale rounds, refunds, late rounds,
+    // silent nodes' shares charged, and debts.
+    let seen = std::cell::RefCell::new([0u32; 8]);
     runner
         .run(&case(base_now), |c| {
             let mut con = con.borrow_mut();
@@ -233,16 +300,41 @@ fn the_script_computes_exactly_what_serve_computes() {
             }
             // Run the script, with the arguments the task sends.
             let r = &c.request;
+            let heard: std::collections::BTreeMap<String, u64> = c
+                .heard_ago
+                .iter()
+                .enumerate()
+                .filter_map(|(i, ago)| {
+                    ago.map(|ago| (NODES[i].to_owned(), base_now.saturating_sub(ago) / 1_000))
+                })
+                .collect();
             let reply: Vec<u64> = script
                 .key(REGISTRY)
                 .key(KEY)
-                .arg(round_args(&c.params, NODES[c.node], 1_000, r.seq, [r]))
+                .arg(round_args(
+                    &c.params,
+                    NODES[c.node],
+                    1_000,
+                    &heard,
+                    r.seq,
+                    [r],
+                ))
                 .invoke(con)
                 .map_err(|e| TestCaseError::fail(format!("script: {e}")))?;
             let now = reply[1];
+            // The registry the reply lists (this node's heartbeat among them), then the answer.
+            let listed = usize::try_from(reply[2]).expect("a count");
+            let reply_answer = &reply[3 + 3 * listed..];
             // The specification at the same instant.
             let reserved_before = state.nodes.get(NODES[c.node]).map(|r| r.reserved);
-            let answer = protocol::serve(&c.params, &mut state, NODES[c.node], r, now);
+            let prepaid_before: u64 = state.nodes.values().map(|r| r.prepaid).sum();
+            // Another node in its fallback (heard, not hearing) with its share unexpired.
+            let others_in_fallback = state
+                .nodes
+                .iter()
+                .any(|(id, o)| id.as_str() != NODES[c.node] && o.fallback == 1 && o.until > now);
+            let answer = protocol::serve(&c.params, &mut state, NODES[c.node], r, now, &heard);
+            let prepaid_after: u64 = state.nodes.values().map(|r| r.prepaid).sum();
             {
                 let mut seen = seen.borrow_mut();
                 seen[0] += u32::from(answer.grant > 0);
@@ -250,14 +342,20 @@ fn the_script_computes_exactly_what_serve_computes() {
                 seen[2] += u32::from(answer.stale);
                 seen[3] += u32::from(!answer.stale && reserved_before.is_some_and(|b| r.floor < b));
                 seen[4] += u32::from(r.deadline != 0 && now > r.deadline);
+                seen[5] += u32::from(prepaid_after > prepaid_before);
+                seen[6] += u32::from(state.nodes.get(NODES[c.node]).is_some_and(|r| r.owes > 0));
+                seen[7] += u32::from(others_in_fallback && prepaid_after > prepaid_before);
             }
             prop_assert_eq!(
-                &reply[2..],
+                reply_answer,
                 &[
                     answer.grant,
                     answer.overdraft,
                     answer.reserved,
-                    u64::from(answer.stale)
+                    u64::from(answer.stale),
+                    answer.share,
+                    answer.until,
+                    answer.owes,
                 ][..],
                 "answer differs at {}: {:?}",
                 now,

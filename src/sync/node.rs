@@ -61,6 +61,15 @@ pub(crate) struct Books {
     pub(crate) local: u64,
     /// Fractions of a token owed by the local fallback's refill, in ticks.
     pub(crate) local_credit: u64,
+    /// Of `local`, tokens handed out from the one-time budget after the key's share was
+    /// no longer reserved.
+    pub(crate) beyond: u64,
+    /// Whether this outage's one-time budget was handed out.
+    pub(crate) budget_spent: bool,
+    /// The key's share (a weight) as the last answer granted it, and until when (limiter
+    /// clock, ns) Redis reserves it should this node fall silent.
+    pub(crate) share: u64,
+    pub(crate) share_until: u64,
     /// The last acknowledged round released everything.
     pub(crate) released: bool,
 }
@@ -239,8 +248,10 @@ pub(crate) fn collect(
             Some(if expired { 0 } else { l.min(hold) })
         });
     let keep = if expired { 0 } else { left.min(hold) };
-    // What goes back is the fallback's tokens first: they were never reserved.
+    // What goes back is the fallback's tokens first (the budget's before the share's):
+    // they were never reserved.
     books.local = books.local.saturating_sub(left - keep);
+    books.beyond = books.beyond.saturating_sub(left - keep).min(books.local);
     // The overdraft stays usable while the round is in flight (the answer replaces it);
     // an idle key gives it up now.
     let overdraft = if idle {
@@ -285,12 +296,14 @@ pub(crate) fn collect(
         anchor,
         deadline,
         local: books.local,
+        beyond: books.beyond,
     }
 }
 
 /// Applies the answer to the key's round; `expires` is when (limiter clock, ns) the lease
-/// becomes void. Returns false for a stale answer, which changes nothing (the
-/// report stays pending).
+/// becomes void, `share_until` when (limiter clock, ns, a round trip early) Redis stops
+/// reserving the key's share. Returns false for a stale answer, which changes nothing
+/// (the report stays pending).
 pub(crate) fn settle(
     cell: &SyncCell,
     books: &mut Books,
@@ -298,10 +311,19 @@ pub(crate) fn settle(
     request: &Request,
     answer: &Answer,
     expires: u64,
+    share_until: u64,
 ) -> bool {
     if answer.stale {
         return false;
     }
+    books.share = answer.share;
+    books.share_until = share_until;
+    // A node that still owes for its last budget gets no new one until it has repaid
+    // it: however often its link flaps, at most one budget is outstanding.
+    books.budget_spent = answer.owes > 0;
+    // What the round reported is accounted for (charged, or forgiven); what the
+    // fallback handed out after its collection goes into the next floor.
+    books.beyond = books.beyond.saturating_sub(request.beyond);
     cell.expires.store(expires, Ordering::Release);
     cell.allowance.fetch_add(answer.grant, Ordering::AcqRel);
     books.lease_base += answer.grant;
@@ -319,18 +341,23 @@ pub(crate) fn settle(
     books.spent += books.overdraft_base.saturating_sub(before);
     books.overdraft_base = overdraft;
     books.pending = false;
-    // Charged, or forgiven: either way accounted for.
-    books.local = 0;
+    books.local = books.local.saturating_sub(request.local);
     // Everything admitted after this round's collection goes into the next floor.
     books.last_ok = books.last_round;
     books.released = released && cell.allowance.load(Ordering::Acquire) == 0 && before == 0;
     true
 }
 
-/// The local fallback, once per interval: the key may admit `1 / nodes` of the rate
-/// (fractions carried), up to `⌊capacity / nodes⌋` (at least 1) at once. What it admits
-/// is reported when Redis answers again: charged (spread back over the outage) if Redis
-/// kept the key's state, forgiven if it lost it.
+/// The local fallback, once per interval. While Redis reserves the key's share for this
+/// node (until `share_until`), the key may admit at that share of the rate (fractions
+/// carried), up to its share of the capacity (at least 1) at once: Redis charges the
+/// global state for it meanwhile. After that, or for a key that never had a share, the
+/// key gets a one-time budget of `⌊capacity / nodes⌋` (at least 1) for the rest of the
+/// outage, and nothing more: so what a node cut off from Redis admits beyond its
+/// reserved share is bounded whatever the outage's length. What the fallback admits is
+/// reported when Redis answers again: set against what was charged on the node's
+/// behalf; the budget's excess is the node's own debt; all of it forgiven if Redis lost
+/// the key's state.
 pub(crate) fn refill_locally(
     cell: &SyncCell,
     books: &mut Books,
@@ -343,14 +370,23 @@ pub(crate) fn refill_locally(
         return;
     }
     cell.expires.store(u64::MAX, Ordering::Release);
-    books.local_credit += p.interval_ns / 1_000 / nodes;
-    let tokens = books.local_credit / p.ticks;
-    books.local_credit %= p.ticks;
-    let cap = (p.capacity / nodes).max(1);
     let (pool, base) = if p.reconcile {
         (&cell.overdraft, &mut books.overdraft_base)
     } else {
         (&cell.allowance, &mut books.lease_base)
+    };
+    let reserved = now < books.share_until && books.share > 0;
+    let (tokens, cap) = if reserved {
+        books.local_credit += scale(p.interval_ns / 1_000, books.share);
+        let tokens = books.local_credit / p.ticks;
+        books.local_credit %= p.ticks;
+        (tokens, scale(p.capacity, books.share).max(1))
+    } else if !books.budget_spent {
+        books.budget_spent = true;
+        let budget = (p.capacity / nodes).max(1);
+        (budget, budget)
+    } else {
+        return;
     };
     let mut added = 0;
     let _ = pool.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
@@ -359,9 +395,17 @@ pub(crate) fn refill_locally(
     });
     *base += added;
     books.local += added;
+    if !reserved {
+        books.beyond += added;
+    }
     if added > 0 {
         books.released = false;
     }
+}
+
+/// `⌊x · weight / WEIGHT_ONE⌋`, for `x` below 2^44.
+fn scale(x: u64, weight: u64) -> u64 {
+    u64::try_from(u128::from(x) * u128::from(weight) / u128::from(WEIGHT_ONE)).unwrap_or(u64::MAX)
 }
 
 fn cell_wants(cell: &SyncCell) -> bool {
@@ -446,11 +490,62 @@ mod tests {
             reserved: r.floor + 3,
             ..Answer::default()
         };
-        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX));
+        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX, 0));
         assert_eq!(cell.allowance.load(Ordering::Acquire), r.keep - 2 + 3);
         let r2 = collect(&cell, &mut books, &p, 2, 100_000_000, false, Some(0));
         assert_eq!(books.spent, 6);
         assert_eq!(r2.floor, 6 + r2.keep);
+    }
+
+    /// The fallback: at the key's share while Redis reserves it, then a one-time budget,
+    /// then nothing; a budget handed out while a round was in flight is not lost when its
+    /// answer comes (it goes into the next floor, as the node's own debt); and while the
+    /// node still owes, a new outage gets no new budget.
+    #[test]
+    fn the_fallback_spends_its_share_then_one_budget() {
+        let p = NodeParams {
+            interval_ns: 100_000_000,
+            ..params()
+        };
+        let cell = cell();
+        let mut books = cell.books.lock();
+        books.share = WEIGHT_ONE / 2;
+        books.share_until = 1_000_000_000;
+        // 100/s at half the rate: 5 tokens per 100 ms interval.
+        refill_locally(&cell, &mut books, &p, 2, 500_000_000);
+        assert_eq!((books.local, books.beyond), (5, 0));
+        // Past the share's end: the budget (⌊100 / 2⌋) once, then nothing.
+        cell.allowance.store(0, Ordering::Release);
+        refill_locally(&cell, &mut books, &p, 2, 1_000_000_000);
+        assert_eq!((books.local, books.beyond), (55, 50));
+        refill_locally(&cell, &mut books, &p, 2, 1_100_000_000);
+        assert_eq!(books.local, 55);
+        // A round collected now reports them; the answer comes after 10 more were
+        // handed out (by a budget of a later outage, say): they stay on the books.
+        cell.allowance.store(0, Ordering::Release);
+        let r = collect(&cell, &mut books, &p, 1, 1_200_000_000, false, Some(0));
+        assert_eq!((r.local, r.beyond), (55, 50));
+        books.local += 10;
+        books.beyond += 10;
+        let answer = Answer {
+            reserved: r.floor,
+            owes: 50,
+            ..Answer::default()
+        };
+        assert!(settle(
+            &cell,
+            &mut books,
+            &p,
+            &r,
+            &answer,
+            u64::MAX,
+            2_000_000_000
+        ));
+        assert_eq!((books.local, books.beyond), (10, 10));
+        // Still owing: once the share ends again, no new budget.
+        assert!(books.budget_spent);
+        refill_locally(&cell, &mut books, &p, 2, 3_000_000_000);
+        assert_eq!(books.local, 10);
     }
 
     #[test]
@@ -489,7 +584,7 @@ mod tests {
             reserved: 0,
             ..Answer::default()
         };
-        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX));
+        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX, 0));
         assert_eq!(need(&cell, &books, &p, now), None);
         drop(books);
         assert!(cell.is_released());

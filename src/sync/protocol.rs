@@ -27,6 +27,25 @@
 //! to its share of the holding horizon. In reconcile mode the answer also carries an
 //! overdraft: the node's share of what the global state still holds after the lease,
 //! which it may admit beyond its lease and reports in its next floor.
+//!
+//! # A node that falls silent
+//!
+//! Each answer reserves for the node a share of the rate (a weight: an even split among
+//! the registry's nodes, out of what the other nodes' unexpired reservations leave, so
+//! that reservations never add up past the rate) **until** `now + share_ttl`. Once a
+//! node has not been heard from for the nodes' staleness (neither a round on the key nor
+//! a heartbeat: a node that is alive but has nothing to say about a key is not silent),
+//! Redis keeps that share reserved for it until then: every round on the key first charges the global state with the silent
+//! node's share of the rate since it was last charged (`prepaid`, in ticks), so the
+//! other nodes share only the rest, and the silent node, cut off from Redis, may admit
+//! at exactly that share locally. When it is heard from again, what it admitted beyond
+//! what was charged on its behalf is charged (what it did not use is not refunded: that
+//! capacity was reserved, and refunding it later could hand it out twice). What
+//! its fallback admitted after its share ran out (`beyond`, at most its one-time
+//! budget) is its own debt (`owes`), repaid out of its own credit (and charged to the
+//! global state as it is repaid, at the pace of the node's share) before it leases
+//! again: the other nodes never pay for it. A dead node costs the others at most
+//! `share_ttl` of its share.
 
 // In production Redis runs the Lua twin of `serve`; this one is its specification, run by
 // the simulation and the differential test.
@@ -38,6 +57,9 @@ use std::collections::BTreeMap;
 pub(crate) const WEIGHT_ONE: u64 = 1 << 20;
 /// The largest demand a node may report (16 times the rate).
 pub(crate) const MAX_DEMAND: u64 = 1 << 24;
+/// A node's own debt is repaid at `1 / REPAY_PACE` of its share's pace: the rest of its
+/// share it still leases, so that the rate after a partition heals stays near the limit.
+const REPAY_PACE: u64 = 8;
 /// Credit accrues over at most this many µs (the cap is reached long before).
 const MAX_ELAPSED: u64 = 1 << 32;
 
@@ -93,6 +115,12 @@ pub(crate) struct Params {
     /// A node's record is dropped when it has not been heard from for this long (ms);
     /// the key's Redis TTL is its time until untouched plus this.
     pub(crate) retain_ms: u64,
+    /// How long (µs) after a round the node's share stays reserved for it if it falls
+    /// silent; 0: not at all.
+    pub(crate) share_ttl: u64,
+    /// A node not heard from (neither a round nor a heartbeat) for this long (µs) is
+    /// silent: the nodes' staleness, after which a node cut off from Redis falls back.
+    pub(crate) silent_after: u64,
 }
 
 /// The global state of one key. The token bucket uses `tat`; the sliding window the
@@ -131,6 +159,30 @@ pub(crate) struct Record {
     /// The overdraft the node was last handed (reconcile mode): the other nodes' rooms
     /// leave it out, so that overdrafts outstanding never add up past one room.
     pub(crate) overdraft: u64,
+    /// The share of the rate (a weight) reserved for the node, and until when (µs), should
+    /// it fall silent: an even split among the registry's nodes, out of what the other
+    /// nodes' unexpired reservations leave (so that they never add up past the rate).
+    pub(crate) share: u64,
+    pub(crate) until: u64,
+    /// Up to when (µs) the silent node's share has been charged on its behalf, and the
+    /// ticks charged so since its last round.
+    pub(crate) charged_to: u64,
+    pub(crate) prepaid: u64,
+    /// Of `prepaid`, the ticks that took capacity from the present when charged (the
+    /// token bucket's `tat` went past `now` by them): what of the prepaid the node did
+    /// not use goes back up to this, never more (a charge that fell into the past took
+    /// nothing from anyone).
+    pub(crate) landed: u64,
+    /// Where `tat` stood after the last charge on the node's behalf: only what of that
+    /// charge is still ahead of `now` can go back (capacity past cannot be returned).
+    pub(crate) landed_end: u64,
+    /// Ticks the node's fallback admitted after its share ran out: its own debt, repaid
+    /// at an eighth of its share's pace.
+    pub(crate) owes: u64,
+    /// 1 if the node's last round reported tokens its local fallback handed out (so its
+    /// answers are not reaching it, or were not until that round): Redis then charges its
+    /// reserved share as it does a silent node's, and does not extend it.
+    pub(crate) fallback: u64,
 }
 
 /// One node's report for one key.
@@ -165,6 +217,10 @@ pub(crate) struct Request {
     /// (spread back from `anchor`), but forgiven when Redis lost it (restarted empty, or
     /// failed over): that consumption was the share of a refill no state recorded.
     pub(crate) local: u64,
+    /// Of `local`, tokens handed out after the node's share was no longer reserved (its
+    /// one-time budget): what of them exceeds what was charged on its behalf is its own
+    /// debt, not the global state's.
+    pub(crate) beyond: u64,
 }
 
 /// The answer for one key.
@@ -178,6 +234,13 @@ pub(crate) struct Answer {
     pub(crate) reserved: u64,
     /// The round was older than one already applied: nothing changed.
     pub(crate) stale: bool,
+    /// The share of the rate (a weight) Redis reserves for the node, and until when (µs),
+    /// if the node falls silent: its local fallback may admit at that share until then.
+    pub(crate) share: u64,
+    pub(crate) until: u64,
+    /// Tokens the node still owes for what its fallback admitted beyond its reserved
+    /// share (rounded up): until it is repaid, its fallback gets no new budget.
+    pub(crate) owes: u64,
 }
 
 /// One key as Redis holds it: the global state and each node's record.
@@ -205,10 +268,15 @@ pub(crate) struct Shares {
 
 impl Shares {
     pub(crate) fn new(demands: &[u64]) -> Self {
+        Self::of_total(demands, WEIGHT_ONE)
+    }
+
+    /// The shares of `total` (a weight: what silent nodes' reserved shares leave).
+    pub(crate) fn of_total(demands: &[u64], total: u64) -> Self {
         let mut sorted: Vec<u64> = demands.to_vec();
         sorted.sort_unstable();
-        let equal = WEIGHT_ONE / (sorted.len() as u64).max(1);
-        let mut remaining = WEIGHT_ONE;
+        let equal = total / (sorted.len() as u64).max(1);
+        let mut remaining = total;
         let mut left = sorted.len() as u64;
         for &d in &sorted {
             let level = remaining / left;
@@ -302,19 +370,28 @@ fn room(shape: Shape, g: &Global, now: u64, elapsed: u64, horizon: u64) -> u64 {
 /// 1. drop the records of nodes gone for the retention time;
 /// 2. ignore a round at or below the node's last;
 /// 3. (sliding window) roll the windows forward to `now`;
-/// 4. charge the floor beyond the node's reservation, or refund what it returned;
-/// 5. share the rate max-min fairly among the demands of the live nodes, and accrue the
-///    node's credit at its share;
-/// 6. lease: while another node wants tokens and has credit for one, by credit, out of
+/// 4. charge the shares reserved for silent nodes, up to `now` (or their end);
+/// 5. charge the floor beyond the node's reservation and what was charged on its behalf
+///    (its fallback's tokens past its share: to its own debt), or refund what it
+///    returned;
+/// 6. share what the silent nodes' reservations leave max-min fairly among the demands
+///    of the live nodes, accrue the node's credit at its share, and repay its debt;
+/// 7. lease: while another node wants tokens and has credit for one, by credit, out of
 ///    what the global state holds beyond what the nodes ahead of this one (in credit per
 ///    share) need to catch up; else whatever the global state holds (work-conserving);
-/// 7. (reconcile) hand out an overdraft.
+///    nothing while the node owes;
+/// 8. (reconcile) hand out an overdraft;
+/// 9. reserve the node's share until `now + share_ttl` (if it holds or wants anything).
+///
+/// `heard` is the node registry as the caller last read it: each node's last heartbeat,
+/// in ms of Redis's clock.
 pub(crate) fn serve(
     params: &Params,
     state: &mut KeyState,
     node: &str,
     request: &Request,
     now: u64,
+    heard: &BTreeMap<String, u64>,
 ) -> Answer {
     let shape = params.shape;
     let ticks = shape.ticks_per_token();
@@ -350,6 +427,50 @@ pub(crate) fn serve(
         }
         window = g.window.unwrap_or(window);
     }
+    // 4.
+    let cutoff = now.saturating_sub(params.demand_ttl);
+    let silent = now.saturating_sub(params.silent_after);
+    let last_heard = |id: &str, r: &Record| {
+        r.demand_at
+            .max(heard.get(id).map_or(0, |ms| ms.saturating_mul(1_000)))
+    };
+    for (id, r) in state.nodes.iter_mut() {
+        let last = last_heard(id, r);
+        let quiet = last < silent;
+        if id.as_str() == node || !(quiet || r.fallback == 1) {
+            continue;
+        }
+        // A silent node's share is charged from when it fell silent; the share of a node
+        // in its fallback (heard, but not hearing), from its last round.
+        let from = if quiet {
+            r.charged_to.max(last + params.silent_after)
+        } else {
+            r.charged_to
+        };
+        let to = now.min(r.until);
+        if to <= from || r.share == 0 {
+            continue;
+        }
+        let charge = scale(to - from, r.share);
+        let g = &mut state.global;
+        match shape {
+            Shape::TokenBucket { .. } => {
+                let before = g.tat.max(now);
+                g.tat = g.tat.max(from) + charge;
+                r.landed += g.tat.saturating_sub(before);
+                r.landed_end = g.tat;
+            }
+            Shape::SlidingWindow { .. } => {
+                g.cur += (r.prepaid + charge) / ticks - r.prepaid / ticks;
+            }
+        }
+        r.prepaid += charge;
+        r.charged_to = to;
+    }
+    // A node whose share was charged on its behalf since its last round (it fell silent,
+    // or was in its fallback) accrued no credit meanwhile: its share of that time was
+    // charged, or (once its reservation ended) the others' to take.
+    let returning = existing.is_some_and(|r| r.charged_to > r.demand_at);
     let mut record = existing.unwrap_or(Record {
         reserved: request.known
             + request
@@ -359,23 +480,46 @@ pub(crate) fn serve(
         epoch: request.epoch,
         ..Record::default()
     });
-    // 4.
+    // 5. What the node reports beyond its reservation comes first out of what was
+    // charged on its behalf; its fallback's tokens past its share are its own debt; the
+    // rest is charged. A round it gave up on (late: queued in a paused Redis) reports
+    // what it had admitted when it was sent, so what is left of the prepaid stays for its
+    // later rounds; an on-time round ends the outage, and the rest is dropped.
     let g = &mut state.global;
+    let late = request.deadline != 0 && now > request.deadline;
     let mut charged = 0;
     if request.floor > record.reserved {
-        charged = request.floor - record.reserved;
+        let extra = request.floor - record.reserved;
+        let prepaid = extra.min(record.prepaid / ticks);
+        record.prepaid -= prepaid * ticks;
+        let rest = extra - prepaid;
+        let own = rest.min(request.beyond);
+        record.owes = record.owes.saturating_add(own.saturating_mul(ticks));
+        charged = rest - own;
         match shape {
             Shape::TokenBucket { t, .. } => {
-                let from = if request.anchor == 0 {
+                // Spread back from the last acknowledged round: rounds queued in a paused
+                // Redis (late) all do; an on-time round that follows one Redis applied
+                // but whose answer was lost reports only what was admitted since that
+                // one, so no further back than it.
+                let mut from = if request.anchor == 0 {
                     now
                 } else {
                     request.anchor.min(now)
                 };
-                g.tat = g.tat.max(from) + charged * t;
+                if !late {
+                    from = from.max(existing.map_or(0, |r| r.demand_at).min(now));
+                }
+                if charged > 0 {
+                    g.tat = g.tat.max(from) + charged * t;
+                }
             }
             Shape::SlidingWindow { .. } => g.cur += charged,
         }
     } else if request.floor < record.reserved {
+        // What the node gives back of its lease. (What was charged on its behalf and
+        // not used is not refunded: it was capacity reserved, and may have served no
+        // one since; refunding it now could hand it out twice.)
         let refund = record.reserved - request.floor;
         match shape {
             // Into a full bucket a refund has nowhere to go; a past `tat` (room for
@@ -394,22 +538,51 @@ pub(crate) fn serve(
             }
         }
     }
-    // 5.
+    if !late {
+        // What the node did not use of its prepaid share goes back, as far as it took
+        // capacity from the present.
+        let unused = record
+            .prepaid
+            .min(record.landed)
+            .min(record.landed_end.saturating_sub(now));
+        if unused > 0 && g.tat > now {
+            g.tat = g.tat.saturating_sub(unused).max(now);
+        }
+        record.prepaid = 0;
+        record.landed = 0;
+        record.landed_end = 0;
+    }
+    record.charged_to = now;
+    // 6.
     record.demand = request.demand.min(MAX_DEMAND);
     record.demand_at = now;
-    let cutoff = now.saturating_sub(params.demand_ttl);
     let others: Vec<&Record> = state
         .nodes
         .iter()
         .filter(|(id, r)| id.as_str() != node && r.demand_at >= cutoff)
         .map(|(_, r)| r)
         .collect();
+    let reserved_shares: u64 = state
+        .nodes
+        .iter()
+        .filter(|(id, r)| {
+            id.as_str() != node
+                && r.demand_at < cutoff
+                && (last_heard(id, r) < silent || r.fallback == 1)
+                && r.until > now
+        })
+        .map(|(_, r)| r.share)
+        .sum();
     let mut demands: Vec<u64> = others.iter().map(|r| r.demand).collect();
     demands.push(record.demand);
-    let shares = Shares::new(&demands);
+    let shares = Shares::of_total(&demands, WEIGHT_ONE.saturating_sub(reserved_shares));
     let weight = shares.of(record.demand);
     let capacity = shape.capacity_ticks();
     let cap = credit_cap(weight, capacity, params.hold, ticks);
+    if returning {
+        record.credit_at = now;
+    }
+    let since = now.saturating_sub(record.credit_at).min(MAX_ELAPSED);
     // A node new to the key starts with one token of credit, like any other.
     record.credit = if existing.is_none() {
         ticks
@@ -419,11 +592,27 @@ pub(crate) fn serve(
     // What the node admitted beyond its reservation (its overdraft) was its credit's.
     record.credit = record.credit.saturating_sub(charged.saturating_mul(ticks));
     record.credit_at = now;
-    // 6. Under contention (another node wants tokens and has credit for one) a node
+    // Its debt is repaid out of its own credit, at an eighth of its share's pace (it
+    // still leases with the rest), and charged to the global state as it is: the
+    // others' shares are untouched, the rate right after a partition heals stays near
+    // the limit (at least 7/8 of it), and the long-run rate still converges to it.
+    let repaid = record.owes.min(scale(since, weight) / REPAY_PACE);
+    if repaid > 0 {
+        let whole = |owes: u64| owes.div_ceil(ticks);
+        let tokens = whole(record.owes) - whole(record.owes - repaid);
+        record.owes -= repaid;
+        record.credit = record.credit.saturating_sub(repaid);
+        let g = &mut state.global;
+        match shape {
+            Shape::TokenBucket { .. } => g.tat = g.tat.max(now) + repaid,
+            Shape::SlidingWindow { .. } => g.cur += tokens,
+        }
+    }
+    // 7. Under contention (another node wants tokens and has credit for one) a node
     // leases by its credit, out of what the global state holds beyond what the wanting
-    // nodes ahead of it in credit per share need to catch up with it. (Each gap is
-    // floored to whole ticks from a double, as the script computes it, so that the sum
-    // does not depend on the order.)
+    // nodes ahead of it in credit per share need to catch up. (Each gap is floored to
+    // whole ticks from a double, as the script computes it, so that the sum does not
+    // depend on the order.)
     let mut contended = false;
     let mut owed = 0u64;
     for r in &others {
@@ -431,10 +620,11 @@ pub(crate) fn serve(
         let credit = accrued(r, w, credit_cap(w, capacity, params.hold, ticks), now);
         if r.unmet > 0 && credit >= ticks {
             contended = true;
-            let level = (record.credit as f64 * w as f64 / weight as f64).floor() as u64;
+            let level = (record.credit as f64 * w as f64 / weight.max(1) as f64).floor() as u64;
             owed += credit.saturating_sub(level);
         }
     }
+    let g = &mut state.global;
     let avail = available(shape, g, now, elapsed);
     // A node holds at most its share of the holding horizon, plus one token to spend
     // while it waits for the next.
@@ -444,7 +634,6 @@ pub(crate) fn serve(
     } else {
         avail
     };
-    let late = request.deadline != 0 && now > request.deadline;
     let grant = if late {
         0
     } else {
@@ -462,7 +651,7 @@ pub(crate) fn serve(
             Shape::SlidingWindow { .. } => g.cur += grant,
         }
     }
-    // 7.
+    // 8.
     let overdraft = if params.overdraft_horizon > 0 && !late {
         // What the global state holds after the lease, plus its refill until the node's
         // next round (in debt, the refill first repays it), in whole tokens; under
@@ -479,6 +668,33 @@ pub(crate) fn serve(
     } else {
         0
     };
+    // 9. The reservation is an even split of the rate among the registry's nodes, out
+    // of what the others' unexpired reservations leave: reservations never add up past
+    // the rate, so what silent nodes admit on theirs never adds up past it either.
+    let holds = request.demand > 0 || request.keep > 0 || grant > 0;
+    // A node in its fallback goes by the share and end of the last answer it received:
+    // its reservation is neither renewed nor changed until a round reports no fallback.
+    let fallback = request.local > 0 && existing.is_some();
+    record.fallback = u64::from(request.local > 0);
+    let others_reserved: u64 = state
+        .nodes
+        .iter()
+        .filter(|(id, r)| id.as_str() != node && r.until > now)
+        .map(|(_, r)| r.share)
+        .sum();
+    let nodes = (heard.len() as u64).max(1);
+    if !fallback {
+        record.share = if holds {
+            (WEIGHT_ONE / nodes).min(WEIGHT_ONE.saturating_sub(others_reserved))
+        } else {
+            0
+        };
+        record.until = if holds {
+            now.saturating_add(params.share_ttl)
+        } else {
+            now
+        };
+    }
     record.overdraft = overdraft;
     record.seq = request.seq;
     record.reserved = request.floor + grant;
@@ -489,6 +705,9 @@ pub(crate) fn serve(
         overdraft,
         reserved: record.reserved,
         stale: false,
+        share: record.share,
+        until: record.until,
+        owes: record.owes.div_ceil(ticks),
     }
 }
 
@@ -503,6 +722,11 @@ pub(crate) fn prune(state: &mut KeyState, cutoff: u64) {
 mod tests {
     use super::*;
 
+    /// A round with no node registry: every other node is known by its rounds only.
+    fn serve(p: &Params, state: &mut KeyState, node: &str, request: &Request, now: u64) -> Answer {
+        super::serve(p, state, node, request, now, &BTreeMap::new())
+    }
+
     const TB: Shape = Shape::TokenBucket {
         t: 10_000,
         tau: 10_000 * 99,
@@ -515,6 +739,8 @@ mod tests {
             hold: 100_000,
             demand_ttl: 150_000,
             retain_ms: 60_000,
+            share_ttl: 0,
+            silent_after: 500_000,
         }
     }
 
@@ -671,14 +897,134 @@ mod tests {
         );
         assert_eq!(state.global.tat, now);
         let mut state = KeyState::default();
+        // Queued rounds run after the node stopped waiting for them (late); an on-time
+        // round spreads no further back than the node's last round Redis applied.
         for (seq, floor) in [(1, 40), (2, 100)] {
             let r = Request {
                 anchor,
+                deadline: now - 1,
                 ..request(seq, floor, 0, 0)
             };
             serve(&p, &mut state, "a", &r, now);
         }
         assert_eq!(state.global.tat, now);
+    }
+
+    /// A node cut off from Redis alone (silent: no round, no heartbeat) keeps its share
+    /// reserved until its `until`: the others' rounds charge it on its behalf, and share
+    /// only the rest. When it comes back, what it admitted comes out of that charge, and
+    /// what its fallback's budget admitted beyond it is its own debt, repaid at an eighth
+    /// of its share's pace while it still leases.
+    #[test]
+    fn a_silent_node_keeps_its_share_and_its_debt() {
+        let p = Params {
+            share_ttl: 10_000_000,
+            silent_after: 700_000,
+            ..params(false)
+        };
+        let mut state = KeyState::default();
+        let t0 = 1_000_000_000;
+        let heard = |ids: &[&str], at: u64| -> BTreeMap<String, u64> {
+            ids.iter()
+                .map(|id| ((*id).to_owned(), at / 1_000))
+                .collect()
+        };
+        let both = heard(&["a", "b"], t0);
+        let a = super::serve(&p, &mut state, "a", &request(1, 0, 0, 1), t0, &both);
+        let b = super::serve(&p, &mut state, "b", &request(1, 0, 0, 1), t0, &both);
+        assert_eq!((a.share, b.until), (WEIGHT_ONE / 2, t0 + 10_000_000));
+        // 5 s later b has been silent for 4.3 s: a's round charges b's half of the rate
+        // from 0.7 s on, and a leases at most from the other half.
+        let t1 = t0 + 5_000_000;
+        super::serve(
+            &p,
+            &mut state,
+            "a",
+            &request(2, 1, 0, 0),
+            t1,
+            &heard(&["a"], t1),
+        );
+        assert_eq!(state.nodes["b"].prepaid, (5_000_000 - 700_000) / 2);
+        // b comes back at 12 s, reporting 500 tokens from its fallback, 20 of them from
+        // its budget after its share's end: 465 were charged on its behalf (its half of
+        // the 9.3 s from its silence to its `until`); of the other 35, the 20 from the
+        // budget are its debt, and 15 are charged now.
+        let t2 = t0 + 12_000_000;
+        let back = Request {
+            local: 500,
+            beyond: 20,
+            ..request(2, 1 + 500, 0, 5)
+        };
+        super::serve(
+            &p,
+            &mut state,
+            "a",
+            &request(3, 1, 0, 0),
+            t2 - 1,
+            &heard(&["a"], t2),
+        );
+        let tat_before = state.global.tat;
+        let answer = super::serve(&p, &mut state, "b", &back, t2, &heard(&["a", "b"], t2));
+        assert_eq!(answer.owes, 20);
+        assert!(answer.grant > 0, "owing does not stop leases");
+        // The 465 are not charged again, nor the debt at once.
+        assert!(state.global.tat <= tat_before.max(t2) + (15 + answer.grant) * 10_000);
+        // One second later (a has reported no demand since: b's share is the whole
+        // rate), an eighth of that second's refill (12.5 tokens) is repaid.
+        let t3 = t2 + 1_000_000;
+        let floor = 501 + answer.grant;
+        let next = super::serve(
+            &p,
+            &mut state,
+            "b",
+            &request(3, floor, 0, 0),
+            t3,
+            &heard(&["a", "b"], t3),
+        );
+        assert_eq!(next.owes, 8);
+    }
+
+    /// A node whose requests reach Redis but whose answers do not (an asymmetric
+    /// partition) reports its fallback's tokens: Redis then charges its share as it
+    /// goes, as for a silent node, and leaves its reservation as the node last knew it.
+    #[test]
+    fn a_node_in_its_fallback_is_charged_its_share() {
+        let p = Params {
+            share_ttl: 10_000_000,
+            silent_after: 700_000,
+            ..params(false)
+        };
+        let mut state = KeyState::default();
+        let t0 = 1_000_000_000;
+        let all: BTreeMap<String, u64> =
+            [("a".to_owned(), t0 / 1_000), ("b".to_owned(), t0 / 1_000)].into();
+        super::serve(&p, &mut state, "a", &request(1, 0, 0, 1), t0, &all);
+        super::serve(&p, &mut state, "b", &request(1, 0, 0, 1), t0, &all);
+        let until = state.nodes["b"].until;
+        // b's round reports 3 tokens from its fallback: its reservation stays as it was.
+        let t1 = t0 + 1_000_000;
+        let fallback = Request {
+            local: 3,
+            ..request(2, 3, 0, 5)
+        };
+        super::serve(&p, &mut state, "b", &fallback, t1, &all);
+        assert_eq!(
+            (state.nodes["b"].fallback, state.nodes["b"].until),
+            (1, until)
+        );
+        // a's round 1 s later (b still heartbeats) charges b's half of that second.
+        let t2 = t1 + 1_000_000;
+        let now: BTreeMap<String, u64> =
+            [("a".to_owned(), t2 / 1_000), ("b".to_owned(), t2 / 1_000)].into();
+        super::serve(&p, &mut state, "a", &request(2, 1, 0, 0), t2, &now);
+        assert_eq!(state.nodes["b"].prepaid, 500_000);
+        // b's next round without fallback tokens renews its reservation.
+        let t3 = t2 + 100_000;
+        super::serve(&p, &mut state, "b", &request(3, 3, 0, 0), t3, &all);
+        assert_eq!(
+            (state.nodes["b"].fallback, state.nodes["b"].until),
+            (0, t3 + 10_000_000)
+        );
     }
 
     #[test]

@@ -10,9 +10,13 @@
 --   heartbeat is a call of its own) and every key is a limiter key.
 -- ARGV: node id, registry TTL (ms; 0: none), shape ('tb' or 'sw'), a, b (tb: T, tau; sw: limit,
 --   period), overdraft horizon (µs; 0 in lease mode), hold (µs), demand TTL (µs),
---   retain (ms), round number,
---   then per limiter key: epoch, floor, keep, known, demand, want, anchor, deadline, local.
--- Returns {nodes alive (0 without a registry), server time (µs), then per key: grant, overdraft, reserved, stale}.
+--   retain (ms), share TTL (µs), silent after (µs), the registry as the node last read it ("id:ms,id:ms…":
+--   each node's last heartbeat), round number,
+--   then per limiter key: epoch, floor, keep, known, demand, want, anchor, deadline, local,
+--   beyond.
+-- Returns {nodes alive (0 without a registry), server time (µs), k, then k nodes of the
+--   registry as (the high and low 32 bits of the id as a number, last heartbeat ms), then
+--   per key: grant, overdraft, reserved, stale, share, until}.
 local WEIGHT_ONE, MAX_DEMAND, MAX_ELAPSED = 1048576, 16777216, 4294967296
 
 local function idiv(a, b)
@@ -30,10 +34,14 @@ local first = 2
 if ttl == 0 then first = 1 end
 local a, b = tonumber(ARGV[4]), tonumber(ARGV[5])
 local horizon, hold, demand_ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local retain_ms, seq = tonumber(ARGV[9]), tonumber(ARGV[10])
+local retain_ms, share_ttl, silent_after = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local seq = tonumber(ARGV[13])
+local heard = {}
+for id, ms in string.gmatch(ARGV[12], '([^:,]+):(%d+)') do heard[id] = tonumber(ms) end
 if not (whole(ttl) and whole(a) and whole(b) and a >= 1 and whole(horizon) and whole(hold) and whole(demand_ttl)
-    and whole(retain_ms) and whole(seq) and (shape == 'tb' or (shape == 'sw' and b >= 1))
-    and #KEYS >= 1 and #ARGV == 10 + 9 * (#KEYS - first + 1)) then
+    and whole(retain_ms) and whole(share_ttl) and whole(silent_after) and whole(seq)
+    and (shape == 'tb' or (shape == 'sw' and b >= 1))
+    and #KEYS >= 1 and #ARGV == 13 + 10 * (#KEYS - first + 1)) then
   return redis.error_reply('TOLLGATE invalid sync arguments')
 end
 local ticks = a
@@ -42,24 +50,35 @@ if shape == 'sw' then ticks = math.max(1, idiv(b, a)) end
 local time = redis.call('TIME')
 local now = time[1] * 1000000 + time[2]
 local now_ms = math.floor(now / 1000)
-local out = {0, now}
+local out = {0, now, 0}
 if first == 2 then
   redis.call('ZADD', KEYS[1], now_ms, node)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms - ttl)
   redis.call('PEXPIRE', KEYS[1], ttl)
-  out[1] = redis.call('ZCARD', KEYS[1])
+  local registry = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+  out[1] = #registry / 2
+  for j = 1, #registry, 2 do
+    local id = registry[j]
+    local hi, lo = tonumber(string.sub(id, 1, 8), 16), tonumber(string.sub(id, 9, 16), 16)
+    if #id == 16 and hi and lo then
+      out[3] = out[3] + 1
+      out[#out + 1] = hi
+      out[#out + 1] = lo
+      out[#out + 1] = tonumber(registry[j + 1])
+    end
+  end
 end
 
 local function num(x)
   return string.format('%.0f', x)
 end
 
--- Max-min fair shares among `demands` (see `Shares` in protocol.rs): returns the
--- level, whether every demand fits, the spare each gets then, and the equal share.
-local function shares(demands)
+-- Max-min fair shares of `total` among `demands` (see `Shares` in protocol.rs): returns
+-- the level, whether every demand fits, the spare each gets then, and the equal share.
+local function shares(demands, total)
   table.sort(demands)
-  local equal = idiv(WEIGHT_ONE, math.max(#demands, 1))
-  local remaining, left = WEIGHT_ONE, #demands
+  local equal = idiv(total, math.max(#demands, 1))
+  local remaining, left = total, #demands
   for _, d in ipairs(demands) do
     local level = idiv(remaining, left)
     if d > level then return level, false, 0, equal end
@@ -92,7 +111,15 @@ local function accrued(r, weight, cap)
   return math.min(cap, r.credit + scale(since, weight))
 end
 
-local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadline, loc)
+local function encode(r)
+  return num(r.seq) .. ':' .. num(r.reserved) .. ':' .. num(r.credit) .. ':' .. num(r.credit_at) .. ':'
+    .. num(r.demand) .. ':' .. num(r.demand_at) .. ':' .. num(r.window) .. ':' .. num(r.epoch) .. ':'
+    .. num(r.unmet) .. ':' .. num(r.overdraft) .. ':' .. num(r.share) .. ':' .. num(r.till) .. ':'
+    .. num(r.charged_to) .. ':' .. num(r.prepaid) .. ':' .. num(r.landed) .. ':' .. num(r.landed_end)
+    .. ':' .. num(r.owes) .. ':' .. num(r.fallback)
+end
+
+local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadline, loc, beyond)
   local raw = redis.call('HGETALL', key)
   local tat, gw, prev, cur = 0, nil, 0, 0
   local records = {}
@@ -103,12 +130,13 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
     elseif f == 'p' then prev = tonumber(v)
     elseif f == 'c' then cur = tonumber(v)
     else
-      local s, r, cr, ca, d, da, w, e, u, o =
-        string.match(v, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
-      if s then
-        records[f] = {seq = tonumber(s), reserved = tonumber(r), credit = tonumber(cr),
-          credit_at = tonumber(ca), demand = tonumber(d), demand_at = tonumber(da), window = tonumber(w),
-          epoch = tonumber(e), unmet = tonumber(u), overdraft = tonumber(o)}
+      local n = {}
+      for x in string.gmatch(v, '[^:]+') do n[#n + 1] = tonumber(x) end
+      if #n == 18 then
+        records[f] = {seq = n[1], reserved = n[2], credit = n[3], credit_at = n[4], demand = n[5],
+          demand_at = n[6], window = n[7], epoch = n[8], unmet = n[9], overdraft = n[10],
+          share = n[11], till = n[12], charged_to = n[13], prepaid = n[14], landed = n[15],
+          landed_end = n[16], owes = n[17], fallback = n[18]}
       end
     end
   end
@@ -121,7 +149,7 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
   end
   local stored = records[node]
   if stored and seq <= stored.seq then
-    return 0, 0, stored.reserved, 1
+    return 0, 0, stored.reserved, 1, 0, 0, 0
   end
   local existing = nil
   if stored and stored.epoch == epoch then existing = stored end
@@ -137,18 +165,65 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
     if gw == nil or gw < window then gw = window end
     window = gw
   end
+  -- The shares reserved for silent nodes, charged up to now (or their end), in the
+  -- order of their ids (as the specification's map).
+  local dcut = math.max(0, now - demand_ttl)
+  local scut = math.max(0, now - silent_after)
+  local ids = {}
+  for id, _ in pairs(records) do ids[#ids + 1] = id end
+  table.sort(ids)
+  local function last_heard(id, r)
+    return math.max(r.demand_at, (heard[id] or 0) * 1000)
+  end
+  local changed = {}
+  for _, id in ipairs(ids) do
+    local r = records[id]
+    local last = last_heard(id, r)
+    local quiet = last < scut
+    if id ~= node and (quiet or r.fallback == 1) then
+      local from = r.charged_to
+      if quiet then from = math.max(r.charged_to, last + silent_after) end
+      local to = math.min(now, r.till)
+      if to > from and r.share > 0 then
+        local charge = scale(to - from, r.share)
+        if shape == 'tb' then
+          local before = math.max(tat, now)
+          tat = math.max(tat, from) + charge
+          r.landed = r.landed + math.max(0, tat - before)
+          r.landed_end = tat
+        else cur = cur + idiv(r.prepaid + charge, ticks) - idiv(r.prepaid, ticks) end
+        r.prepaid = r.prepaid + charge
+        r.charged_to = to
+        changed[#changed + 1] = id
+      end
+    end
+  end
+
   local rec = existing or {seq = 0, reserved = known + math.min(loc, math.max(0, floor - known)),
     credit = 0, credit_at = 0, demand = 0,
-    demand_at = 0, window = window, epoch = epoch, unmet = 0, overdraft = 0}
+    demand_at = 0, window = window, epoch = epoch, unmet = 0, overdraft = 0,
+    share = 0, till = 0, charged_to = 0, prepaid = 0, landed = 0, landed_end = 0, owes = 0,
+    fallback = 0}
+  -- A node whose share was charged on its behalf since its last round accrued no credit
+  -- meanwhile.
+  local returning = existing ~= nil and existing.charged_to > existing.demand_at
 
+  local late = deadline ~= 0 and now > deadline
   local charged = 0
   if floor > rec.reserved then
-    local charge = floor - rec.reserved
-    charged = charge
+    local extra = floor - rec.reserved
+    local prepaid = math.min(extra, idiv(rec.prepaid, ticks))
+    rec.prepaid = rec.prepaid - prepaid * ticks
+    local rest = extra - prepaid
+    local own = math.min(rest, beyond)
+    rec.owes = rec.owes + own * ticks
+    charged = rest - own
     local from = now
     if anchor > 0 then from = math.min(anchor, now) end
-    if shape == 'tb' then tat = math.max(tat, from) + charge * a
-    else cur = cur + charge end
+    if not late and existing then from = math.max(from, math.min(existing.demand_at, now)) end
+    if shape == 'tb' then
+      if charged > 0 then tat = math.max(tat, from) + charged * a end
+    else cur = cur + charged end
   elseif floor < rec.reserved then
     local refund = rec.reserved - floor
     if shape == 'tb' then
@@ -156,21 +231,35 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
     elseif rec.window == window then cur = math.max(0, cur - refund)
     elseif rec.window + 1 == window then prev = math.max(0, prev - refund) end
   end
+  if not late then
+    local unused = math.min(rec.prepaid, rec.landed, math.max(0, rec.landed_end - now))
+    if shape == 'tb' and unused > 0 and tat > now then tat = math.max(now, tat - unused) end
+    rec.prepaid = 0
+    rec.landed = 0
+    rec.landed_end = 0
+  end
+  rec.charged_to = now
 
   rec.demand = math.min(demand, MAX_DEMAND)
   rec.demand_at = now
-  local dcut = math.max(0, now - demand_ttl)
   local demands, others = {}, {}
+  local reserved_shares = 0
   for id, r in pairs(records) do
-    if id ~= node and r.demand_at >= dcut then
-      demands[#demands + 1] = r.demand
-      others[#others + 1] = r
+    if id ~= node then
+      if r.demand_at >= dcut then
+        demands[#demands + 1] = r.demand
+        others[#others + 1] = r
+      elseif r.till > now and (last_heard(id, r) < scut or r.fallback == 1) then
+        reserved_shares = reserved_shares + r.share
+      end
     end
   end
   demands[#demands + 1] = rec.demand
-  local level, fits, spare, equal = shares(demands)
+  local level, fits, spare, equal = shares(demands, math.max(0, WEIGHT_ONE - reserved_shares))
   local weight = share_of(level, fits, spare, equal, rec.demand)
   local cap = credit_cap(weight)
+  if returning then rec.credit_at = now end
+  local since = math.min(math.max(0, now - rec.credit_at), MAX_ELAPSED)
   if existing then
     rec.credit = accrued(rec, weight, cap)
   else
@@ -178,13 +267,21 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
   end
   rec.credit = math.max(0, rec.credit - charged * ticks)
   rec.credit_at = now
+  -- Debt is repaid out of the node's own credit at an eighth of its share's pace.
+  local repaid = math.min(rec.owes, idiv(scale(since, weight), 8))
+  if repaid > 0 then
+    local tokens = idiv(rec.owes + ticks - 1, ticks) - idiv(rec.owes - repaid + ticks - 1, ticks)
+    rec.owes = rec.owes - repaid
+    rec.credit = math.max(0, rec.credit - repaid)
+    if shape == 'tb' then tat = math.max(tat, now) + repaid else cur = cur + tokens end
+  end
   local contended, owed = false, 0
   for _, r in ipairs(others) do
     local w = share_of(level, fits, spare, equal, r.demand)
     local credit = accrued(r, w, credit_cap(w))
     if r.unmet > 0 and credit >= ticks then
       contended = true
-      owed = owed + math.max(0, credit - math.floor(rec.credit * w / weight))
+      owed = owed + math.max(0, credit - math.floor(rec.credit * w / math.max(weight, 1)))
     end
   end
 
@@ -202,9 +299,10 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
   if contended then
     by_credit = math.min(idiv(rec.credit, ticks), math.max(0, avail - idiv(owed, ticks)))
   end
-  local late = deadline ~= 0 and now > deadline
   local grant = 0
-  if not late then grant = math.min(want, avail, by_credit, math.max(0, hold_cap - keep)) end
+  if not late then
+    grant = math.min(want, avail, by_credit, math.max(0, hold_cap - keep))
+  end
   rec.credit = math.max(0, rec.credit - grant * ticks)
   rec.unmet = want - grant
   local ttl_ms
@@ -235,29 +333,53 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
       overdraft = math.max(0, room - lent)
     end
   end
+  local holds = demand > 0 or keep > 0 or grant > 0
+  local others_reserved, nodes = 0, 0
+  for id, r in pairs(records) do
+    if id ~= node and r.till > now then others_reserved = others_reserved + r.share end
+  end
+  for _, _ in pairs(heard) do nodes = nodes + 1 end
+  -- A node in its fallback goes by the share of the last answer it received.
+  if not (loc > 0 and existing ~= nil) then
+    rec.share = 0
+    rec.till = now
+    if holds then
+      rec.share = math.min(idiv(WEIGHT_ONE, math.max(nodes, 1)), math.max(0, WEIGHT_ONE - others_reserved))
+      rec.till = now + share_ttl
+    end
+  end
+  if loc > 0 then rec.fallback = 1 else rec.fallback = 0 end
+  rec.overdraft = overdraft
+  rec.seq = seq
   rec.reserved = floor + grant
-  redis.call('HSET', key, node, num(seq) .. ':' .. num(rec.reserved) .. ':' .. num(rec.credit) .. ':'
-    .. num(rec.credit_at) .. ':' .. num(rec.demand) .. ':' .. num(rec.demand_at) .. ':' .. num(window) .. ':' .. num(epoch)
-    .. ':' .. num(rec.unmet) .. ':' .. num(overdraft))
+  rec.window = window
+  rec.epoch = epoch
+  for _, id in ipairs(changed) do redis.call('HSET', key, id, encode(records[id])) end
+  redis.call('HSET', key, node, encode(rec))
   redis.call('PEXPIRE', key, num(ttl_ms + retain_ms))
-  return grant, overdraft, rec.reserved, 0
+  return grant, overdraft, rec.reserved, 0, rec.share, rec.till, idiv(rec.owes + ticks - 1, ticks)
 end
 
 for i = first, #KEYS do
-  local base = 10 + 9 * (i - first)
+  local base = 13 + 10 * (i - first)
   local epoch, floor, keep = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local known, demand = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
   local want, anchor = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
   local deadline, loc = tonumber(ARGV[base + 8]), tonumber(ARGV[base + 9])
+  local beyond = tonumber(ARGV[base + 10])
   if not (whole(epoch) and whole(floor) and whole(keep) and whole(known) and whole(demand)
-      and whole(want) and whole(anchor) and whole(deadline) and whole(loc) and keep <= floor) then
+      and whole(want) and whole(anchor) and whole(deadline) and whole(loc) and whole(beyond)
+      and keep <= floor) then
     return redis.error_reply('TOLLGATE invalid sync counts')
   end
-  local grant, overdraft, reserved, stale =
-    serve(KEYS[i], epoch, floor, keep, known, demand, want, anchor, deadline, loc)
+  local grant, overdraft, reserved, stale, share, till, owes =
+    serve(KEYS[i], epoch, floor, keep, known, demand, want, anchor, deadline, loc, beyond)
   out[#out + 1] = grant
   out[#out + 1] = overdraft
   out[#out + 1] = reserved
   out[#out + 1] = stale
+  out[#out + 1] = share
+  out[#out + 1] = till
+  out[#out + 1] = owes
 end
 return out

@@ -2,7 +2,7 @@
 //! Redis, and applies the fallback; the arithmetic of a round is in `node` (this side)
 //! and `protocol` (Redis's side, run by `round.lua`).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Display;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -172,6 +172,10 @@ where
             hold,
             demand_ttl: interval_us * 3,
             retain_ms: millis(settings.idle_ttl) * 2 + 10_000,
+            share_ttl: micros(settings.share_ttl),
+            // The staleness and one round's timeout: a node that lost one round is not
+            // silent (what its fallback admits meanwhile is charged when it reports).
+            silent_after: micros(settings.staleness).saturating_add(micros(config.timeout)),
         },
         node_params: NodeParams {
             ticks: shape.ticks_per_token(),
@@ -273,6 +277,9 @@ struct Progress {
     window_round: Option<tokio::time::Instant>,
     /// Redis's clock minus the limiter's (ns), measured at the last round's midpoint.
     redis_offset_ns: Option<i64>,
+    /// The node registry as the last heartbeat read it: each node's last heartbeat (ms
+    /// of Redis's clock), which tells Redis which silent nodes are alive.
+    heard: BTreeMap<String, u64>,
 }
 
 /// The arguments of one call of `round.lua`: the node, the registry's TTL, the limit, the
@@ -282,6 +289,7 @@ pub(crate) fn round_args<'a>(
     params: &Params,
     node: &str,
     registry_ttl_ms: u64,
+    heard: &BTreeMap<String, u64>,
     seq: u64,
     requests: impl IntoIterator<Item = &'a Request>,
 ) -> Vec<String> {
@@ -298,14 +306,19 @@ pub(crate) fn round_args<'a>(
             params.hold,
             params.demand_ttl,
             params.retain_ms,
-            seq,
+            params.share_ttl,
+            params.silent_after,
         ]
         .map(|n| n.to_string()),
     );
+    let heard: Vec<String> = heard.iter().map(|(id, ms)| format!("{id}:{ms}")).collect();
+    args.push(heard.join(","));
+    args.push(seq.to_string());
     for r in requests {
         args.extend(
             [
                 r.epoch, r.floor, r.keep, r.known, r.demand, r.want, r.anchor, r.deadline, r.local,
+                r.beyond,
             ]
             .map(|n| n.to_string()),
         );
@@ -341,6 +354,10 @@ struct Call {
     registry: bool,
     items: Vec<usize>,
 }
+
+/// Numbers per key in a round's reply: grant, overdraft, reserved, stale, share, until,
+/// owes.
+const ANSWER_LEN: usize = 7;
 
 fn unexpected_reply() -> redis::RedisError {
     redis::RedisError::from((redis::ErrorKind::Parse, "sync round: unexpected reply"))
@@ -420,6 +437,7 @@ impl Task {
             fallback: false,
             window_round: None,
             redis_offset_ns: None,
+            heard: BTreeMap::new(),
         };
         // The first round runs at once (it tells the number of nodes, and so a new key's
         // share); the others are jittered by ±25% of the interval, so that nodes started
@@ -667,11 +685,12 @@ impl Task {
         let plan = self.plan(&keys);
         let sent = Instant::now();
         let wall_sent = SystemTime::now();
-        let results = futures_util::future::join_all(
-            plan.iter()
-                .map(|pipeline| self.send(connection.clone(), pipeline, &items, &keys, p.seq)),
-        )
-        .await;
+        let heard = p.heard.clone();
+        let results =
+            futures_util::future::join_all(plan.iter().map(|pipeline| {
+                self.send(connection.clone(), pipeline, &items, &keys, &heard, p.seq)
+            }))
+            .await;
         let round_trip = sent.elapsed();
         // What each call answered: the number of nodes and the clock from the heartbeat,
         // and each key's answer with the clock of the server that holds it.
@@ -692,24 +711,33 @@ impl Task {
                 }
             };
             for (call, reply) in pipeline.iter().zip(&replies) {
-                let [n, t, rest @ ..] = reply.as_slice() else {
+                let [n, t, k, rest @ ..] = reply.as_slice() else {
                     failure = Some(unexpected_reply());
                     continue;
                 };
-                if rest.len() != call.items.len() * 4 {
+                let registry_len = usize::try_from(*k).unwrap_or(usize::MAX).saturating_mul(3);
+                if rest.len() != registry_len.saturating_add(call.items.len() * ANSWER_LEN) {
                     failure = Some(unexpected_reply());
                     continue;
                 }
+                let (registry, rest) = rest.split_at(registry_len);
                 if call.registry {
                     nodes = Some((*n).max(1));
                     heartbeat_now = Some(*t);
+                    p.heard = registry
+                        .chunks_exact(3)
+                        .map(|e| (format!("{:08x}{:08x}", e[0], e[1]), e[2]))
+                        .collect();
                 }
-                for (&i, a) in call.items.iter().zip(rest.chunks_exact(4)) {
+                for (&i, a) in call.items.iter().zip(rest.chunks_exact(ANSWER_LEN)) {
                     let answer = Answer {
                         grant: a[0],
                         overdraft: a[1],
                         reserved: a[2],
                         stale: a[3] != 0,
+                        share: a[4],
+                        until: a[5],
+                        owes: a[6],
                     };
                     answers[i] = Some((answer, *t));
                 }
@@ -737,6 +765,17 @@ impl Task {
             };
             // A key's lease ends with the window of the clock of the server that holds it.
             let (expires, _) = self.lease_deadline(*server_now, round_trip, local_now);
+            // Its share stays reserved until `until` of that server's clock: here, a
+            // whole round trip earlier, so that the offset's error cannot carry a local
+            // admission past it.
+            let share_until = local_now
+                .saturating_add(
+                    answer
+                        .until
+                        .saturating_sub(*server_now)
+                        .saturating_mul(1_000),
+                )
+                .saturating_sub(u64::try_from(round_trip.as_nanos()).unwrap_or(u64::MAX));
             let done = store.with_state(key, |cell| {
                 let mut books = cell.books.lock();
                 let ok = node::settle(
@@ -746,6 +785,7 @@ impl Task {
                     request,
                     answer,
                     expires,
+                    share_until,
                 );
                 (ok, books.released)
             });
@@ -835,6 +875,7 @@ impl Task {
         calls: &[Call],
         items: &[(K, Request)],
         keys: &[Vec<u8>],
+        heard: &BTreeMap<String, u64>,
         seq: u64,
     ) -> Result<Vec<Vec<u64>>, redis::RedisError> {
         let ttl_ms = millis(self.settings.node_ttl).max(1);
@@ -859,6 +900,7 @@ impl Task {
                     &self.params,
                     &self.node,
                     if call.registry { ttl_ms } else { 0 },
+                    heard,
                     seq,
                     call.items.iter().map(|&i| &items[i].1),
                 ));
