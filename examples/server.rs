@@ -73,6 +73,10 @@ struct Args {
     /// How often to sync, e.g. "50ms" or "1s".
     #[arg(long, default_value = "50ms", value_parser = parse_interval)]
     sync_interval: Duration,
+    /// How long Redis keeps this node's share of each key reserved should it be cut off
+    /// (its fallback admits at that share meanwhile), e.g. "10s"; 0s: not at all.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    share_ttl: Duration,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -105,20 +109,24 @@ enum Tier {
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
+    let interval = parse_duration(s)?;
+    if interval.is_zero() {
+        return Err("the sync interval must be above zero".into());
+    }
+    Ok(interval)
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
     let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (count, unit) = s.split_at(digits);
     let count: u64 = count
         .parse()
         .map_err(|_| format!("{s:?} is not a duration such as 50ms or 1s"))?;
-    let interval = match unit {
-        "ms" => Duration::from_millis(count),
-        "s" => Duration::from_secs(count),
-        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use ms or s")),
-    };
-    if interval.is_zero() {
-        return Err("the sync interval must be above zero".into());
+    match unit {
+        "ms" => Ok(Duration::from_millis(count)),
+        "s" => Ok(Duration::from_secs(count)),
+        _ => Err(format!("unknown unit {unit:?} in {s:?}: use ms or s")),
     }
-    Ok(interval)
 }
 
 fn key_extractor(args: &Args) -> Result<KeyExtractor, String> {
@@ -350,13 +358,14 @@ async fn tier(args: &Args) -> Result<Tier, String> {
         None => RedisSync::cluster(&seeds),
     }
     .mode(mode)
-    .interval(args.sync_interval);
+    .interval(args.sync_interval)
+    .share_ttl(args.share_ttl);
     if let Some(secret) = &secret {
         config = config.hash_keys(secret);
     }
     let (limiter, handle) = builder.build_synced(config).map_err(|e| e.to_string())?;
-    // An unreachable Redis is not fatal: the limiter serves by its fallback (the quota
-    // divided by the nodes last seen) until Redis answers.
+    // An unreachable Redis is not fatal: the limiter serves by its fallback (its reserved
+    // share, then a one-time budget) until Redis answers.
     let waited = std::time::Instant::now();
     while handle.stats().syncs == 0 && waited.elapsed() < Duration::from_secs(1) {
         tokio::time::sleep(Duration::from_millis(20)).await;
