@@ -61,6 +61,9 @@ struct Row {
     rounds_per_s: f64,
     keys_waiting: usize,
     fallback: bool,
+    /// Keys the limiter held at the end, and how long the flushing shutdown took.
+    held: usize,
+    shutdown: Duration,
 }
 
 /// `keys` keys each checked once a second, and `hot` of them offered 2× their quota on
@@ -131,7 +134,10 @@ async fn run(
     let after = counters(&mut con).await;
     let secs = at.elapsed().as_secs_f64();
     let stats = handle.stats();
+    let held = limiter.len();
+    let stopping = Instant::now();
     handle.shutdown().await;
+    let shutdown = stopping.elapsed();
     Row {
         keys,
         hot,
@@ -143,6 +149,8 @@ async fn run(
         rounds_per_s: (stats.syncs - stats_before.syncs) as f64 / secs,
         keys_waiting: stats.keys_waiting,
         fallback: stats.fallback_active,
+        held,
+        shutdown,
     }
 }
 
@@ -156,9 +164,9 @@ async fn main() {
     }
     println!(
         "| active keys | hot keys | checks/s | allowed | cold keys allowed | Redis commands/s \
-         | commands per check | Redis CPU | rounds/s | keys waiting | fallback |"
+         | commands per check | Redis CPU | rounds/s | keys waiting | keys held | shutdown | fallback |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &keys in &sizes {
         for hot in [0, 1_000.min(keys / 10)] {
             // Long enough for every key to be seen twice before measuring.
@@ -171,7 +179,7 @@ async fn main() {
             )
             .await;
             println!(
-                "| {} | {} | {:.0} | {:.1}% | {:.1}% | {:.0} | {:.2} | {:.0}% | {:.1} | {} | {} |",
+                "| {} | {} | {:.0} | {:.1}% | {:.1}% | {:.0} | {:.2} | {:.0}% | {:.1} | {} | {} | {:.2?} | {} |",
                 row.keys,
                 row.hot,
                 row.checks_per_s,
@@ -182,6 +190,8 @@ async fn main() {
                 row.cpu * 100.0,
                 row.rounds_per_s,
                 row.keys_waiting,
+                row.held,
+                row.shutdown,
                 row.fallback,
             );
         }

@@ -29,7 +29,8 @@
 //! state holds beyond what nodes ahead of it need to catch up; otherwise it may take what
 //! the global state holds (nothing is left unused). A key in use keeps a standing lease
 //! of at least one token, so that a key used rarely is admitted at once; a key idle for
-//! [`RedisSync::idle_ttl`] gives its lease back and is dropped.
+//! [`RedisSync::idle_ttl`] gives its lease back and is dropped (while rounds are
+//! saturated, one with nothing to report gives its lease up without a round).
 //!
 //! In reconcile mode a node may also admit an **overdraft** beyond its lease: its share
 //! of what the global state holds plus what it refills over two intervals (in debt, the
@@ -195,7 +196,9 @@ pub struct SyncStats {
     /// Answers Redis marked stale (a round older than one it had applied); they change
     /// nothing.
     pub stale_answers: u64,
-    /// Synced keys released (lease returned) and dropped after going idle.
+    /// Synced keys released (lease returned) and dropped after going idle; while rounds
+    /// are saturated, an idle key with nothing to report is released without a round
+    /// (its lease given up, not returned: Redis charged it when it granted it).
     pub keys_released: u64,
     /// The sync task died (a bug): checks apply the configured [`Fallback`] from then on.
     pub task_died: bool,

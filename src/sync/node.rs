@@ -192,6 +192,34 @@ pub(crate) fn need(cell: &SyncCell, books: &Books, p: &NodeParams, now: u64) -> 
     (idle && !books.released).then_some(Need::Release)
 }
 
+/// Releases a key without a round, when the round it needs (a release) cannot be sent
+/// soon (rounds are saturated, or the node is stopping): only a key with nothing to
+/// report (nothing used since its last acknowledged round, no round pending) qualifies.
+/// Its lease is given up here rather than returned: Redis charged it when it granted
+/// it, so the limit is never exceeded; at worst those few tokens (at most the key's
+/// holding cap) serve no one until the global state refills. Returns whether the key
+/// was released; a check racing with it keeps the key in use.
+pub(crate) fn release_locally(cell: &SyncCell, books: &mut Books) -> bool {
+    if books.pending || books.released || used(cell, books) > 0 || cell_wants(cell) {
+        return false;
+    }
+    let take = |pool: &std::sync::atomic::AtomicU64, base: u64| {
+        pool.compare_exchange(base, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    };
+    if !take(&cell.allowance, books.lease_base) {
+        return false;
+    }
+    if !take(&cell.overdraft, books.overdraft_base) {
+        cell.allowance.fetch_add(books.lease_base, Ordering::AcqRel);
+        return false;
+    }
+    books.lease_base = 0;
+    books.overdraft_base = 0;
+    books.released = true;
+    true
+}
+
 /// Builds the key's request for round `seq` at `now` (limiter clock, ns), shrinking its
 /// lease to what it keeps. A key idle for the idle TTL keeps nothing, nor does any key
 /// when `release` (at shutdown). `redis_offset_ns` is Redis's clock (ns) minus the
@@ -546,6 +574,34 @@ mod tests {
         assert!(books.budget_spent);
         refill_locally(&cell, &mut books, &p, 2, 3_000_000_000);
         assert_eq!(books.local, 10);
+    }
+
+    /// A key released without a round gives up its lease, but only with nothing to
+    /// report: a token spent since the last round (even one racing with the release)
+    /// keeps it in use.
+    #[test]
+    fn a_key_is_released_locally_only_with_nothing_to_report() {
+        let cell = cell();
+        let mut books = cell.books.lock();
+        cell.allowance.store(3, Ordering::Release);
+        books.lease_base = 3;
+        cell.overdraft.store(2, Ordering::Release);
+        books.overdraft_base = 2;
+        // One token spent since the last round: it must be reported first.
+        cell.allowance.store(2, Ordering::Release);
+        assert!(!release_locally(&cell, &mut books));
+        assert_eq!(cell.allowance.load(Ordering::Acquire), 2);
+        // A round pending: its answer must be applied first.
+        cell.allowance.store(3, Ordering::Release);
+        books.pending = true;
+        assert!(!release_locally(&cell, &mut books));
+        books.pending = false;
+        assert!(release_locally(&cell, &mut books));
+        assert_eq!(cell.allowance.load(Ordering::Acquire), 0);
+        assert_eq!(cell.overdraft.load(Ordering::Acquire), 0);
+        assert!(books.released);
+        drop(books);
+        assert!(cell.is_released());
     }
 
     #[test]

@@ -616,16 +616,24 @@ impl Task {
     }
 
     /// The keys this round sends, most urgent first, at most `round_keys` of them (all
-    /// keys that are not released yet when stopping); and how many more wait.
-    fn choose<K>(&self, store: &Store<K, SyncCell>, now: u64, stopping: bool) -> (Vec<K>, usize)
+    /// keys that are not released yet when stopping); how many more wait; and how many
+    /// idle keys that did not fit were released without a round (see
+    /// [`node::release_locally`]), and dropped.
+    fn choose<K>(
+        &self,
+        store: &Store<K, SyncCell>,
+        now: u64,
+        stopping: bool,
+    ) -> (Vec<K>, usize, u64)
     where
         K: Hash + Eq + Clone,
     {
         let max = self.config.round_keys;
         let mut classes: [Vec<K>; 3] = [Vec::new(), Vec::new(), Vec::new()];
         let mut waiting = 0;
+        let mut released = Vec::new();
         store.for_each(|key, cell| {
-            let books = cell.books.lock();
+            let mut books = cell.books.lock();
             let need = if stopping && !books.released {
                 Some(Need::Release)
             } else {
@@ -636,6 +644,8 @@ impl Task {
             let room = max - classes[..class].iter().map(Vec::len).sum::<usize>();
             if classes[class].len() < room {
                 classes[class].push(key.clone());
+            } else if need == Need::Release && node::release_locally(cell, &mut books) {
+                released.push(key.clone());
             } else {
                 waiting += 1;
             }
@@ -645,7 +655,11 @@ impl Task {
         chosen.extend(release);
         waiting += chosen.len().saturating_sub(max);
         chosen.truncate(max);
-        (chosen, waiting)
+        let dropped = released
+            .iter()
+            .filter(|key| store.remove_if(key, SyncCell::is_released))
+            .count() as u64;
+        (chosen, waiting, dropped)
     }
 
     /// One round: report, heartbeat, apply. On failure nothing is lost: every report
@@ -661,7 +675,11 @@ impl Task {
         K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     {
         let now = (self.now)();
-        let (chosen, waiting) = self.choose(store, now, stopping);
+        let (chosen, waiting, released_locally) = self.choose(store, now, stopping);
+        if released_locally > 0 {
+            // Counted now: they were dropped whatever becomes of this round.
+            self.shared.stats.lock().stats.keys_released += released_locally;
+        }
         p.seq += 1;
         let mut items: Vec<(K, Request)> = Vec::with_capacity(chosen.len());
         for key in chosen {
