@@ -28,24 +28,29 @@
 //! overdraft: the node's share of what the global state still holds after the lease,
 //! which it may admit beyond its lease and reports in its next floor.
 //!
-//! # A node that falls silent
+//! # A node that falls silent, or cannot hear
 //!
 //! Each answer reserves for the node a share of the rate (a weight: an even split among
 //! the registry's nodes, out of what the other nodes' unexpired reservations leave, so
-//! that reservations never add up past the rate) **until** `now + share_ttl`. Once a
-//! node has not been heard from for the nodes' staleness (neither a round on the key nor
-//! a heartbeat: a node that is alive but has nothing to say about a key is not silent),
-//! Redis keeps that share reserved for it until then: every round on the key first charges the global state with the silent
-//! node's share of the rate since it was last charged (`prepaid`, in ticks), so the
-//! other nodes share only the rest, and the silent node, cut off from Redis, may admit
-//! at exactly that share locally. When it is heard from again, what it admitted beyond
-//! what was charged on its behalf is charged (what it did not use is not refunded: that
-//! capacity was reserved, and refunding it later could hand it out twice). What
-//! its fallback admitted after its share ran out (`beyond`, at most its one-time
-//! budget) is its own debt (`owes`), repaid out of its own credit (and charged to the
-//! global state as it is repaid, at the pace of the node's share) before it leases
-//! again: the other nodes never pay for it. A dead node costs the others at most
-//! `share_ttl` of its share.
+//! that reservations never add up past the rate) **until** `now + share_ttl`. A node is
+//! **silent** once Redis has heard neither a round on the key nor a heartbeat from it for
+//! `silent_after` (a node alive but with nothing to say about a key is not silent); a
+//! node is **in its fallback** while its last round reported tokens its local fallback
+//! handed out (its requests arrive, its answers do not). For either, every round on the
+//! key first charges the global state with the node's share of the rate since it was
+//! last charged, up to its `until` (`prepaid`, in ticks), and the other nodes share only
+//! what the reservations leave; the node, meanwhile, admits at exactly that share
+//! locally. A node in its fallback keeps the reservation it last knew (it is not
+//! renewed).
+//!
+//! When the node reports again, what it admitted comes first out of `prepaid`; what it
+//! did not use goes back, as far as that charge still lies ahead of `now` (`landed`,
+//! `landed_end`: capacity past cannot be returned). What its fallback admitted after its
+//! reservation ended (`beyond`, at most its one-time budget) beyond that is its own debt
+//! (`owes`, in ticks), repaid out of its own credit at `1 / REPAY_PACE` of its share's
+//! pace and charged to the global state as it is repaid, while it keeps leasing with the
+//! rest: the other nodes never pay for it. Its credit does not accrue while its share is
+//! charged on its behalf. A dead node costs the others at most `share_ttl` of its share.
 
 // In production Redis runs the Lua twin of `serve`; this one is its specification, run by
 // the simulation and the differential test.

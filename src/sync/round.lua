@@ -10,13 +10,13 @@
 --   heartbeat is a call of its own) and every key is a limiter key.
 -- ARGV: node id, registry TTL (ms; 0: none), shape ('tb' or 'sw'), a, b (tb: T, tau; sw: limit,
 --   period), overdraft horizon (µs; 0 in lease mode), hold (µs), demand TTL (µs),
---   retain (ms), share TTL (µs), silent after (µs), the registry as the node last read it ("id:ms,id:ms…":
---   each node's last heartbeat), round number,
+--   retain (ms), share TTL (µs), silent after (µs), the registry as the node last read
+--   it ("id:ms,id:ms…": each node's last heartbeat), round number,
 --   then per limiter key: epoch, floor, keep, known, demand, want, anchor, deadline, local,
 --   beyond.
 -- Returns {nodes alive (0 without a registry), server time (µs), k, then k nodes of the
 --   registry as (the high and low 32 bits of the id as a number, last heartbeat ms), then
---   per key: grant, overdraft, reserved, stale, share, until}.
+--   per key: grant, overdraft, reserved, stale, share, until, owes (whole tokens)}.
 local WEIGHT_ONE, MAX_DEMAND, MAX_ELAPSED = 1048576, 16777216, 4294967296
 
 local function idiv(a, b)
