@@ -29,8 +29,10 @@ pub enum Fallback {
     /// budget of the quota's capacity divided by the last known number of nodes for the
     /// rest of the outage. What is admitted is set against what Redis charged on the
     /// node's behalf once Redis answers again; the budget's excess is this node's own
-    /// debt. So a node cut off from Redis alone adds at most its budget to the global
-    /// bound, however long the partition lasts.
+    /// debt, and while it owes, a new outage gets no new budget. So a node cut off from
+    /// Redis alone adds a fixed term to the global bound (see the `sync` module docs),
+    /// however long the partition lasts. A whole-Redis outage longer than `share_ttl`
+    /// leaves each node only its budget: raise `share_ttl` to ride out longer ones.
     #[default]
     LocalShare,
     /// Admit everything (availability first).
