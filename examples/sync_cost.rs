@@ -23,25 +23,26 @@ struct Counters {
     cpu: f64,
 }
 
-async fn counters(con: &mut redis::aio::MultiplexedConnection) -> Counters {
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
+/// One section of `INFO`.
+async fn info(con: &mut redis::aio::MultiplexedConnection, section: &str) -> String {
+    redis::cmd("INFO")
+        .arg(section)
         .query_async(con)
         .await
-        .expect("INFO commandstats");
-    let commands = stats
+        .unwrap_or_else(|e| panic!("INFO {section}: {e}"))
+}
+
+async fn counters(con: &mut redis::aio::MultiplexedConnection) -> Counters {
+    let commands = info(con, "commandstats")
+        .await
         .lines()
         .filter_map(|line| {
             let calls = line.split("calls=").nth(1)?;
             calls.split(',').next()?.parse::<u64>().ok()
         })
         .sum();
-    let cpu: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(con)
+    let cpu = info(con, "cpu")
         .await
-        .expect("INFO cpu");
-    let cpu = cpu
         .lines()
         .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
         .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())

@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering;
 
 use super::cell::{SyncCell, WANTED};
-use super::protocol::{Answer, MAX_DEMAND, Request, WEIGHT_ONE};
+use super::protocol::{Answer, MAX_DEMAND, Request, WEIGHT_ONE, scale};
 
 /// What the node side of every key's round shares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -429,11 +429,6 @@ pub(crate) fn refill_locally(
     if added > 0 {
         books.released = false;
     }
-}
-
-/// `⌊x · weight / WEIGHT_ONE⌋`, for `x` below 2^44.
-fn scale(x: u64, weight: u64) -> u64 {
-    u64::try_from(u128::from(x) * u128::from(weight) / u128::from(WEIGHT_ONE)).unwrap_or(u64::MAX)
 }
 
 fn cell_wants(cell: &SyncCell) -> bool {

@@ -316,7 +316,7 @@ impl Shares {
 
 /// `⌊x · weight / WEIGHT_ONE⌋`, exact for any `x` below 2^52 (the script computes it in
 /// the same two parts, each exact in a double).
-fn scale(x: u64, weight: u64) -> u64 {
+pub(crate) fn scale(x: u64, weight: u64) -> u64 {
     (x >> 20) * weight + (((x & (WEIGHT_ONE - 1)) * weight) >> 20)
 }
 
@@ -915,6 +915,22 @@ mod tests {
         assert_eq!(state.global.tat, now);
     }
 
+    /// Reservations for 10 s; silent after 0.7 s.
+    fn reserving() -> Params {
+        Params {
+            share_ttl: 10_000_000,
+            silent_after: 700_000,
+            ..params(false)
+        }
+    }
+
+    /// The registry: each of `ids` last heard at `at` (µs).
+    fn heard(ids: &[&str], at: u64) -> BTreeMap<String, u64> {
+        ids.iter()
+            .map(|id| ((*id).to_owned(), at / 1_000))
+            .collect()
+    }
+
     /// A node cut off from Redis alone (silent: no round, no heartbeat) keeps its share
     /// reserved until its `until`: the others' rounds charge it on its behalf, and share
     /// only the rest. When it comes back, what it admitted comes out of that charge, and
@@ -922,18 +938,9 @@ mod tests {
     /// of its share's pace while it still leases.
     #[test]
     fn a_silent_node_keeps_its_share_and_its_debt() {
-        let p = Params {
-            share_ttl: 10_000_000,
-            silent_after: 700_000,
-            ..params(false)
-        };
+        let p = reserving();
         let mut state = KeyState::default();
         let t0 = 1_000_000_000;
-        let heard = |ids: &[&str], at: u64| -> BTreeMap<String, u64> {
-            ids.iter()
-                .map(|id| ((*id).to_owned(), at / 1_000))
-                .collect()
-        };
         let both = heard(&["a", "b"], t0);
         let a = super::serve(&p, &mut state, "a", &request(1, 0, 0, 1), t0, &both);
         let b = super::serve(&p, &mut state, "b", &request(1, 0, 0, 1), t0, &both);
@@ -994,15 +1001,10 @@ mod tests {
     /// goes, as for a silent node, and leaves its reservation as the node last knew it.
     #[test]
     fn a_node_in_its_fallback_is_charged_its_share() {
-        let p = Params {
-            share_ttl: 10_000_000,
-            silent_after: 700_000,
-            ..params(false)
-        };
+        let p = reserving();
         let mut state = KeyState::default();
         let t0 = 1_000_000_000;
-        let all: BTreeMap<String, u64> =
-            [("a".to_owned(), t0 / 1_000), ("b".to_owned(), t0 / 1_000)].into();
+        let all = heard(&["a", "b"], t0);
         super::serve(&p, &mut state, "a", &request(1, 0, 0, 1), t0, &all);
         super::serve(&p, &mut state, "b", &request(1, 0, 0, 1), t0, &all);
         let until = state.nodes["b"].until;
@@ -1019,9 +1021,14 @@ mod tests {
         );
         // a's round 1 s later (b still heartbeats) charges b's half of that second.
         let t2 = t1 + 1_000_000;
-        let now: BTreeMap<String, u64> =
-            [("a".to_owned(), t2 / 1_000), ("b".to_owned(), t2 / 1_000)].into();
-        super::serve(&p, &mut state, "a", &request(2, 1, 0, 0), t2, &now);
+        super::serve(
+            &p,
+            &mut state,
+            "a",
+            &request(2, 1, 0, 0),
+            t2,
+            &heard(&["a", "b"], t2),
+        );
         assert_eq!(state.nodes["b"].prepaid, 500_000);
         // b's next round without fallback tokens renews its reservation.
         let t3 = t2 + 100_000;

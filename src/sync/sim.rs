@@ -263,7 +263,7 @@ impl Scenario {
             .map(|i| {
                 let policy = SyncPolicy::new(quota, self.capacity(), 0, interval_us * 1_000);
                 SimNode {
-                    id: format!("{i:016x}"),
+                    id: node_id(i),
                     cell: SyncCell::fresh(&policy),
                     policy,
                     params: node_params,
@@ -321,13 +321,7 @@ impl Scenario {
                 let due = queue.iter().take_while(|m| m.apply_at <= now).count();
                 for m in queue.drain(..due) {
                     heartbeats.insert(m.node, now);
-                    // The registry as Redis holds it now, which the reply tells the node:
-                    // each live node's last heartbeat.
-                    let registry: BTreeMap<String, u64> = heartbeats
-                        .iter()
-                        .filter(|&(_, &at)| at + node_ttl_us >= now)
-                        .map(|(&i, &at)| (nodes[i].id.clone(), at / 1_000))
-                        .collect();
+                    let registry = live(&heartbeats, node_ttl_us, now);
                     let answer = protocol::serve(
                         &params,
                         &mut redis,
@@ -336,10 +330,7 @@ impl Scenario {
                         now,
                         &m.heard,
                     );
-                    let alive = heartbeats
-                        .values()
-                        .filter(|&&at| at + node_ttl_us >= now)
-                        .count() as u64;
+                    let alive = registry.len() as u64;
                     let node = &mut nodes[m.node];
                     let cut_back = self.cut.is_some_and(|c| c.at(m.node, ms).1);
                     if m.answered && !cut_back {
@@ -465,17 +456,8 @@ impl Scenario {
                                     heartbeats.insert(i, now);
                                 }
                                 if !lost && !reply_lost && !late && !down {
-                                    node.nodes = heartbeats
-                                        .values()
-                                        .filter(|&&at| at + node_ttl_us >= now)
-                                        .count()
-                                        .max(1)
-                                        as u64;
-                                    let registry: BTreeMap<String, u64> = heartbeats
-                                        .iter()
-                                        .filter(|&(_, &at)| at + node_ttl_us >= now)
-                                        .map(|(&j, &at)| (format!("{j:016x}"), at / 1_000))
-                                        .collect();
+                                    let registry = live(&heartbeats, node_ttl_us, now);
+                                    node.nodes = (registry.len() as u64).max(1);
                                     if let Some(f) = node.flight.as_mut() {
                                         f.registry = Some(registry);
                                         f.reply = Some((now + 2 * latency, Answer::default(), now));
@@ -528,6 +510,21 @@ impl Scenario {
         }
         out
     }
+}
+
+/// The node id of the simulation's node `i`.
+fn node_id(i: usize) -> String {
+    format!("{i:016x}")
+}
+
+/// The registry as Redis holds it at `now` (µs), which a heartbeat's reply tells the
+/// node: each live node's last heartbeat, in ms.
+fn live(heartbeats: &BTreeMap<usize, u64>, node_ttl_us: u64, now: u64) -> BTreeMap<String, u64> {
+    heartbeats
+        .iter()
+        .filter(|&(_, &at)| at + node_ttl_us >= now)
+        .map(|(&i, &at)| (node_id(i), at / 1_000))
+        .collect()
 }
 
 /// Offers `count` unit requests at `now`: the real check for a few, the same arithmetic
