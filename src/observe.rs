@@ -274,6 +274,29 @@ pub(crate) fn sync_error(name: &str, kind: &str, message: &str, changed: bool) {
     }
 }
 
+/// A synced limiter's node went past its reserved shares in an outage: `keys` keys got
+/// their one-time budget this interval (`warn`); or its cold tier lapsed (`keys` 0:
+/// cold keys spend only what their share held) (`warn`).
+#[cfg(feature = "redis")]
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+pub(crate) fn sync_budget(name: &str, keys: u64) {
+    #[cfg(feature = "tracing")]
+    if keys > 0 {
+        tracing::warn!(
+            target: "tollgate",
+            limiter = name,
+            keys,
+            "sync: Redis no longer reserves these keys' shares; each gets its one-time budget, then nothing until Redis answers"
+        );
+    } else {
+        tracing::warn!(
+            target: "tollgate",
+            limiter = name,
+            "sync: the keys turned hot were not read for share_ttl; cold keys spend what their share held, then nothing until Redis answers"
+        );
+    }
+}
+
 /// A synced limiter's node fell back (`warn`) or came back (`info`).
 #[cfg(feature = "redis")]
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]

@@ -120,19 +120,31 @@ fn synced(
     prefix: &str,
     count: usize,
 ) -> Vec<(RateLimiter<String>, SyncHandle)> {
+    synced_with(cluster, quota, mode, prefix, count, |config| config)
+}
+
+/// [`synced`], each node's configuration passed through `adjust` first.
+fn synced_with(
+    cluster: &LocalCluster,
+    quota: Quota,
+    mode: SyncMode,
+    prefix: &str,
+    count: usize,
+    adjust: impl Fn(RedisSync) -> RedisSync,
+) -> Vec<(RateLimiter<String>, SyncHandle)> {
     let urls = cluster.urls();
     (0..count)
         .map(|i| {
             // Each node knows a different seed.
             let seed = [urls[i % urls.len()].as_str()];
             RateLimiter::builder(quota)
-                .build_synced(
+                .build_synced(adjust(
                     RedisSync::cluster(&seed)
                         .mode(mode)
                         .interval(Duration::from_millis(50))
                         .prefix(prefix)
                         .allow_shared_prefix(true),
-                )
+                ))
                 .unwrap()
         })
         .collect()
@@ -172,7 +184,8 @@ async fn stop(nodes: Vec<(RateLimiter<String>, SyncHandle)>) {
 }
 
 /// Four nodes in reconcile mode at 2× the limit on keys in different slots: each key's
-/// limit holds within ±5% over 8 s, as on one Redis; every node counts four nodes.
+/// limit holds within ±5% over 8 s, as on one Redis; every node counts four nodes. The
+/// keys start cold and turn hot on every node (the announcements live in their own slot).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sync_holds_the_global_limit_on_a_cluster() {
     let cluster = cluster();
@@ -193,6 +206,7 @@ async fn the_sync_holds_the_global_limit_on_a_cluster() {
         let stats = handle.stats();
         assert_eq!(stats.nodes, 4, "{stats:?}");
         assert!(!stats.fallback_active, "{stats:?}");
+        assert_eq!((stats.hot_keys, stats.keys_turned_hot), (3, 3), "{stats:?}");
     }
     stop(nodes).await;
 }
@@ -204,12 +218,14 @@ async fn the_sync_holds_the_global_limit_on_a_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_state_spreads_over_the_masters() {
     let cluster = cluster();
-    let nodes = synced(
+    // Synced keys (far from their limit, cold keys would never reach Redis).
+    let nodes = synced_with(
         &cluster,
         Quota::per_second(10).unwrap(),
         SyncMode::Reconcile,
         "spread",
         2,
+        |config| config.cold_keys(false),
     );
     for round in 0..3 {
         for (limiter, handle) in &nodes {

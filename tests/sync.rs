@@ -536,6 +536,9 @@ async fn idle_keys_are_released_while_rounds_are_saturated() {
                 .interval(INTERVAL)
                 .round_keys(50)
                 .idle_ttl(Duration::from_secs(1))
+                // Synced keys (cold keys need no round, and are dropped when idle: see
+                // `keys_far_from_their_limit_are_never_denied_and_cost_redis_nothing`).
+                .cold_keys(false)
                 .prefix("saturated")
                 .allow_shared_prefix(true),
         )
@@ -597,7 +600,8 @@ async fn idle_keys_are_released_while_rounds_are_saturated() {
     handle.shutdown().await;
 }
 
-/// `shutdown` reports everything admitted locally before it returns.
+/// `shutdown` reports everything a synced key admitted locally before it returns. (A cold
+/// key has nothing to report: its share was never Redis's.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_flushes_pending_consumption() {
     let _serial = SERIAL.lock().await;
@@ -607,6 +611,7 @@ async fn shutdown_flushes_pending_consumption() {
         .build_synced(
             RedisSync::new(&server.url())
                 .interval(Duration::from_secs(60))
+                .cold_keys(false)
                 .prefix("flush"),
         )
         .unwrap();
@@ -975,4 +980,149 @@ async fn a_paused_redis_fails_rounds_within_their_timeout() {
     );
     assert!(stats.fallback_active, "{stats:?}");
     handle.shutdown().await;
+}
+
+/// Commands Redis has run (scripts' own calls included), from `INFO commandstats`.
+async fn redis_commands(server: &LocalRedis) -> u64 {
+    let mut con = server.connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            line.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Waits (with a deadline) until every node's cold tier is on.
+async fn cold_tier_on(nodes: &[(RateLimiter<String>, SyncHandle)]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !nodes.iter().all(|(_, h)| h.stats().cold_tier) {
+        assert!(Instant::now() < deadline, "{:?}", nodes[0].1.stats());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The cold tier on real processes: 3 nodes share 100/s (a cold share of 33 at once and
+/// 33/s each). A key used under the shares is admitted every time and never reaches
+/// Redis. A key one node pushes at 3× the limit turns hot there, is announced, and turns
+/// hot on the two others; from then on it is synced: all together stay within the
+/// reconcile bound with the cold tier's term, and the two light nodes (10/s each, under
+/// their fair share) are still admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_keys_reach_redis_only_once_one_node_turns_them_hot() {
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    let quota = Quota::per_second(100).unwrap();
+    let nodes = nodes(
+        &server,
+        Algorithm::TokenBucket,
+        quota,
+        SyncMode::Reconcile,
+        "cold",
+        3,
+    );
+    cold_tier_on(&nodes).await;
+    let quiet = offer_each(&nodes, "quiet", &[20.0, 20.0, 20.0], Duration::from_secs(2)).await;
+    assert!(quiet.iter().all(|&a| a >= 39), "{quiet:?}");
+    let mut con = server.connection().await.unwrap();
+    let exists = |key: &'static str| {
+        let mut con = con.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(key)
+                .query_async::<u64>(&mut con)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(exists("cold:sync:tb:{quiet}").await, 0);
+    for (_, handle) in &nodes {
+        let stats = handle.stats();
+        assert_eq!((stats.keys_turned_hot, stats.hot_keys), (0, 0), "{stats:?}");
+    }
+    let length = 4.0;
+    let busy = offer_each(
+        &nodes,
+        "busy",
+        &[300.0, 10.0, 10.0],
+        Duration::from_secs_f64(length),
+    )
+    .await;
+    assert_eq!(exists("cold:sync:tb:{busy}").await, 1);
+    let announced: Option<f64> = redis::cmd("ZSCORE")
+        .arg("{cold}:sync:tb:hot")
+        .arg("cold:sync:tb:{busy}")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(announced.is_some());
+    for (_, handle) in &nodes {
+        let stats = handle.stats();
+        assert_eq!((stats.keys_turned_hot, stats.hot_keys), (1, 1), "{stats:?}");
+    }
+    // The reconcile bound (module docs) with the cold tier's term, over the span.
+    let (b, r, n) = (100.0, 100.0, 3.0);
+    let (i, h, timeout) = (INTERVAL.as_secs_f64(), 2.0 * INTERVAL.as_secs_f64(), 0.2);
+    let x =
+        b + (r * h + 2.0 * n) + (b + r * h + n) + r * (i + timeout) + r * (2.5 * i + 2.0 * timeout);
+    let total: u64 = busy.iter().sum();
+    assert!(total as f64 <= x + r * length, "{busy:?} against {x} + r·t");
+    assert!(total as f64 >= 0.8 * r * length, "{busy:?}");
+    assert!(busy[1] >= 36 && busy[2] >= 36, "{busy:?}");
+    stop(nodes).await;
+}
+
+/// Keys far from their limit cost Redis nothing per check: one node, 50,000 keys at
+/// 10/s each, checked in turn (each a few times a second, far under its quota): every
+/// check is admitted, Redis runs under 1% as many commands as there are checks (only
+/// the rounds' heartbeat and announcement read), and the idle keys are dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_far_from_their_limit_are_never_denied_and_cost_redis_nothing() {
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    let nodes = nodes(
+        &server,
+        Algorithm::TokenBucket,
+        Quota::per_second(10).unwrap(),
+        SyncMode::Reconcile,
+        "far",
+        1,
+    );
+    cold_tier_on(&nodes).await;
+    let (limiter, handle) = &nodes[0];
+    let names: Vec<String> = (0..50_000).map(|i| format!("user-{i}")).collect();
+    let before = redis_commands(&server).await;
+    let (mut checks, mut allowed) = (0u64, 0u64);
+    for round in 0..6 {
+        for name in &names {
+            checks += 1;
+            allowed += u64::from(limiter.check(name).is_allowed());
+        }
+        // Each key at most 6 times in a second or more: under its 10 at once.
+        let _ = round;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let commands = redis_commands(&server).await - before;
+    assert_eq!(allowed, checks);
+    assert!(
+        (commands as f64) < 0.01 * checks as f64,
+        "{commands} Redis commands for {checks} checks"
+    );
+    assert_eq!(handle.stats().keys_turned_hot, 0);
+    // Idle for a second and more, every key is dropped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !limiter.is_empty() {
+        assert!(Instant::now() < deadline, "{} keys held", limiter.len());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop(nodes).await;
 }

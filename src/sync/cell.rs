@@ -1,5 +1,7 @@
 //! A synced key's local state: a lease and an overdraft counted down by checks (one CAS,
-//! no clock, no lock), and the books only the sync task reads.
+//! no clock, no lock), and the books only the sync task reads. A **cold** key (see
+//! [`Cold`]) admits from a local GCRA at this node's share instead, and costs Redis
+//! nothing until it runs out.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -14,6 +16,81 @@ use parking_lot::Mutex;
 
 /// Set in [`SyncCell::flags`] by a denied check: the key ran out.
 pub(crate) const WANTED: u64 = 1;
+/// Set in [`SyncCell::flags`] by a cold check that found the key's cold share spent:
+/// the key turns hot at the next round.
+pub(crate) const WANT_HOT: u64 = 2;
+/// Set in [`SyncCell::flags`] for a cold key the sync task has not looked at yet (it
+/// checks the key against the keys hot elsewhere).
+pub(crate) const NEW: u64 = 4;
+/// [`SyncCell::cold_tat`] of a hot key: coordinated through Redis.
+pub(crate) const HOT: u64 = u64::MAX;
+
+/// The cold tier: a key no node has turned hot admits at this node's even share of the
+/// quota, locally, with no Redis round trip (a GCRA of `t_ns` per token and `burst`
+/// tokens at once). The nodes' shares add up to at most the quota, so keys nowhere near
+/// their limit need no coordination at all. A key whose cold share runs out turns hot:
+/// it is announced to the other nodes, which turn it hot too, and is synced from then on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Cold {
+    /// ns per token at this node's share of the rate.
+    pub(crate) t_ns: u64,
+    /// The GCRA tolerance, `(burst − 1)·t_ns`.
+    pub(crate) tau_ns: u64,
+    /// Until when (limiter clock, ns) this node may admit on its cold keys: it has read
+    /// the keys hot elsewhere recently enough (see the module docs). After that a cold
+    /// key may spend only what its share held then (its budget), and gets no refill.
+    pub(crate) until: u64,
+    /// Whether keys first seen start cold (else hot, under the fallback).
+    pub(crate) new_keys: bool,
+}
+
+impl Cold {
+    /// The cold share of a quota of `capacity` at `ticks` µs per token among `nodes`
+    /// nodes, vouched for until `until`; `None` when a node's share of the burst is
+    /// under one token. A sliding window's share is half a burst and half the rate, so
+    /// that no window of the period admits more than its share.
+    pub(crate) fn share(
+        capacity: u64,
+        ticks: u64,
+        nodes: u64,
+        sliding: bool,
+        until: u64,
+    ) -> Option<Self> {
+        let nodes = nodes.max(1);
+        let (burst, t_ns) = if sliding {
+            (
+                capacity / (2 * nodes),
+                ticks.saturating_mul(2_000).saturating_mul(nodes),
+            )
+        } else {
+            (
+                capacity / nodes,
+                ticks.saturating_mul(1_000).saturating_mul(nodes),
+            )
+        };
+        (burst >= 1).then(|| Self {
+            t_ns,
+            tau_ns: (burst - 1).saturating_mul(t_ns),
+            until,
+            new_keys: true,
+        })
+    }
+
+    /// The cold tier of a node that has not read the keys turned hot yet (it starts):
+    /// new keys start cold, but nothing is admitted on them until it has.
+    pub(crate) const UNVOUCHED: Self = Self {
+        t_ns: u64::MAX,
+        tau_ns: 0,
+        until: 0,
+        new_keys: true,
+    };
+
+    /// Whole tokens a cold key whose GCRA stands at `tat` has at `now`.
+    fn left(&self, tat: u64, now: u64) -> u64 {
+        let room = self.tau_ns + self.t_ns;
+        room.saturating_sub(tat.saturating_sub(now)) / self.t_ns.max(1)
+    }
+}
 
 /// What checks do while Redis has been unreachable for longer than the staleness.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +113,9 @@ pub(crate) struct SyncPolicy {
     /// When a denied key may hope for more allowance: one sync interval, in ns.
     pub(crate) interval_ns: u64,
     pub(crate) override_: Override,
+    /// The cold tier's share, while this node may admit on cold keys; a key first seen
+    /// while it is `None` starts hot.
+    pub(crate) cold: Option<Cold>,
 }
 
 impl SyncPolicy {
@@ -46,6 +126,7 @@ impl SyncPolicy {
             fresh,
             interval_ns,
             override_: Override::None,
+            cold: None,
         }
     }
 }
@@ -72,7 +153,7 @@ impl Policy for SyncPolicy {
 /// A synced key on this node: tokens leased from the global state, an overdraft beyond
 /// them (reconcile mode), until when the lease may be spent, and the books the sync task
 /// keeps for the key. Checks touch only the first five fields.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SyncCell {
     /// Leased tokens: already reserved in the global state.
     pub(crate) allowance: AtomicU64,
@@ -88,15 +169,34 @@ pub(crate) struct SyncCell {
     /// The limiter-clock instant (ns) after which the lease is void: the end of Redis's
     /// window, for a sliding-window lease in lease mode; never otherwise.
     pub(crate) expires: AtomicU64,
+    /// A cold key's GCRA (limiter clock, ns); [`HOT`] once the key is synced.
+    pub(crate) cold_tat: AtomicU64,
     /// The sync task's books: only the task takes this lock.
     pub(crate) books: Mutex<Books>,
+}
+
+impl Default for SyncCell {
+    /// A hot key with nothing leased.
+    fn default() -> Self {
+        Self {
+            allowance: AtomicU64::new(0),
+            overdraft: AtomicU64::new(0),
+            flags: AtomicU64::new(0),
+            ran_out_at: AtomicU64::new(0),
+            overdrawn: AtomicU64::new(0),
+            expires: AtomicU64::new(0),
+            cold_tat: AtomicU64::new(HOT),
+            books: Mutex::new(Books::default()),
+        }
+    }
 }
 
 impl SyncCell {
     /// Whether the task released the key (its last round returned everything and
     /// reported everything) and no check has touched it since.
     pub(crate) fn is_released(&self) -> bool {
-        self.allowance.load(Ordering::Acquire) == 0
+        self.cold_tat.load(Ordering::Acquire) == HOT
+            && self.allowance.load(Ordering::Acquire) == 0
             && self.overdraft.load(Ordering::Acquire) == 0
             && self.overdrawn.load(Ordering::Acquire) == 0
             && self.flags.load(Ordering::Acquire) & WANTED == 0
@@ -125,6 +225,58 @@ impl SyncCell {
         }
     }
 
+    /// Marks a cold key as wanting to turn hot, at `now` (once).
+    fn want_hot(&self, now: u64) {
+        if self.flags.load(Ordering::Relaxed) & WANT_HOT == 0 {
+            self.ran_out_at.store(now, Ordering::Relaxed);
+            self.flags.fetch_or(WANT_HOT, Ordering::Release);
+        }
+    }
+
+    /// A cold key's check: the local GCRA at this node's share, by CAS on `cold_tat`.
+    /// `None` if the key turned hot meanwhile (the check then spends its lease). Once
+    /// this node may no longer vouch for its share (it has not read the keys turned hot
+    /// for too long: the share may be another node's by now), the key spends only what
+    /// its share held then, with no refill: the fallback's one-time budget.
+    fn check_cold(
+        &self,
+        policy: &SyncPolicy,
+        mut tat: u64,
+        now: u64,
+        cost: u64,
+    ) -> Option<Decision> {
+        let Some(cold) = policy.cold.filter(|c| c.until > 0) else {
+            return Some(Self::decision(policy, false, 0));
+        };
+        let vouched = now < cold.until;
+        let at = now.min(cold.until);
+        loop {
+            let next = tat.max(at).saturating_add(cost.saturating_mul(cold.t_ns));
+            if next - at > cold.tau_ns.saturating_add(cold.t_ns) {
+                if vouched {
+                    self.want_hot(now);
+                }
+                return Some(Self::decision(policy, false, cold.left(tat, at)));
+            }
+            match self.cold_tat.compare_exchange_weak(
+                tat,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    return Some(Decision::allow(
+                        policy.capacity,
+                        cold.left(next, at),
+                        next.saturating_sub(now),
+                    ));
+                }
+                Err(HOT) => return None,
+                Err(actual) => tat = actual,
+            }
+        }
+    }
+
     /// Takes `cost` from `pool` if it holds that much.
     fn spend(pool: &AtomicU64, cost: u64) -> Option<u64> {
         pool.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
@@ -144,6 +296,18 @@ impl State for SyncCell {
     /// A key first seen on this node may overdraft `fresh` (its share of a fresh key's
     /// capacity in reconcile mode, nothing in lease mode) until its first round.
     fn fresh(policy: &SyncPolicy) -> Self {
+        if policy.cold.is_some_and(|c| c.new_keys) {
+            return Self {
+                expires: AtomicU64::new(u64::MAX),
+                cold_tat: AtomicU64::new(0),
+                flags: AtomicU64::new(NEW),
+                books: Mutex::new(Books {
+                    released: true,
+                    ..Books::fresh(0)
+                }),
+                ..Self::default()
+            };
+        }
         Self {
             overdraft: AtomicU64::new(policy.fresh),
             expires: AtomicU64::new(u64::MAX),
@@ -164,6 +328,12 @@ impl State for SyncCell {
             Override::DenyAll => return Self::decision(policy, false, 0),
             Override::None => {}
         }
+        let tat = self.cold_tat.load(Ordering::Acquire);
+        if tat != HOT {
+            if let Some(decision) = self.check_cold(policy, tat, now, cost) {
+                return decision;
+            }
+        }
         if now < self.expires.load(Ordering::Acquire) {
             if let Some(left) = Self::spend(&self.allowance, cost) {
                 return Self::decision(policy, true, left + self.overdraft.load(Ordering::Relaxed));
@@ -177,6 +347,14 @@ impl State for SyncCell {
     }
 
     fn peek(&self, policy: &SyncPolicy, now: u64, cost: u64) -> Decision {
+        let tat = self.cold_tat.load(Ordering::Acquire);
+        if tat != HOT && policy.override_ == Override::None {
+            let left = policy
+                .cold
+                .filter(|c| c.until > 0)
+                .map_or(0, |c| c.left(tat, now.min(c.until)));
+            return Self::decision(policy, left >= cost, left);
+        }
         let lease = if now < self.expires.load(Ordering::Acquire) {
             self.allowance.load(Ordering::Acquire)
         } else {
@@ -188,15 +366,25 @@ impl State for SyncCell {
         Self::decision(policy, allowed, left)
     }
 
-    fn peek_vacant(policy: &SyncPolicy, _now: u64, cost: u64) -> Decision {
+    fn peek_vacant(policy: &SyncPolicy, now: u64, cost: u64) -> Decision {
+        let left = match policy.cold {
+            Some(cold) if cold.new_keys && now < cold.until => cold.left(0, now),
+            Some(cold) if cold.new_keys => 0,
+            _ => policy.fresh,
+        };
         let allowed = policy.override_ == Override::AllowAll
-            || (policy.override_ == Override::None && policy.fresh >= cost);
-        Self::decision(policy, allowed, policy.fresh)
+            || (policy.override_ == Override::None && left >= cost);
+        Self::decision(policy, allowed, left)
     }
 
     /// A synced key may be dropped only once the sync task has released it: it owes no
     /// report and holds no lease. The task drops released keys itself.
-    fn reset_after_ns(&self, policy: &SyncPolicy, _now: u64) -> u64 {
+    fn reset_after_ns(&self, policy: &SyncPolicy, now: u64) -> u64 {
+        let tat = self.cold_tat.load(Ordering::Acquire);
+        if tat != HOT {
+            // A cold key reports nothing: it is untouched once its share is whole again.
+            return tat.saturating_sub(now);
+        }
         if self.is_released() {
             0
         } else {
@@ -208,6 +396,11 @@ impl State for SyncCell {
     /// looked (beyond what its books hold), no report pending, and the books not in the
     /// task's hands. An unspent lease may go: it is only given back late.
     fn evictable(&self) -> bool {
+        // A cold key owes Redis nothing: like a local limiter's key, evicting it loses at
+        // most its share's burst.
+        if self.cold_tat.load(Ordering::Acquire) != HOT {
+            return true;
+        }
         let Some(books) = self.books.try_lock() else {
             return false;
         };
@@ -220,4 +413,145 @@ impl State for SyncCell {
     /// Allowances are counts granted by the sync task: a policy change leaves them as
     /// they are.
     fn convert(&self, _now: u64, _from: &SyncPolicy, _to: &SyncPolicy) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::node::{self, Books};
+
+    const SECOND: u64 = 1_000_000_000;
+
+    /// 100/s burst 100 shared by `nodes`, vouched for 10 s.
+    fn policy(nodes: u64, sliding: bool) -> SyncPolicy {
+        let mut policy = SyncPolicy::new(Quota::per_second(100).unwrap(), 100, 0, SECOND / 20);
+        policy.cold = Cold::share(100, 10_000, nodes, sliding, 10 * SECOND);
+        policy
+    }
+
+    fn admitted(cell: &SyncCell, policy: &SyncPolicy, now: u64, tries: u64) -> u64 {
+        (0..tries)
+            .filter(|_| cell.check(policy, now, 1, 0).is_allowed())
+            .count() as u64
+    }
+
+    /// A cold key admits its node's share of the burst at once, then its share of the
+    /// rate; the first deny asks to turn hot.
+    #[test]
+    fn a_cold_key_admits_its_share_then_asks_to_turn_hot() {
+        for nodes in [1, 3, 16, 100] {
+            let policy = policy(nodes, false);
+            let cell = SyncCell::fresh(&policy);
+            assert!(node::is_cold(&cell));
+            let now = SECOND;
+            assert_eq!(admitted(&cell, &policy, now, 1_000), 100 / nodes, "{nodes}");
+            assert_ne!(cell.flags.load(Ordering::Acquire) & WANT_HOT, 0);
+            // A second later: its share of a second's refill, no more.
+            assert_eq!(
+                admitted(&cell, &policy, now + SECOND, 1_000),
+                100 / nodes,
+                "{nodes}"
+            );
+        }
+        // Under one token of burst per node there is no cold share.
+        assert_eq!(Cold::share(100, 10_000, 101, false, SECOND), None);
+        assert_eq!(
+            Cold::share(1, 1_000_000, 1, false, SECOND).map(|c| c.tau_ns),
+            Some(0)
+        );
+    }
+
+    /// The sliding window's share admits at most the node's share of the limit in any
+    /// window: half at once, half over the period.
+    #[test]
+    fn a_sliding_windows_cold_share_never_exceeds_its_share_of_a_window() {
+        let nodes = 4;
+        let policy = policy(nodes, true);
+        let cell = SyncCell::fresh(&policy);
+        let mut admitted_at = Vec::new();
+        let mut now = SECOND;
+        while now < 5 * SECOND {
+            if cell.check(&policy, now, 1, 0).is_allowed() {
+                admitted_at.push(now);
+            }
+            now += SECOND / 1_000;
+        }
+        for (i, &at) in admitted_at.iter().enumerate() {
+            let in_window = admitted_at[i..]
+                .iter()
+                .take_while(|&&t| t < at + SECOND)
+                .count() as u64;
+            assert!(in_window <= 100 / nodes, "{in_window} at {at}");
+        }
+    }
+
+    /// A node that has not read the keys turned hot for its validity spends on a cold key
+    /// only what its share held then (its budget), with no refill; a node that never read
+    /// them admits nothing on cold keys. A key first seen after the lapse starts hot.
+    #[test]
+    fn a_lapsed_cold_share_is_a_one_time_budget() {
+        let policy = policy(2, false);
+        let cell = SyncCell::fresh(&policy);
+        assert_eq!(admitted(&cell, &policy, SECOND, 10), 10);
+        // At the lapse (10 s) the share held its whole burst (50) again: that, once.
+        assert_eq!(admitted(&cell, &policy, 11 * SECOND, 1_000), 50);
+        assert_eq!(admitted(&cell, &policy, 60 * SECOND, 1_000), 0);
+        assert_eq!(cell.flags.load(Ordering::Acquire) & WANT_HOT, 0);
+        let lapsed = SyncPolicy {
+            cold: policy.cold.map(|c| Cold {
+                new_keys: false,
+                ..c
+            }),
+            ..policy
+        };
+        assert!(!node::is_cold(&SyncCell::fresh(&lapsed)));
+        let unvouched = SyncPolicy {
+            cold: Some(Cold::UNVOUCHED),
+            ..policy
+        };
+        let cell = SyncCell::fresh(&unvouched);
+        assert!(node::is_cold(&cell));
+        assert_eq!(admitted(&cell, &unvouched, SECOND, 10), 0);
+        assert!(!SyncCell::peek_vacant(&unvouched, SECOND, 1).is_allowed());
+    }
+
+    /// Turning hot reports, as admitted, what the cold share still had in use, rounded
+    /// up; a check racing with it spends the lease instead, so nothing goes uncounted.
+    #[test]
+    fn turning_hot_reports_what_the_cold_share_has_in_use() {
+        let policy = policy(4, false);
+        let cold = policy.cold.unwrap();
+        let cell = SyncCell::fresh(&policy);
+        assert_eq!(admitted(&cell, &policy, SECOND, 10), 10);
+        let mut books = Books::default();
+        // 10 tokens at 40 ms each, 15 ms later: 9.625 in use, reported as 10.
+        assert!(node::turn_hot(
+            &cell,
+            &mut books,
+            cold.t_ns,
+            SECOND + 15_000_000
+        ));
+        assert_eq!(books.spent, 10);
+        assert!(!node::turn_hot(&cell, &mut books, cold.t_ns, SECOND));
+        assert!(!node::is_cold(&cell));
+        assert_ne!(cell.flags.load(Ordering::Acquire) & WANTED, 0);
+        // Hot with nothing leased: denied until a round grants a lease.
+        assert!(!cell.check(&policy, SECOND, 1, 0).is_allowed());
+        cell.allowance.store(1, Ordering::Release);
+        assert!(cell.check(&policy, SECOND, 1, 0).is_allowed());
+    }
+
+    /// Concurrent checks on a cold key admit exactly the share's burst between them.
+    #[test]
+    fn concurrent_cold_checks_admit_exactly_the_burst() {
+        let policy = policy(1, false);
+        let cell = SyncCell::fresh(&policy);
+        let total: u64 = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| admitted(&cell, &policy, SECOND, 1_000)))
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(total, 100);
+    }
 }

@@ -56,6 +56,7 @@ pub struct RedisSync {
     pub(crate) node_ttl: Option<Duration>,
     pub(crate) idle_ttl: Option<Duration>,
     pub(crate) share_ttl: Duration,
+    pub(crate) cold_keys: Option<bool>,
     pub(crate) batch_size: usize,
     pub(crate) round_keys: usize,
     pub(crate) timeout: Duration,
@@ -76,6 +77,7 @@ impl fmt::Debug for RedisSync {
             .field("node_ttl", &self.node_ttl)
             .field("idle_ttl", &self.idle_ttl)
             .field("share_ttl", &self.share_ttl)
+            .field("cold_keys", &self.cold_keys)
             .field("batch_size", &self.batch_size)
             .field("round_keys", &self.round_keys)
             .field("timeout", &self.timeout)
@@ -131,6 +133,7 @@ impl RedisSync {
             node_ttl: None,
             idle_ttl: None,
             share_ttl: DEFAULT_SHARE_TTL,
+            cold_keys: None,
             batch_size: 500,
             round_keys: 2_000,
             timeout: Duration::from_millis(200),
@@ -199,6 +202,22 @@ impl RedisSync {
     /// has only its budget).
     pub fn share_ttl(mut self, ttl: Duration) -> Self {
         self.share_ttl = ttl;
+        self
+    }
+
+    /// Whether keys far from their limit stay **cold**: each node admits on such a key at
+    /// its even share of the quota (`⌊burst / N⌋` at once, `rate / N` after; half of
+    /// each for the sliding window), locally, with no Redis traffic at all. A key whose
+    /// share runs out on some node turns hot there, is announced to the other nodes
+    /// (they turn it hot at their next round) and is synced from then on; it goes back
+    /// to cold once it is released everywhere. Sync traffic is then proportional to the
+    /// keys near their limit, not to the active keys. On by default in
+    /// [`SyncMode::Reconcile`], off in [`SyncMode::Lease`] (whose bound it loosens by one
+    /// burst and a few intervals of the rate while a key turns hot: see the module
+    /// docs). Every node of a prefix must use the same setting. Off when a node's share
+    /// of the burst is under one token.
+    pub fn cold_keys(mut self, cold: bool) -> Self {
+        self.cold_keys = Some(cold);
         self
     }
 

@@ -9,7 +9,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::cell::{SyncCell, WANTED};
+use super::cell::{HOT, NEW, SyncCell, WANT_HOT, WANTED};
 use super::protocol::{Answer, MAX_DEMAND, Request, WEIGHT_ONE, scale};
 
 /// What the node side of every key's round shares.
@@ -72,6 +72,11 @@ pub(crate) struct Books {
     pub(crate) share_until: u64,
     /// The last acknowledged round released everything.
     pub(crate) released: bool,
+    /// A cold key's hash as announced (see [`fleet_hash`]), once the task has looked.
+    pub(crate) fleet: u64,
+    /// Until when (Redis clock, ms) the key's announcement as hot lasts (0: not
+    /// announced by this node).
+    pub(crate) announced_until: u64,
 }
 
 impl Books {
@@ -82,6 +87,47 @@ impl Books {
             ..Self::default()
         }
     }
+}
+
+/// The hash by which nodes name a hot key to each other: of its Redis key (which is
+/// what the announcement holds, so no key appears in Redis in any other form), FNV-1a,
+/// the same on every node and every build.
+pub(crate) fn fleet_hash(redis_key: &[u8]) -> u64 {
+    redis_key.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Whether the key is cold.
+pub(crate) fn is_cold(cell: &SyncCell) -> bool {
+    cell.cold_tat.load(Ordering::Acquire) != HOT
+}
+
+/// Turns a cold key hot at `now` (limiter clock, ns), with `t_ns` the cold share's ns
+/// per token: it is synced from now on. Its first round reports as admitted what its
+/// cold share still has in use (the tokens its GCRA stands ahead of `now`, rounded up:
+/// what it admitted beyond its share's refill), charged to the global state at once, so
+/// that the key's global state starts where this node's share left off. Returns false
+/// if the key was hot already.
+pub(crate) fn turn_hot(cell: &SyncCell, books: &mut Books, t_ns: u64, now: u64) -> bool {
+    let tat = cell.cold_tat.swap(HOT, Ordering::AcqRel);
+    if tat == HOT {
+        return false;
+    }
+    let in_use = tat.saturating_sub(now).div_ceil(t_ns.max(1));
+    let flags = cell.flags.fetch_and(!(NEW | WANT_HOT), Ordering::AcqRel);
+    if flags & WANT_HOT == 0 {
+        // Turned hot because another node did: it wants a lease all the same.
+        cell.ran_out_at.store(now, Ordering::Relaxed);
+    }
+    cell.flags.fetch_or(WANTED, Ordering::Release);
+    *books = Books {
+        spent: in_use,
+        last_active: now,
+        fleet: books.fleet,
+        ..Books::fresh(0)
+    };
+    true
 }
 
 /// What a key first seen on a node may admit before its first round: in reconcile mode
@@ -167,6 +213,9 @@ fn used(cell: &SyncCell, books: &Books) -> u64 {
 /// What the key needs from the next round at `now`, without changing anything; `None`
 /// if nothing.
 pub(crate) fn need(cell: &SyncCell, books: &Books, p: &NodeParams, now: u64) -> Option<Need> {
+    if is_cold(cell) {
+        return None;
+    }
     let ran_out = cell.flags.load(Ordering::Acquire) & WANTED != 0;
     let used = used(cell, books);
     if ran_out {
@@ -235,7 +284,7 @@ pub(crate) fn collect(
     redis_offset_ns: Option<i64>,
 ) -> Request {
     let timeout_ns = p.timeout_ns;
-    let ran_out = cell.flags.swap(0, Ordering::AcqRel) & WANTED != 0;
+    let ran_out = cell.flags.fetch_and(!WANTED, Ordering::AcqRel) & WANTED != 0;
     if books.epoch == 0 {
         books.epoch = seq;
     }
@@ -385,17 +434,21 @@ pub(crate) fn settle(
 /// reserved share is bounded whatever the outage's length. What the fallback admits is
 /// reported when Redis answers again: set against what was charged on the node's
 /// behalf; the budget's excess is the node's own debt; all of it forgiven if Redis lost
-/// the key's state.
+/// the key's state. Returns whether the key got its budget now.
 pub(crate) fn refill_locally(
     cell: &SyncCell,
     books: &mut Books,
     p: &NodeParams,
     nodes: u64,
     now: u64,
-) {
+) -> bool {
     let nodes = nodes.max(1);
+    // A cold key admits at its share by itself.
+    if is_cold(cell) {
+        return false;
+    }
     if now.saturating_sub(books.last_active) >= p.idle_ns && !cell_wants(cell) {
-        return;
+        return false;
     }
     cell.expires.store(u64::MAX, Ordering::Release);
     let (pool, base) = if p.reconcile {
@@ -414,7 +467,7 @@ pub(crate) fn refill_locally(
         let budget = (p.capacity / nodes).max(1);
         (budget, budget)
     } else {
-        return;
+        return false;
     };
     let mut added = 0;
     let _ = pool.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
@@ -429,6 +482,7 @@ pub(crate) fn refill_locally(
     if added > 0 {
         books.released = false;
     }
+    !reserved
 }
 
 fn cell_wants(cell: &SyncCell) -> bool {

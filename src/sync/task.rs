@@ -2,7 +2,7 @@
 //! Redis, and applies the fallback; the arithmetic of a round is in `node` (this side)
 //! and `protocol` (Redis's side, run by `round.lua`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Display;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use redis::cluster_routing::Slot;
 
-use super::cell::{Override, SyncCell, SyncPolicy};
+use super::cell::{Cold, NEW, Override, SyncCell, SyncPolicy, WANT_HOT};
 use super::config::Settings;
 use super::node::{self, Need, NodeParams};
 use super::protocol::{Answer, Params, Request, Shape};
@@ -27,6 +27,9 @@ use crate::redis::limiter::script_args;
 use crate::store::Store;
 
 pub(crate) const ROUND: &str = include_str!("round.lua");
+pub(crate) const HOT_KEYS: &str = include_str!("hot.lua");
+/// A cold key unused for this long (and whose share is whole again) is dropped.
+const COLD_IDLE: Duration = Duration::from_secs(1);
 /// The longest wait between retries while Redis fails: recovery is never further away.
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 /// How many rounds a shutdown may run to flush every key.
@@ -90,8 +93,47 @@ struct Task {
     /// How many clones of the limiter the task itself holds: once no other is left, the
     /// limiter is gone for its users, and the task flushes and stops.
     own_handles: usize,
+    /// The cold tier, if on.
+    cold: Option<ColdTier>,
 }
 
+/// The cold tier's settings (see [`RedisSync::cold_keys`]).
+struct ColdTier {
+    /// The announcements of keys turned hot: a sorted set, `{prefix}:sync:tag:hot`.
+    key: String,
+    script: redis::Script,
+    /// How long (ms) an announcement lasts unless renewed; a node renews the
+    /// announcement of a key it syncs once half of it is left.
+    lifetime_ms: u64,
+    /// How long (ns) after it last read the announcements a node may admit on its cold
+    /// keys: `share_ttl` (at least the staleness), as its reserved share in the fallback.
+    valid_ns: u64,
+    /// The sliding window's cold share is half a burst and half the rate.
+    sliding: bool,
+}
+
+/// What this node knows of the keys turned hot, and of its cold tier.
+#[derive(Default)]
+struct HotView {
+    /// Each announced key's [`node::fleet_hash`], and until when (Redis ms) it is hot.
+    keys: HashMap<u64, u64>,
+    /// The next read returns the announcements from this score on (ms).
+    from_ms: u64,
+    /// A key new to `keys` arrived: every cold key is looked up at the next round.
+    rescan: bool,
+    /// Successful reads, and when (limiter clock, ns) the last one was sent.
+    reads: u64,
+    read_at: Option<u64>,
+    /// Redis's clock (ms) at the last read.
+    server_ms: u64,
+    /// The node count the cold shares divide by: the largest seen within the validity
+    /// (a node that dropped out of the registry may still admit on its cold keys until
+    /// its own validity ends), and when (limiter clock, ns) it was last seen.
+    nodes: u64,
+    nodes_at: u64,
+    /// Keys turned hot since the start.
+    turned: u64,
+}
 /// Validates `config` for the limiter's algorithm and spawns the task for `limiter`,
 /// which must use a synced store.
 pub(crate) fn start<K, C>(
@@ -160,6 +202,17 @@ where
     let for_run = limiter.clone();
     let interval_us = micros(config.interval);
     let hold = interval_us * 2;
+    let valid = settings.share_ttl.max(settings.staleness);
+    let cold = config
+        .cold_keys
+        .unwrap_or(config.mode == SyncMode::Reconcile)
+        .then(|| ColdTier {
+            key: format!("{{{}}}:sync:{tag}:hot", config.prefix),
+            script: redis::Script::new(HOT_KEYS),
+            lifetime_ms: millis(valid.saturating_mul(4)).max(10_000),
+            valid_ns: micros(valid).saturating_mul(1_000),
+            sliding: matches!(shape, Shape::SlidingWindow { .. }),
+        });
     let task = Task {
         name: Arc::from(limiter.name()),
         params: Params {
@@ -198,7 +251,22 @@ where
         // `limiter`, `clock_of` and `for_run`: every clone but the caller's (`build_synced`
         // keeps one, which it returns).
         own_handles: limiter.handles() - 1,
+        cold,
     };
+    // Until its first read of the keys turned hot, a node cannot tell which keys are
+    // cold: new keys start cold and wait for it (as a new key waits for its first lease).
+    if task.cold.is_some() {
+        if let Some(store) = limiter.synced_store() {
+            let policy = store.default_policy();
+            store.set_policy(
+                SyncPolicy {
+                    cold: Some(Cold::UNVOUCHED),
+                    ..policy
+                },
+                0,
+            );
+        }
+    }
     let handle = runtime.spawn(supervise(Arc::new(task), limiter, for_run, guard));
     Ok(SyncHandle {
         name: format!("tollgate-sync-{node}"),
@@ -252,7 +320,7 @@ async fn supervise<K, C>(
     loop {
         tokio::select! {
             _ = refill.tick(), if task.config.fallback == Fallback::LocalShare => {
-                task.refill_locally(store, nodes);
+                task.refill_locally(store, nodes, false);
             }
             _ = alive.tick() => {
                 if limiter.handles() <= own {
@@ -280,6 +348,8 @@ struct Progress {
     /// The node registry as the last heartbeat read it: each node's last heartbeat (ms
     /// of Redis's clock), which tells Redis which silent nodes are alive.
     heard: BTreeMap<String, u64>,
+    /// The keys turned hot, as last read.
+    hot: HotView,
 }
 
 /// The arguments of one call of `round.lua`: the node, the registry's TTL, the limit, the
@@ -438,6 +508,7 @@ impl Task {
             window_round: None,
             redis_offset_ns: None,
             heard: BTreeMap::new(),
+            hot: HotView::default(),
         };
         // The first round runs at once (it tells the number of nodes, and so a new key's
         // share); the others are jittered by ±25% of the interval, so that nodes started
@@ -482,6 +553,7 @@ impl Task {
             if Instant::now() >= p.retry_at {
                 self.attempt(store, &mut p, false).await;
             }
+            self.update_cold(store, &mut p);
             let last = self.shared.stats.lock().last_success;
             let silent = last.unwrap_or(started).elapsed() >= self.settings.staleness
                 || (last.is_none() && p.failures > 0);
@@ -498,7 +570,7 @@ impl Task {
                     }
                 }
                 if self.config.fallback == Fallback::LocalShare {
-                    self.refill_locally(store, p.nodes);
+                    self.refill_locally(store, p.nodes, p.hot.read_at.is_none());
                 }
             }
         }
@@ -624,15 +696,52 @@ impl Task {
         store: &Store<K, SyncCell>,
         now: u64,
         stopping: bool,
+        hot: &mut HotView,
     ) -> (Vec<K>, usize, u64)
     where
-        K: Hash + Eq + Clone,
+        K: Hash + Eq + Clone + Display,
     {
         let max = self.config.round_keys;
         let mut classes: [Vec<K>; 3] = [Vec::new(), Vec::new(), Vec::new()];
         let mut waiting = 0;
         let mut released = Vec::new();
+        let mut idle_cold = Vec::new();
+        let rescan = std::mem::take(&mut hot.rescan);
+        let cold_t_ns = self.cold_t_ns(hot.nodes);
+        let cold_idle_ns = u64::try_from(COLD_IDLE.as_nanos()).unwrap_or(u64::MAX);
         store.for_each(|key, cell| {
+            if node::is_cold(cell) {
+                let flags = cell.flags.load(Ordering::Acquire);
+                let idle = || {
+                    cell.cold_tat
+                        .load(Ordering::Acquire)
+                        .saturating_add(cold_idle_ns)
+                        <= now
+                        && flags & WANT_HOT == 0
+                };
+                if stopping || (flags & (NEW | WANT_HOT) == 0 && !rescan) {
+                    if idle() {
+                        idle_cold.push(key.clone());
+                    }
+                    return;
+                }
+                let mut books = cell.books.lock();
+                if flags & NEW != 0 {
+                    books.fleet = node::fleet_hash(&self.redis_key(key));
+                    cell.flags.fetch_and(!NEW, Ordering::AcqRel);
+                }
+                let elsewhere = hot.keys.contains_key(&books.fleet);
+                if flags & WANT_HOT == 0 && !elsewhere {
+                    if idle() {
+                        idle_cold.push(key.clone());
+                    }
+                    return;
+                }
+                if !node::turn_hot(cell, &mut books, cold_t_ns, now) {
+                    return;
+                }
+                hot.turned += 1;
+            }
             let mut books = cell.books.lock();
             let need = if stopping && !books.released {
                 Some(Need::Release)
@@ -659,7 +768,167 @@ impl Task {
             .iter()
             .filter(|key| store.remove_if(key, SyncCell::is_released))
             .count() as u64;
+        // An idle cold key is as good as new: dropping it loses nothing.
+        for key in idle_cold {
+            store.remove_if(&key, |cell| {
+                node::is_cold(cell)
+                    && cell.flags.load(Ordering::Acquire) & WANT_HOT == 0
+                    && cell
+                        .cold_tat
+                        .load(Ordering::Acquire)
+                        .saturating_add(cold_idle_ns)
+                        <= now
+            });
+        }
         (chosen, waiting, dropped)
+    }
+
+    /// The cold share's ns per token among `nodes` nodes (the rate's, when unknown).
+    fn cold_t_ns(&self, nodes: u64) -> u64 {
+        let sliding = self.cold.as_ref().is_some_and(|c| c.sliding);
+        let per_node = if sliding { 2_000 } else { 1_000 };
+        self.node_params
+            .ticks
+            .saturating_mul(per_node)
+            .saturating_mul(nodes.max(1))
+    }
+
+    /// Keeps the limiter's cold share in step with what this node knows: on once a read
+    /// of the announcements has succeeded, vouched for until the validity after the last
+    /// read, divided by the node count; unvouched before the first read (new keys start
+    /// cold and wait for it); off (new keys start hot, and the fallback applies to them)
+    /// once the node is in its fallback without a valid read.
+    fn update_cold<K: Hash + Eq>(&self, store: &Store<K, SyncCell>, p: &mut Progress) {
+        let Some(tier) = &self.cold else { return };
+        let now = (self.now)();
+        let h = &mut p.hot;
+        if p.nodes > 0 && (p.nodes >= h.nodes || now.saturating_sub(h.nodes_at) >= tier.valid_ns) {
+            h.nodes = p.nodes;
+            h.nodes_at = now;
+        }
+        let want = match h.read_at {
+            None => Some(Cold {
+                new_keys: !p.fallback,
+                ..Cold::UNVOUCHED
+            }),
+            Some(at) => {
+                let until = at.saturating_add(tier.valid_ns);
+                Cold::share(
+                    self.node_params.capacity,
+                    self.node_params.ticks,
+                    h.nodes,
+                    tier.sliding,
+                    until,
+                )
+                .map(|c| Cold {
+                    new_keys: now < until,
+                    ..c
+                })
+            }
+        };
+        let policy = store.default_policy();
+        let same = match (policy.cold, want) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                a.t_ns == b.t_ns
+                    && a.tau_ns == b.tau_ns
+                    && a.new_keys == b.new_keys
+                    && b.until < a.until + tier.valid_ns / 4
+            }
+            _ => false,
+        };
+        if !same {
+            store.set_policy(
+                SyncPolicy {
+                    cold: want,
+                    ..policy
+                },
+                0,
+            );
+        }
+        let mut cell = self.shared.stats.lock();
+        let vouched = want.is_some_and(|c| now < c.until);
+        if cell.stats.cold_tier && !vouched {
+            crate::observe::sync_budget(&self.name, 0);
+        }
+        cell.stats.cold_tier = vouched;
+        cell.stats.hot_keys = h.keys.len();
+        cell.stats.keys_turned_hot = h.turned;
+    }
+
+    /// Reads the announcements of keys turned hot (from `from_ms` on), first announcing
+    /// (or renewing) `announce`, within the round's timeout. Returns Redis's clock (ms)
+    /// and each announced key with until when it is hot.
+    async fn hot_keys(
+        &self,
+        tier: &ColdTier,
+        mut connection: Connection,
+        announce: &[Vec<u8>],
+        from_ms: u64,
+    ) -> Result<(u64, Vec<(Vec<u8>, u64)>), redis::RedisError> {
+        let call = |eval: bool| {
+            let mut cmd = if eval {
+                let mut c = redis::cmd("EVAL");
+                c.arg(HOT_KEYS);
+                c
+            } else {
+                let mut c = redis::cmd("EVALSHA");
+                c.arg(tier.script.get_hash());
+                c
+            };
+            cmd.arg(1).arg(&tier.key).arg(tier.lifetime_ms).arg(from_ms);
+            for key in announce {
+                cmd.arg(key);
+            }
+            cmd
+        };
+        let query = async {
+            match call(false)
+                .query_async::<redis::Value>(&mut connection)
+                .await
+            {
+                Err(e) if e.code() == Some("NOSCRIPT") => {
+                    call(true).query_async(&mut connection).await
+                }
+                other => other,
+            }
+        };
+        let reply = match tokio::time::timeout(self.config.timeout, query).await {
+            Ok(reply) => reply?,
+            Err(_) => return Err(redis::RedisError::from((redis::ErrorKind::Io, TIMED_OUT))),
+        };
+        let redis::Value::Array(items) = reply else {
+            return Err(unexpected_reply());
+        };
+        let Some(redis::Value::Int(now)) = items.first() else {
+            return Err(unexpected_reply());
+        };
+        let mut read = Vec::with_capacity(items.len() / 2);
+        for pair in items[1..].chunks(2) {
+            match pair {
+                [redis::Value::BulkString(member), redis::Value::Int(until)] => {
+                    read.push((member.clone(), u64::try_from(*until).unwrap_or(0)));
+                }
+                _ => return Err(unexpected_reply()),
+            }
+        }
+        Ok((u64::try_from(*now).unwrap_or(0), read))
+    }
+
+    /// Takes in a read of the announcements sent at `sent` (limiter clock, ns).
+    fn heard_hot(&self, h: &mut HotView, server_ms: u64, read: Vec<(Vec<u8>, u64)>, sent: u64) {
+        for (member, until) in read {
+            if h.keys.insert(node::fleet_hash(&member), until).is_none() {
+                h.rescan = true;
+            }
+            // Scores only grow with the time they were written at; a second back
+            // covers a failover to a server whose clock is a little behind.
+            h.from_ms = h.from_ms.max(until.saturating_sub(1_000));
+        }
+        h.keys.retain(|_, until| *until > server_ms);
+        h.server_ms = server_ms;
+        h.reads += 1;
+        h.read_at = Some(sent);
     }
 
     /// One round: report, heartbeat, apply. On failure nothing is lost: every report
@@ -675,17 +944,25 @@ impl Task {
         K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     {
         let now = (self.now)();
-        let (chosen, waiting, released_locally) = self.choose(store, now, stopping);
+        let (chosen, waiting, released_locally) = self.choose(store, now, stopping, &mut p.hot);
         if released_locally > 0 {
             // Counted now: they were dropped whatever becomes of this round.
             self.shared.stats.lock().stats.keys_released += released_locally;
         }
         p.seq += 1;
         let mut items: Vec<(K, Request)> = Vec::with_capacity(chosen.len());
+        // Keys whose announcement as hot this node makes or renews (see the cold tier):
+        // made before the key's first round, so that every node that reads it later
+        // turns the key hot while the others' cold shares are still accounted for.
+        let renew_by = p
+            .hot
+            .server_ms
+            .saturating_add(self.cold.as_ref().map_or(0, |tier| tier.lifetime_ms / 2));
+        let mut announce = Vec::new();
         for key in chosen {
             let request = store.with_state(&key, |cell| {
                 let mut books = cell.books.lock();
-                node::collect(
+                let request = node::collect(
                     cell,
                     &mut books,
                     &self.node_params,
@@ -693,22 +970,65 @@ impl Task {
                     now,
                     stopping,
                     p.redis_offset_ns,
-                )
+                );
+                let holds = request.demand > 0 || request.keep > 0 || request.want > 0;
+                (request, holds && books.announced_until <= renew_by)
             });
-            if let Some(request) = request {
+            if let Some((request, renew)) = request {
+                if renew && self.cold.is_some() && !stopping {
+                    announce.push(items.len());
+                }
                 items.push((key, request));
             }
         }
         let keys: Vec<Vec<u8>> = items.iter().map(|(key, _)| self.redis_key(key)).collect();
+        let announced: Vec<Vec<u8>> = announce.iter().map(|&i| keys[i].clone()).collect();
+        let hot_sent = (self.now)();
+        // With announcements, they go before the rounds; otherwise the read goes along.
+        let mut hot_read = None;
+        if let (Some(tier), false) = (&self.cold, announced.is_empty()) {
+            let read = self
+                .hot_keys(tier, connection.clone(), &announced, p.hot.from_ms)
+                .await?;
+            hot_read = Some(Ok(read));
+        }
         let plan = self.plan(&keys);
         let sent = Instant::now();
         let wall_sent = SystemTime::now();
         let heard = p.heard.clone();
-        let results =
+        let from_ms = p.hot.from_ms;
+        let read_along = async {
+            match (&self.cold, hot_read.is_none()) {
+                (Some(tier), true) => {
+                    Some(self.hot_keys(tier, connection.clone(), &[], from_ms).await)
+                }
+                _ => None,
+            }
+        };
+        let (results, read) = futures_util::future::join(
             futures_util::future::join_all(plan.iter().map(|pipeline| {
                 self.send(connection.clone(), pipeline, &items, &keys, &heard, p.seq)
-            }))
-            .await;
+            })),
+            read_along,
+        )
+        .await;
+        let hot_read = hot_read.or(read);
+        let mut hot_failure = None;
+        match hot_read {
+            Some(Ok((server_ms, read))) => {
+                self.heard_hot(&mut p.hot, server_ms, read, hot_sent);
+                if let Some(tier) = &self.cold {
+                    let until = server_ms + tier.lifetime_ms;
+                    for &i in &announce {
+                        store.with_state(&items[i].0, |cell| {
+                            cell.books.lock().announced_until = until;
+                        });
+                    }
+                }
+            }
+            Some(Err(e)) => hot_failure = Some(e),
+            None => {}
+        }
         let round_trip = sent.elapsed();
         // What each call answered: the number of nodes and the clock from the heartbeat,
         // and each key's answer with the clock of the server that holds it.
@@ -815,7 +1135,7 @@ impl Task {
                 _ => {}
             }
         }
-        if let Some(e) = failure {
+        if let Some(e) = failure.or(hot_failure) {
             return Err(e);
         }
         let (Some(nodes), Some(server_now)) = (nodes, heartbeat_now) else {
@@ -993,12 +1313,36 @@ impl Task {
     }
 
     /// [`Fallback::LocalShare`], once per interval.
-    fn refill_locally<K: Hash + Eq>(&self, store: &Store<K, SyncCell>, nodes: u64) {
+    /// A node that never read the keys turned hot (Redis was unreachable from its
+    /// start: `never_read`) turns its cold keys hot, so that the fallback serves them:
+    /// they admitted nothing. Otherwise a cold key spends its share by itself.
+    fn refill_locally<K: Hash + Eq>(
+        &self,
+        store: &Store<K, SyncCell>,
+        nodes: u64,
+        never_read: bool,
+    ) {
         let now = (self.now)();
+        let t_ns = self.cold_t_ns(nodes);
+        let mut budgets = 0;
         store.for_each(|_, cell| {
+            if node::is_cold(cell) && !never_read {
+                return;
+            }
             let mut books = cell.books.lock();
-            node::refill_locally(cell, &mut books, &self.node_params, nodes, now);
+            node::turn_hot(cell, &mut books, t_ns, now);
+            budgets += u64::from(node::refill_locally(
+                cell,
+                &mut books,
+                &self.node_params,
+                nodes,
+                now,
+            ));
         });
+        if budgets > 0 {
+            self.shared.stats.lock().stats.keys_on_budget += budgets;
+            crate::observe::sync_budget(&self.name, budgets);
+        }
     }
 }
 
