@@ -77,6 +77,11 @@ struct Args {
     /// (its fallback admits at that share meanwhile), e.g. "10s"; 0s: not at all.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     share_ttl: Duration,
+    /// Whether keys far from their limit stay cold (each node admits its share locally,
+    /// no Redis traffic) until one node runs out of its share: on by default with
+    /// --sync reconcile, off with --sync lease.
+    #[arg(long)]
+    cold_keys: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -360,6 +365,9 @@ async fn tier(args: &Args) -> Result<Tier, String> {
     .mode(mode)
     .interval(args.sync_interval)
     .share_ttl(args.share_ttl);
+    if let Some(cold) = args.cold_keys {
+        config = config.cold_keys(cold);
+    }
     if let Some(secret) = &secret {
         config = config.hash_keys(secret);
     }

@@ -1,6 +1,7 @@
 //! What the background sync costs Redis, against the number of active keys: one synced
 //! node (reconcile, 50 ms interval, 100/s burst 100 per key) checks each of `K` keys
-//! once a second (far under its quota), then with `H` of them pushed over their limit.
+//! once a second (far under its quota; at most 250,000 checks a second, so 1,000,000
+//! keys each every 4 s), then with `H` of them pushed over their limit.
 //! For each run it reads `INFO commandstats` and `INFO cpu` of a real redis-server
 //! before and after a measured span, and prints a table: Redis commands and Redis CPU
 //! per second, against the checks per second, with rounds, keys waiting and how many
@@ -8,6 +9,9 @@
 //!
 //! Run with: `cargo run --release --all-features --example sync_cost [-- --quick]`
 //! (needs redis-server, which ./scripts/test.sh installs). `--quick` stops at 100k keys.
+//! `-- --soak MINUTES` instead rotates through 1,000,000 keys (each far under its quota)
+//! as fast as the loop goes for that long, and prints each minute's checks, denies, Redis
+//! commands, keys held and the process's resident memory.
 
 use std::time::{Duration, Instant};
 
@@ -88,6 +92,9 @@ async fn run(
         )
         .expect("a synced limiter");
     let names: Vec<String> = (0..keys).map(|i| format!("key-{i}")).collect();
+    // Each key once a second, but no more than 250,000 checks a second (what this
+    // loop keeps up with on 2 cores): 1,000,000 keys are each checked every 4 s.
+    let per_s = (keys as f64).min(250_000.0);
     let mut con = server.connection().await.expect("a connection");
     let start = Instant::now();
     let mut before = None;
@@ -104,9 +111,12 @@ async fn run(
             before = Some((counters(&mut con).await, Instant::now()));
             stats_before = handle.stats();
         }
-        // Every key once a second: a hundredth of them per 10 ms tick, in turn.
-        let due = (start.elapsed().as_secs_f64() * keys as f64) as usize;
-        while next < due {
+        // Every key in turn, `per_s` checks a second (a hundredth per 10 ms tick).
+        let due = (start.elapsed().as_secs_f64() * per_s) as usize;
+        // At most 10,000 checks a tick, so that a loop behind time still measures.
+        let mut work = 0;
+        while next < due && work < 10_000 {
+            work += 1;
             let ok = limiter.check(&names[next % keys]).is_allowed();
             if measuring {
                 checks += 1;
@@ -120,7 +130,8 @@ async fn run(
         }
         // The hot keys, 200/s each on top.
         hot_owed += hot as f64 * 200.0 / 100.0;
-        while hot_owed >= 1.0 {
+        while hot_owed >= 1.0 && work < 20_000 {
+            work += 1;
             hot_owed -= 1.0;
             hot_next += 1;
             let ok = limiter.check(&names[hot_next % hot]).is_allowed();
@@ -155,10 +166,75 @@ async fn run(
     }
 }
 
+/// The process's resident memory, in MiB, from `/proc/self/statm`.
+fn rss_mib() -> f64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: f64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0.0);
+    pages * 4096.0 / (1024.0 * 1024.0)
+}
+
+/// 1M keys in turn, as fast as the loop goes, for `minutes`: a line a minute.
+async fn soak(server: &LocalRedis, minutes: u64) {
+    let quota = Quota::per_second(10).unwrap();
+    let (limiter, handle) = RateLimiter::<String>::builder(quota)
+        .build_synced(
+            RedisSync::new(&server.url())
+                .mode(SyncMode::Reconcile)
+                .interval(Duration::from_millis(50))
+                .prefix("soak"),
+        )
+        .expect("a synced limiter");
+    let keys = 1_000_000;
+    let names: Vec<String> = (0..keys).map(|i| format!("api-key-{i}")).collect();
+    let mut con = server.connection().await.expect("a connection");
+    println!(
+        "| minute | checks/s | denied | Redis commands/s | commands per check | keys held | RSS (MiB) | cold tier |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut next = 0usize;
+    for minute in 1..=minutes {
+        let before = counters(&mut con).await;
+        let start = Instant::now();
+        let (mut checks, mut denied) = (0u64, 0u64);
+        while start.elapsed() < Duration::from_secs(60) {
+            for _ in 0..10_000 {
+                checks += 1;
+                denied += u64::from(!limiter.check(&names[next % keys]).is_allowed());
+                next += 1;
+            }
+            tokio::task::yield_now().await;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let commands = counters(&mut con).await.commands - before.commands;
+        println!(
+            "| {minute} | {:.0} | {denied} | {:.0} | {:.4} | {} | {:.0} | {} |",
+            checks as f64 / secs,
+            commands as f64 / secs,
+            commands as f64 / checks.max(1) as f64,
+            limiter.len(),
+            rss_mib(),
+            handle.stats().cold_tier,
+        );
+    }
+    let stopping = Instant::now();
+    handle.shutdown().await;
+    println!("shutdown: {:.2?}", stopping.elapsed());
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let server = LocalRedis::start().expect("redis-server (./scripts/test.sh installs it)");
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--soak") {
+        let minutes = args.get(at + 1).and_then(|m| m.parse().ok()).unwrap_or(10);
+        soak(&server, minutes).await;
+        return;
+    }
     let mut sizes = vec![1_000, 10_000, 100_000];
     if !quick {
         sizes.push(1_000_000);
