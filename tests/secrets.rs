@@ -242,8 +242,19 @@ async fn hashed_keys_keep_tokens_out_of_redis() {
     let (synced, handle) = RateLimiter::<String>::builder(quota)
         .build_synced(config)
         .unwrap();
-    synced.check(token);
     wait_synced(&handle).await;
+    // The key spends its cold share (3 at once) and turns hot: it is announced (under
+    // its Redis key) and synced.
+    for _ in 0..4 {
+        synced.check(token);
+    }
+    for _ in 0..200 {
+        if handle.stats().keys_turned_hot > 0 {
+            break;
+        }
+        handle.sync_now();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     handle.sync_now();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let keys = all_keys(server.port(), PASSWORD);
@@ -254,6 +265,20 @@ async fn hashed_keys_keep_tokens_out_of_redis() {
         "{keys}"
     );
     assert!(!keys.contains("sk_live"), "{keys}");
+    let announced = Command::new("redis-cli")
+        .args([
+            "-p",
+            &server.port().to_string(),
+            "-a",
+            PASSWORD,
+            "--no-auth-warning",
+        ])
+        .args(["ZRANGE", "{tollgate}:sync:tb:hot", "0", "-1"])
+        .output()
+        .unwrap();
+    let announced = String::from_utf8_lossy(&announced.stdout);
+    assert!(announced.contains(":sync:tb:{h:"), "{announced}");
+    assert!(!announced.contains("sk_live"), "{announced}");
     handle.shutdown().await;
 }
 
