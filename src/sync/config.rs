@@ -212,10 +212,10 @@ impl RedisSync {
     /// (they turn it hot at their next round) and is synced from then on; it goes back
     /// to cold once it is released everywhere. Sync traffic is then proportional to the
     /// keys near their limit, not to the active keys. On by default in
-    /// [`SyncMode::Reconcile`], off in [`SyncMode::Lease`] (whose bound it loosens by one
-    /// burst and a few intervals of the rate while a key turns hot: see the module
-    /// docs). Every node of a prefix must use the same setting. Off when a node's share
-    /// of the burst is under one token.
+    /// [`SyncMode::Reconcile`], off in [`SyncMode::Lease`] (whose bound it loosens by
+    /// `r·(2.5·I + 2·Δ)` while a key turns hot, among other terms the module docs list).
+    /// Every node of a prefix must use the same setting. Off when a node's share of the
+    /// burst is under one token.
     pub fn cold_keys(mut self, cold: bool) -> Self {
         self.cold_keys = Some(cold);
         self

@@ -48,8 +48,9 @@
 //!
 //! A node may admit on its cold keys only while it has read the announcements within
 //! `share_ttl` (at least the staleness): the share it spends is then the one the others
-//! left it. Past that (it is cut off from Redis), its cold keys are denied and new keys
-//! start hot under the [`Fallback`]. So that a node that drops out of the registry does
+//! left it. Past that (it is cut off from Redis), a cold key spends only what its share
+//! held then, with no refill (the fallback's one-time budget), and new keys start hot
+//! under the [`Fallback`]; a `warn` event says so. So that a node that drops out of the registry does
 //! not hand its share to the others while it may still spend it, the node count a share
 //! divides by is the largest seen in that time. A node cut off from Redis may miss a key
 //! turning hot and go on at its share on it until its reads lapse: at most `⌊B / N⌋ +
