@@ -5,12 +5,13 @@
 # server's resident memory, the keys it holds and Redis's commands; at the end, wrk's
 # totals (every non-2xx answer is a false 429: no key goes over its quota).
 #
-# Usage: ./scripts/soak_cold_keys.sh [MINUTES]   (installs wrk and redis-server if missing)
+# Usage: ./scripts/soak_cold_keys.sh [MINUTES]   (installs wrk, redis-server and curl if
+# missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-10}
-for tool in wrk redis-server; do
-    command -v "$tool" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${tool/redis-server/redis-server}" >/dev/null
+for tool in wrk redis-server curl; do
+    command -v "$tool" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool" >/dev/null
 done
 cargo build --release --all-features --example server >/dev/null 2>&1
 work=$(mktemp -d)
