@@ -48,21 +48,19 @@ async fn wait_synced(handle: &SyncHandle) {
     panic!("never synced: {:?} {handle:?}", handle.stats());
 }
 
-/// `KEYS *` on the server at `port` (with `password`).
-fn all_keys(port: u16, password: &str) -> String {
+/// What `redis-cli` prints for `command` on the server at `port` (with `password`).
+fn redis_cli(port: u16, password: &str, command: &[&str]) -> String {
     let out = Command::new("redis-cli")
-        .args([
-            "-p",
-            &port.to_string(),
-            "-a",
-            password,
-            "--no-auth-warning",
-            "KEYS",
-            "*",
-        ])
+        .args(["-p", &port.to_string(), "-a", password, "--no-auth-warning"])
+        .args(command)
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `KEYS *` on the server at `port` (with `password`).
+fn all_keys(port: u16, password: &str) -> String {
+    redis_cli(port, password, &["KEYS", "*"])
 }
 
 /// A server with `requirepass` and an ACL user: both tiers work with the right
@@ -265,18 +263,11 @@ async fn hashed_keys_keep_tokens_out_of_redis() {
         "{keys}"
     );
     assert!(!keys.contains("sk_live"), "{keys}");
-    let announced = Command::new("redis-cli")
-        .args([
-            "-p",
-            &server.port().to_string(),
-            "-a",
-            PASSWORD,
-            "--no-auth-warning",
-        ])
-        .args(["ZRANGE", "{tollgate}:sync:tb:hot", "0", "-1"])
-        .output()
-        .unwrap();
-    let announced = String::from_utf8_lossy(&announced.stdout);
+    let announced = redis_cli(
+        server.port(),
+        PASSWORD,
+        &["ZRANGE", "{tollgate}:sync:tb:hot", "0", "-1"],
+    );
     assert!(announced.contains(":sync:tb:{h:"), "{announced}");
     assert!(!announced.contains("sk_live"), "{announced}");
     handle.shutdown().await;

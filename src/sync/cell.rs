@@ -57,17 +57,8 @@ impl Cold {
         until: u64,
     ) -> Option<Self> {
         let nodes = nodes.max(1);
-        let (burst, t_ns) = if sliding {
-            (
-                capacity / (2 * nodes),
-                ticks.saturating_mul(2_000).saturating_mul(nodes),
-            )
-        } else {
-            (
-                capacity / nodes,
-                ticks.saturating_mul(1_000).saturating_mul(nodes),
-            )
-        };
+        let burst = capacity / (nodes * if sliding { 2 } else { 1 });
+        let t_ns = Self::t_ns(ticks, nodes, sliding);
         (burst >= 1).then(|| Self {
             t_ns,
             tau_ns: (burst - 1).saturating_mul(t_ns),
@@ -84,6 +75,15 @@ impl Cold {
         until: 0,
         new_keys: true,
     };
+
+    /// The ns per token of a node's cold share among `nodes` nodes, at `ticks` µs per
+    /// token of the whole rate (half the node's share of the rate for the sliding
+    /// window).
+    pub(crate) fn t_ns(ticks: u64, nodes: u64, sliding: bool) -> u64 {
+        ticks
+            .saturating_mul(if sliding { 2_000 } else { 1_000 })
+            .saturating_mul(nodes.max(1))
+    }
 
     /// Whole tokens a cold key whose GCRA stands at `tat` has at `now`.
     fn left(&self, tat: u64, now: u64) -> u64 {

@@ -483,10 +483,8 @@ impl Scenario {
                         // turned hot, turns hot at the round (as the task's `choose`).
                         let wants_hot = node.cell.flags.load(Ordering::Acquire) & WANT_HOT != 0;
                         if node::is_cold(&node.cell) && (wants_hot || node.knows_hot) {
-                            let t_ns = shape.ticks_per_token()
-                                * 1_000
-                                * node.cold_nodes.max(1)
-                                * if self.sliding { 2 } else { 1 };
+                            let t_ns =
+                                Cold::t_ns(shape.ticks_per_token(), node.cold_nodes, self.sliding);
                             node::turn_hot(&node.cell, &mut node.cell.books.lock(), t_ns, now_ns);
                             node.announce = true;
                         }

@@ -786,11 +786,7 @@ impl Task {
     /// The cold share's ns per token among `nodes` nodes (the rate's, when unknown).
     fn cold_t_ns(&self, nodes: u64) -> u64 {
         let sliding = self.cold.as_ref().is_some_and(|c| c.sliding);
-        let per_node = if sliding { 2_000 } else { 1_000 };
-        self.node_params
-            .ticks
-            .saturating_mul(per_node)
-            .saturating_mul(nodes.max(1))
+        Cold::t_ns(self.node_params.ticks, nodes, sliding)
     }
 
     /// Keeps the limiter's cold share in step with what this node knows: on once a read
