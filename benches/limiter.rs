@@ -456,8 +456,8 @@ return {allowed, math.floor(tokens)}
 fn redis_and_runtime(
     group: &str,
     workers: usize,
-) -> Option<(tollgate::test_support::LocalRedis, tokio::runtime::Runtime)> {
-    let server = tollgate::test_support::LocalRedis::start()
+) -> Option<(tollgate_testing::LocalRedis, tokio::runtime::Runtime)> {
+    let server = tollgate_testing::LocalRedis::start()
         .map_err(|e| eprintln!("{group} skipped: {e}"))
         .ok()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -622,7 +622,7 @@ fn redis_tier(c: &mut Criterion) {
 fn redis_cluster(c: &mut Criterion) {
     use std::sync::Arc;
     use tollgate::redis::RedisLimiter;
-    use tollgate::test_support::LocalCluster;
+    use tollgate_testing::LocalCluster;
 
     let Some((server, runtime)) = redis_and_runtime("redis_cluster", 2) else {
         return;

@@ -34,6 +34,9 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 cargo test --all-features "$@"
+# The library's one unit test that needs a redis-server (the round script against the
+# protocol's model), which plain `cargo test --lib` leaves out.
+cargo test --all-features --lib -- --ignored
 
 # The loom models of the lock-free table's publish/freeze/migrate protocol: every
 # interleaving with up to LOOM_MAX_PREEMPTIONS preemptions per thread. crossbeam-epoch
@@ -41,7 +44,7 @@ cargo test --all-features "$@"
 # the main build's artefacts.
 echo "test.sh: loom models"
 LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" RUSTFLAGS="--cfg tollgate_loom" \
-    cargo test --lib --release --target-dir target/loom loom_ -- --test-threads=1
+    cargo test -p tollgate --lib --release --target-dir target/loom loom_ -- --test-threads=1
 
 # The stress test (every decision against a reference model while tiny tables resize)
 # under valgrind's memcheck: any invalid read, write or free fails the run.

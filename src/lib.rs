@@ -140,9 +140,6 @@ mod store;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod sync;
 mod tally;
-#[cfg(feature = "test-support")]
-#[cfg_attr(docsrs, doc(cfg(feature = "test-support")))]
-pub mod test_support;
 #[cfg(feature = "tokio")]
 mod wait;
 

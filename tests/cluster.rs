@@ -14,8 +14,8 @@ use common::{excess_over_rate, wall_secs_since, within_rate};
 use tollgate::clock::ManualClock;
 use tollgate::redis::{RedisError, RedisLimiter};
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
-use tollgate::test_support::LocalCluster;
 use tollgate::{Algorithm, Quota, RateLimiter};
+use tollgate_testing::LocalCluster;
 
 fn cluster() -> LocalCluster {
     LocalCluster::start(3, 1, Duration::from_secs(2))

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::example_server;
-use tollgate::test_support::{LocalCluster, LocalRedis};
+use tollgate_testing::{LocalCluster, LocalRedis};
 
 /// The example server, killed on drop.
 struct Server {

@@ -305,7 +305,7 @@ async fn a_custom_key_closure() {
 #[tokio::test]
 async fn the_redis_tier_behind_the_layer() {
     use tollgate::redis::{FailMode, RedisLimiter};
-    use tollgate::test_support::LocalRedis;
+    use tollgate_testing::LocalRedis;
     let server = LocalRedis::start().expect("redis-server (./scripts/test.sh installs it)");
     let limiter = RedisLimiter::builder(&server.url(), "2/min".parse().unwrap())
         .build()
@@ -331,7 +331,7 @@ async fn the_redis_tier_behind_the_layer() {
 async fn the_redis_backend_caches_denies_and_falls_back_to_the_insurance_limit() {
     use tollgate::http::KeyExtractor;
     use tollgate::redis::{BreakerState, FailMode, RedisLimiter};
-    use tollgate::test_support::LocalRedis;
+    use tollgate_testing::LocalRedis;
     let mut server = LocalRedis::start().expect("redis-server (./scripts/test.sh installs it)");
     let limiter = RedisLimiter::builder(&server.url(), "2/min".parse().unwrap())
         .timeout(std::time::Duration::from_millis(100))

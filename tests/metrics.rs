@@ -9,8 +9,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tollgate::clock::ManualClock;
 use tollgate::redis::RedisLimiter;
 use tollgate::sync::RedisSync;
-use tollgate::test_support::LocalRedis;
 use tollgate::{Quota, RateLimiter, WhenFull};
+use tollgate_testing::LocalRedis;
 
 /// The process's recorder: installed once, shared by the tests (each uses its own
 /// limiter names).

@@ -17,8 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
-use tollgate::test_support::LocalRedis;
 use tollgate::{Quota, RateLimiter};
+use tollgate_testing::LocalRedis;
 
 const INTERVAL: Duration = Duration::from_millis(50);
 

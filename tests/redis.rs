@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::redis::{DEFAULT_TIMEOUT, FailMode, RedisError, RedisLimiter, scripts};
-use tollgate::test_support::LocalRedis;
 use tollgate::{Algorithm, RateLimiter};
+use tollgate_testing::LocalRedis;
 
 const ALGORITHMS: [Algorithm; 3] = [
     Algorithm::TokenBucket,

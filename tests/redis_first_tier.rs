@@ -2,7 +2,7 @@
 //! starts on an ephemeral port: the deny cache (Redis calls under a flood, decisions
 //! identical to Redis's, two nodes on one key, invalidation), the circuit breaker (pause
 //! and kill) and the insurance limit of `FailMode::Local`.
-#![cfg(all(feature = "redis", feature = "test-support"))]
+#![cfg(feature = "redis")]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use tollgate::clock::ManualClock;
 use tollgate::redis::{BreakerState, CircuitBreaker, FailMode, RedisError, RedisLimiter};
-use tollgate::test_support::LocalRedis;
 use tollgate::{Algorithm, Decision, Quota};
+use tollgate_testing::LocalRedis;
 
 fn server() -> LocalRedis {
     LocalRedis::start().expect("these tests need redis-server (./scripts/test.sh installs it)")

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use tollgate::redis::RedisLimiter;
 use tollgate::sync::{RedisSync, SyncHandle};
-use tollgate::test_support::{LocalCluster, LocalRedis};
 use tollgate::{ConfigError, Quota, RateLimiter};
+use tollgate_testing::{LocalCluster, LocalRedis};
 
 const PASSWORD: &str = "hunter2-Xq9";
 

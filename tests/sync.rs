@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::{example_server, excess_over_rate, within_rate};
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
-use tollgate::test_support::LocalRedis;
 use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
+use tollgate_testing::LocalRedis;
 
 fn server() -> LocalRedis {
     LocalRedis::start().expect("these tests need redis-server (./scripts/test.sh installs it)")

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use tollgate::sync::{RedisSync, SyncMode};
-use tollgate::test_support::LocalRedis;
 use tollgate::{Quota, RateLimiter};
+use tollgate_testing::LocalRedis;
 
 /// Resident bytes of this process.
 fn resident() -> u64 {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::serve;
 use tollgate::http::{DecisionEvent, KeyExtractor, RateLimitLayer};
 use tollgate::redis::{FailMode, RedisLimiter};
-use tollgate::test_support::LocalRedis;
 use tollgate::{Quota, RateLimiter};
+use tollgate_testing::LocalRedis;
 
 /// A writer into a shared buffer, for a subscriber whose output the test reads.
 #[derive(Clone, Default)]

@@ -17,10 +17,6 @@ mod fallback;
 mod invalidate;
 pub(crate) mod keys;
 pub(crate) mod limiter;
-#[cfg(any(test, feature = "test-support"))]
-pub(crate) mod local_cluster;
-#[cfg(any(test, feature = "test-support"))]
-pub(crate) mod server;
 
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use error::RedisError;

@@ -7,7 +7,7 @@ use redis::Commands;
 
 use super::protocol::{self, Global, KeyState, Params, Record, Request, Shape};
 use super::task::round_args;
-use crate::redis::server::LocalRedis;
+use tollgate_testing::LocalRedis;
 
 const KEY: &str = "diff:{k}";
 const REGISTRY: &str = "{diff}:nodes";
@@ -242,7 +242,10 @@ fn server_now(con: &mut redis::Connection) -> u64 {
     s * 1_000_000 + us
 }
 
+// The one unit test that needs a redis-server: `cargo test --lib` runs without one, and
+// `./scripts/test.sh` runs this with `--ignored`.
 #[test]
+#[ignore = "needs redis-server: ./scripts/test.sh runs it (cargo test --lib -- --ignored)"]
 fn the_script_computes_exactly_what_serve_computes() {
     let server =
         LocalRedis::start().expect("this test needs redis-server (./scripts/test.sh installs it)");

@@ -16,8 +16,8 @@
 use std::time::{Duration, Instant};
 
 use tollgate::sync::{RedisSync, SyncMode};
-use tollgate::test_support::LocalRedis;
 use tollgate::{Quota, RateLimiter};
+use tollgate_testing::LocalRedis;
 
 /// Redis's counters: commands run (all of them, those scripts run included) and CPU
 /// seconds (user and system).

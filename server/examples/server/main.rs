@@ -14,96 +14,27 @@
 //! checks local with a background sync; `--sync off` runs the Redis script on every
 //! request (exact, one round trip each).
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use axum::Router;
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::get;
-use axum::{Json, Router};
-use clap::{Parser, ValueEnum};
-use tollgate::http::{Cidr, HeaderStyle, KeyExtractor, RateLimitLayer};
+use tollgate::RateLimiter;
+use tollgate::http::{HeaderStyle, KeyExtractor, RateLimitLayer};
 use tollgate::redis::{FailMode, RedisLimiter};
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
-use tollgate::{Algorithm, Quota, RateLimiter};
 
-#[derive(Parser, Debug)]
-#[command(about = "An HTTP server rate-limited by tollgate")]
-struct Args {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:3000")]
-    listen: SocketAddr,
-    /// The quota, e.g. "10/s", "600/min", "10/s burst 20".
-    #[arg(long, default_value = "10/s")]
-    quota: Quota,
-    /// token-bucket, sliding-window, fixed-window, sliding-log or leaky-bucket.
-    #[arg(long, default_value = "token-bucket")]
-    algorithm: Algorithm,
-    /// What to key requests by: "ip" or "header:NAME".
-    #[arg(long, default_value = "ip")]
-    key: String,
-    /// A trusted proxy network (repeatable); with none, forwarding headers are ignored.
-    #[arg(long = "trusted-proxy")]
-    trusted_proxy: Vec<Cidr>,
-    /// Which rate-limit headers to send.
-    #[arg(long, value_enum, default_value = "both")]
-    headers: Headers,
-    /// Redis URL: one global limit across servers, through this Redis.
-    #[arg(long, conflicts_with = "redis_cluster")]
-    redis: Option<String>,
-    /// Seed nodes of a Redis Cluster, comma-separated: as --redis, on a cluster.
-    #[arg(long, value_delimiter = ',')]
-    redis_cluster: Vec<String>,
-    /// With Redis: reconcile or lease (local checks, background sync), or off (the Redis
-    /// script on every request).
-    #[arg(long, value_enum, default_value = "reconcile")]
-    sync: Sync,
-    /// With --sync off: when Redis fails (or its circuit breaker is open), admit (open),
-    /// deny (closed), or limit each key in this process by --quota (local).
-    #[arg(long, value_enum, default_value = "open")]
-    on_redis_failure: OnFailure,
-    /// Store a keyed hash of each key in Redis instead of the key (for API keys and
-    /// tokens); the secret is read from the TOLLGATE_KEY_SECRET environment variable.
-    #[arg(long)]
-    hash_keys: bool,
-    /// How often to sync, e.g. "50ms" or "1s".
-    #[arg(long, default_value = "50ms", value_parser = parse_interval)]
-    sync_interval: Duration,
-    /// How long Redis keeps this node's share of each key reserved should it be cut off
-    /// (its fallback admits at that share meanwhile), e.g. "10s"; 0s: not at all.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    share_ttl: Duration,
-    /// Whether keys far from their limit stay cold (each node admits its share locally,
-    /// no Redis traffic) until one node runs out of its share: on by default with
-    /// --sync reconcile, off with --sync lease.
-    #[arg(long)]
-    cold_keys: Option<bool>,
-}
+mod args;
+mod prometheus;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Headers {
-    Legacy,
-    Ietf,
-    Both,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Sync {
-    Reconcile,
-    Lease,
-    Off,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum OnFailure {
-    Open,
-    Closed,
-    Local,
-}
+use args::{Args, Command, Headers, OnFailure, Sync};
 
 /// Where the limit lives.
 enum Tier {
@@ -111,27 +42,6 @@ enum Tier {
     Local(RateLimiter<String>, Option<SyncHandle>),
     /// In Redis, one script call per request.
     Exact(RedisLimiter),
-}
-
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    let interval = parse_duration(s)?;
-    if interval.is_zero() {
-        return Err("the sync interval must be above zero".into());
-    }
-    Ok(interval)
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (count, unit) = s.split_at(digits);
-    let count: u64 = count
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration such as 50ms or 1s"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(count)),
-        "s" => Ok(Duration::from_secs(count)),
-        _ => Err(format!("unknown unit {unit:?} in {s:?}: use ms or s")),
-    }
 }
 
 fn key_extractor(args: &Args) -> Result<KeyExtractor, String> {
@@ -155,15 +65,34 @@ struct Counters {
 async fn main() -> ExitCode {
     // tollgate's events (fallbacks, Redis failures, recoveries; each deny at `debug`) on
     // stderr, filtered by RUST_LOG: `warn` and above by default, `RUST_LOG=debug` for all.
+    // RUST_LOG takes `target=level` directives and a bare default level, as env-filter's
+    // do (`tollgate=debug`, `info,tollgate=trace`); one that does not parse means `warn`.
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|directives| directives.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::WARN));
+    // The filter decides alone: fmt's own maximum (INFO unless told) would drop `debug`.
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_max_level(LevelFilter::TRACE)
         .with_writer(std::io::stderr)
+        .finish()
+        .with(filter)
         .init();
-    let args = Args::parse();
-    match run(args).await {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(Command::Run(args)) => args,
+        Ok(Command::Help) => {
+            print!("{}", args::HELP);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(*args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -174,9 +103,7 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), String> {
     // Every tollgate metric, in Prometheus text format at `GET /metrics`.
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let prometheus = prometheus::Prometheus::install()?;
     let key = key_extractor(&args)?;
     let tier = tier(&args).await?;
     let headers = match args.headers {
@@ -269,7 +196,9 @@ async fn run(args: Args) -> Result<(), String> {
                     counters.denied.swap(0, Ordering::Relaxed),
                 );
                 let Some(limiter) = &limiter else {
-                    println!(
+                    // A closed stdout (a supervisor that stopped reading) ends no task.
+                    let _ = writeln!(
+                        std::io::stdout(),
                         "allowed {allowed:>6}  denied {denied:>6}  (exact: every request runs the Redis script)"
                     );
                     continue;
@@ -291,7 +220,8 @@ async fn run(args: Args) -> Result<(), String> {
                         )
                     }
                 };
-                println!(
+                let _ = writeln!(
+                    std::io::stdout(),
                     "allowed {allowed:>6}  denied {denied:>6}  keys {:>6}  sync {sync}",
                     limiter.len()
                 );
@@ -394,7 +324,20 @@ async fn tier(args: &Args) -> Result<Tier, String> {
     Ok(Tier::Local(limiter, Some(handle)))
 }
 
-/// A one-field JSON object.
-fn json_object(field: &str, value: &str) -> Json<std::collections::BTreeMap<String, String>> {
-    Json([(field.to_owned(), value.to_owned())].into_iter().collect())
+/// A one-field JSON object, `{"field":"value"}`, with the value escaped as JSON requires.
+fn json_object(field: &str, value: &str) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    let mut body = format!("{{\"{field}\":\"");
+    for c in value.chars() {
+        match c {
+            '"' => body.push_str("\\\""),
+            '\\' => body.push_str("\\\\"),
+            c if c.is_control() => body.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => body.push(c),
+        }
+    }
+    body.push_str("\"}");
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
 }

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::server::LocalRedis;
+use crate::local_redis::LocalRedis;
 
 /// A Redis Cluster of `redis-server` processes on ephemeral loopback ports, which this
 /// value owns: created with `redis-cli --cluster create`, every process stopped (and its

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use plotters::prelude::*;
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
-use tollgate::test_support::LocalRedis;
 use tollgate::{Quota, RateLimiter};
+use tollgate_testing::LocalRedis;
 
 /// One scenario: a quota, the load each node offers (per second), how long, and when
 /// Redis is paused.
