@@ -14,6 +14,7 @@ use super::connection::{Link, Target};
 use super::deny_cache::{CachePolicy, DenyCache, Lookup, lesson};
 use super::fallback::{FailMode, Fallbacks, LocalClock};
 use super::keys::{KeyHasher, write_key};
+use super::options::RedisOptions;
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
@@ -144,13 +145,10 @@ pub(crate) fn script_args(algorithm: Algorithm, quota: Quota) -> Result<[u64; 3]
 /// [`RedisLimiter::cluster_builder`] (Redis Cluster).
 #[must_use = "a builder does nothing until .build() is awaited"]
 pub struct RedisBuilder {
-    target: Target,
+    options: RedisOptions,
     quota: Quota,
     algorithm: Algorithm,
-    prefix: String,
-    timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
-    hasher: Option<KeyHasher>,
     name: Arc<str>,
     deny_cache: bool,
     deny_cache_keys: usize,
@@ -160,12 +158,9 @@ pub struct RedisBuilder {
 impl fmt::Debug for RedisBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBuilder")
-            .field("redis", &self.target)
-            .field("hash_keys", &self.hasher.is_some())
+            .field("options", &self.options)
             .field("quota", &self.quota)
             .field("algorithm", &self.algorithm)
-            .field("prefix", &self.prefix)
-            .field("timeout", &self.timeout)
             .field("caller_clock", &self.clock.is_some())
             .field("name", &self.name)
             .field("local_deny_cache", &self.deny_cache)
@@ -192,7 +187,7 @@ impl RedisBuilder {
     /// The prefix of every Redis key this limiter writes; `"tollgate"` by default. Keys
     /// are `<prefix>:<algorithm>:{<key>}`.
     pub fn prefix(mut self, prefix: &str) -> Self {
-        self.prefix = prefix.to_owned();
+        self.options = self.options.prefix(prefix);
         self
     }
 
@@ -201,18 +196,15 @@ impl RedisBuilder {
     /// for another request's call, reconnection and retries included. It also bounds the
     /// first connection.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.options = self.options.timeout(timeout);
         self
     }
 
     /// Store a keyed hash of each key instead of the key itself: the Redis key becomes
-    /// `<prefix>:<algorithm>:{h:<32 hex digits>}`, a 128-bit keyed BLAKE3 digest. Use it
-    /// when keys are API keys, tokens or anything else that must not be readable in
-    /// Redis (by `KEYS`, `MONITOR`, a backup or a replica). Every node that shares the
-    /// limit must use the same `secret`; the secret itself is kept by no one (only a key
-    /// derived from it) and shows in no `Debug` output.
+    /// `<prefix>:<algorithm>:{h:<32 hex digits>}`, as [`RedisOptions::hash_keys`]
+    /// describes.
     pub fn hash_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.hasher = Some(KeyHasher::new(secret.as_ref()));
+        self.options = self.options.hash_keys(secret);
         self
     }
 
@@ -220,7 +212,7 @@ impl RedisBuilder {
     /// roots (cargo feature `tls`).
     #[cfg(feature = "tls")]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.target.set_root_cert(pem.into());
+        self.options = self.options.tls_root_cert(pem);
         self
     }
 
@@ -270,18 +262,16 @@ impl RedisBuilder {
     /// [`RedisError::Unavailable`] when Redis cannot be reached within the timeout.
     pub async fn build(self) -> Result<RedisLimiter, RedisError> {
         let rule = Rule::new(self.algorithm, self.quota)?;
-        if self.prefix.contains(['{', '}']) {
-            return Err(ConfigError::InvalidPrefix(self.prefix).into());
-        }
+        let (client, timeout) =
+            self.options
+                .validate(DEFAULT_TIMEOUT, |setting, value, expected| {
+                    ConfigError::InvalidRedisSetting {
+                        setting,
+                        value,
+                        expected,
+                    }
+                })?;
         self.breaker.validate()?;
-        if !(Duration::from_millis(1)..=Duration::from_secs(3600)).contains(&self.timeout) {
-            return Err(ConfigError::InvalidRedisSetting {
-                setting: "timeout",
-                value: format!("{:?}", self.timeout),
-                expected: "from 1ms to 1h",
-            }
-            .into());
-        }
         if self.deny_cache_keys == 0 {
             return Err(ConfigError::InvalidRedisSetting {
                 setting: "deny_cache_max_keys",
@@ -295,22 +285,21 @@ impl RedisBuilder {
             Algorithm::SlidingWindow => scripts::SLIDING_WINDOW,
             _ => scripts::FIXED_WINDOW,
         };
-        let client = self.target.client(self.timeout)?;
         let script = redis::Script::new(source);
         let connect = async {
-            let link = Link::connect(client, self.timeout).await?;
+            let link = Link::connect(client, timeout).await?;
             // A cluster's nodes get the script on first use (`EVAL` after `NOSCRIPT`):
             // loading it on every node would make one unreachable replica fail the build.
-            if !self.target.is_cluster() {
+            if !self.options.target.is_cluster() {
                 script.prepare_invoke().load_async(&mut link.get()).await?;
             }
             Ok::<_, redis::RedisError>(Arc::new(link))
         };
-        let connection = tokio::time::timeout(self.timeout, connect)
+        let connection = tokio::time::timeout(timeout, connect)
             .await
-            .map_err(|_| RedisError::Timeout(self.timeout))?
+            .map_err(|_| RedisError::Timeout(timeout))?
             .map_err(|e| RedisError::from_redis(e, b""))?;
-        let prefix = format!("{}:{}:", self.prefix, short_name(self.algorithm));
+        let prefix = format!("{}:{}:", self.options.prefix, short_name(self.algorithm));
         let local_clock = match &self.clock {
             Some(clock) => LocalClock::Caller(Arc::clone(clock)),
             None => LocalClock::Monotonic(MonotonicClock::new()),
@@ -324,7 +313,7 @@ impl RedisBuilder {
         // The listener that empties the cache on resets elsewhere stops with the limiter.
         let (listening, stop) = tokio::sync::watch::channel(());
         let node_clients = if cache.is_some() {
-            self.target.node_clients()?
+            self.options.target.node_clients()?
         } else {
             Vec::new()
         };
@@ -332,7 +321,7 @@ impl RedisBuilder {
         // Subscribed before the first check, so that no reset can go unheard; if that
         // fails, the listener keeps trying (and empties the cache once it succeeds).
         let first = match node_clients.first() {
-            Some(client) => super::invalidate::subscribe(client, &channel, self.timeout).await,
+            Some(client) => super::invalidate::subscribe(client, &channel, timeout).await,
             None => None,
         };
         let fallbacks = Fallbacks::new(self.algorithm, local_clock.clone(), Arc::clone(&self.name));
@@ -341,14 +330,14 @@ impl RedisBuilder {
                 connection,
                 script,
                 source,
-                target: self.target,
-                hasher: self.hasher,
+                target: self.options.target,
+                hasher: self.options.hasher,
                 current: RwLock::new(Current {
                     rule,
                     quota: self.quota,
                 }),
                 prefix,
-                timeout: self.timeout,
+                timeout,
                 clock: self.clock,
                 local_clock,
                 monotonic: MonotonicClock::new(),
@@ -365,20 +354,13 @@ impl RedisBuilder {
             }),
         };
         let weak = Arc::downgrade(&limiter.inner);
-        super::invalidate::spawn(
-            node_clients,
-            channel,
-            self.timeout,
-            first,
-            stop,
-            move || {
-                if let Some(inner) = weak.upgrade() {
-                    if let Some(cache) = &inner.cache {
-                        cache.clear(inner.now_us());
-                    }
+        super::invalidate::spawn(node_clients, channel, timeout, first, stop, move || {
+            if let Some(inner) = weak.upgrade() {
+                if let Some(cache) = &inner.cache {
+                    cache.clear(inner.now_us());
                 }
-            },
-        );
+            }
+        });
         // Every second, `stats` publishes (inside the runtime that built it).
         #[cfg(feature = "metrics")]
         crate::observe::every_second(Arc::downgrade(&limiter.inner), |inner| {
@@ -547,25 +529,24 @@ impl RedisLimiter {
     /// A builder for a limiter on the Redis server at `url` (for example
     /// `redis://127.0.0.1:6379/`), enforcing `quota`.
     pub fn builder(url: &str, quota: Quota) -> RedisBuilder {
-        Self::builder_for(Target::single(url), quota)
+        Self::builder_with(RedisOptions::new(url), quota)
     }
 
     /// A builder for a limiter on the Redis Cluster reached through the seed `nodes`
     /// (for example `["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"]`; one live
     /// seed is enough), enforcing `quota`. Credentials are taken from the first URL.
     pub fn cluster_builder(nodes: &[&str], quota: Quota) -> RedisBuilder {
-        Self::builder_for(Target::cluster(nodes), quota)
+        Self::builder_with(RedisOptions::cluster(nodes), quota)
     }
 
-    fn builder_for(target: Target, quota: Quota) -> RedisBuilder {
+    /// A builder for a limiter on the Redis that `options` reach, with their prefix,
+    /// timeout (50 ms unless set), TLS roots and key hashing, enforcing `quota`.
+    pub fn builder_with(options: RedisOptions, quota: Quota) -> RedisBuilder {
         RedisBuilder {
-            target,
+            options,
             quota,
             algorithm: Algorithm::TokenBucket,
-            prefix: "tollgate".to_owned(),
-            timeout: DEFAULT_TIMEOUT,
             clock: None,
-            hasher: None,
             name: Arc::from("default"),
             deny_cache: true,
             deny_cache_keys: DEFAULT_DENY_CACHE_KEYS,

@@ -17,6 +17,7 @@ mod fallback;
 mod invalidate;
 pub(crate) mod keys;
 pub(crate) mod limiter;
+pub(crate) mod options;
 
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use error::RedisError;
@@ -24,3 +25,4 @@ pub use fallback::FailMode;
 pub use limiter::{
     DEFAULT_DENY_CACHE_KEYS, DEFAULT_TIMEOUT, RedisBuilder, RedisLimiter, RedisStats, scripts,
 };
+pub use options::RedisOptions;

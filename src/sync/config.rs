@@ -4,8 +4,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::redis::connection::{Client, Target};
-use crate::redis::keys::KeyHasher;
+use crate::redis::RedisOptions;
+use crate::redis::connection::Client;
 
 /// How nodes share a global limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,11 +46,9 @@ pub enum Fallback {
 /// setting.
 #[derive(Clone)]
 pub struct RedisSync {
-    pub(crate) target: Target,
-    pub(crate) hasher: Option<KeyHasher>,
+    pub(crate) options: RedisOptions,
     pub(crate) mode: SyncMode,
     pub(crate) interval: Duration,
-    pub(crate) prefix: String,
     pub(crate) fallback: Fallback,
     pub(crate) staleness: Option<Duration>,
     pub(crate) node_ttl: Option<Duration>,
@@ -59,7 +57,6 @@ pub struct RedisSync {
     pub(crate) cold_keys: Option<bool>,
     pub(crate) batch_size: usize,
     pub(crate) round_keys: usize,
-    pub(crate) timeout: Duration,
     pub(crate) require_connection: bool,
     pub(crate) shared_prefix: bool,
 }
@@ -67,11 +64,9 @@ pub struct RedisSync {
 impl fmt::Debug for RedisSync {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisSync")
-            .field("redis", &self.target)
-            .field("hash_keys", &self.hasher.is_some())
+            .field("options", &self.options)
             .field("mode", &self.mode)
             .field("interval", &self.interval)
-            .field("prefix", &self.prefix)
             .field("fallback", &self.fallback)
             .field("staleness", &self.staleness)
             .field("node_ttl", &self.node_ttl)
@@ -80,7 +75,6 @@ impl fmt::Debug for RedisSync {
             .field("cold_keys", &self.cold_keys)
             .field("batch_size", &self.batch_size)
             .field("round_keys", &self.round_keys)
-            .field("timeout", &self.timeout)
             .field("require_connection", &self.require_connection)
             .field("shared_prefix", &self.shared_prefix)
             .finish()
@@ -94,6 +88,8 @@ const MAX_WAIT: Duration = Duration::from_secs(3600);
 const MAX_IDLE: Duration = Duration::from_secs(7 * 24 * 3600);
 const MAX_BATCH: usize = 10_000;
 const MAX_ROUND_KEYS: usize = 1_000_000;
+/// How long a round may wait for Redis, by default.
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 /// How long Redis keeps a silent node's share reserved, by default.
 const DEFAULT_SHARE_TTL: Duration = Duration::from_secs(10);
 /// The default node TTL is never below this: a node that loses a few rounds in a row
@@ -107,7 +103,7 @@ const DEFAULT_MIN_STALENESS: Duration = Duration::from_millis(500);
 impl RedisSync {
     /// Sync through the Redis server at `url`, in [`SyncMode::Reconcile`], every 50 ms.
     pub fn new(url: &str) -> Self {
-        Self::with_target(Target::single(url))
+        Self::with_options(RedisOptions::new(url))
     }
 
     /// Sync through the Redis Cluster reached by the seed `nodes` (one live seed is
@@ -118,16 +114,17 @@ impl RedisSync {
     /// the sync state and its traffic spread over the masters; the heartbeat is one more
     /// call.
     pub fn cluster(nodes: &[&str]) -> Self {
-        Self::with_target(Target::cluster(nodes))
+        Self::with_options(RedisOptions::cluster(nodes))
     }
 
-    fn with_target(target: Target) -> Self {
+    /// Sync through the Redis that `options` reach, with their prefix, timeout (200 ms
+    /// unless set), TLS roots and key hashing, and the same defaults as
+    /// [`new`](Self::new) otherwise.
+    pub fn with_options(options: RedisOptions) -> Self {
         Self {
-            target,
-            hasher: None,
+            options,
             mode: SyncMode::Reconcile,
             interval: Duration::from_millis(50),
-            prefix: "tollgate".to_owned(),
             fallback: Fallback::LocalShare,
             staleness: None,
             node_ttl: None,
@@ -136,7 +133,6 @@ impl RedisSync {
             cold_keys: None,
             batch_size: 500,
             round_keys: 2_000,
-            timeout: Duration::from_millis(200),
             require_connection: false,
             shared_prefix: false,
         }
@@ -157,7 +153,7 @@ impl RedisSync {
     /// The prefix of the Redis keys; `"tollgate"` by default. It may not contain `{` or
     /// `}`.
     pub fn prefix(mut self, prefix: &str) -> Self {
-        self.prefix = prefix.to_owned();
+        self.options = self.options.prefix(prefix);
         self
     }
 
@@ -238,7 +234,7 @@ impl RedisSync {
 
     /// How long one round may wait for Redis; 200 ms by default (1 ms to 1 h).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.options = self.options.timeout(timeout);
         self
     }
 
@@ -263,7 +259,7 @@ impl RedisSync {
     /// [`RedisBuilder::hash_keys`](crate::redis::RedisBuilder::hash_keys) does: keys
     /// become `prefix:sync:algorithm:{h:<digest>}`. Every node must use the same secret.
     pub fn hash_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.hasher = Some(KeyHasher::new(secret.as_ref()));
+        self.options = self.options.hash_keys(secret);
         self
     }
 
@@ -271,7 +267,7 @@ impl RedisSync {
     /// roots (cargo feature `tls`).
     #[cfg(feature = "tls")]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.target.set_root_cert(pem.into());
+        self.options = self.options.tls_root_cert(pem);
         self
     }
 
@@ -284,9 +280,15 @@ impl RedisSync {
                 expected,
             }
         };
-        if self.prefix.contains(['{', '}']) {
-            return Err(ConfigError::InvalidPrefix(self.prefix.clone()));
-        }
+        let (client, timeout) =
+            self.options
+                .validate(DEFAULT_TIMEOUT, |name, value, expected| {
+                    ConfigError::InvalidSyncSetting {
+                        setting: name,
+                        value,
+                        expected,
+                    }
+                })?;
         if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&self.interval) {
             return Err(setting("interval", &self.interval, "from 1ms to 60s"));
         }
@@ -322,9 +324,6 @@ impl RedisSync {
         if self.share_ttl > MAX_WAIT {
             return Err(setting("share_ttl", &self.share_ttl, "from 0 to 1h"));
         }
-        if !(MIN_INTERVAL..=MAX_WAIT).contains(&self.timeout) {
-            return Err(setting("timeout", &self.timeout, "from 1ms to 1h"));
-        }
         if !(1..=MAX_BATCH).contains(&self.batch_size) {
             return Err(setting("batch_size", &self.batch_size, "from 1 to 10,000"));
         }
@@ -335,9 +334,9 @@ impl RedisSync {
                 "from 1 to 1,000,000",
             ));
         }
-        let client = self.target.client(self.timeout)?;
         Ok(Settings {
             client,
+            timeout,
             staleness,
             node_ttl,
             idle_ttl,
@@ -349,6 +348,8 @@ impl RedisSync {
 /// What validation derives from a [`RedisSync`].
 pub(crate) struct Settings {
     pub(crate) client: Client,
+    /// The timeout of a round's calls.
+    pub(crate) timeout: Duration,
     pub(crate) staleness: Duration,
     pub(crate) node_ttl: Duration,
     pub(crate) idle_ttl: Duration,

@@ -179,16 +179,21 @@ where
         }
     };
     let guard = PrefixGuard::claim(
-        format!("prefix {:?} with {}", config.prefix, algorithm.name()),
+        format!(
+            "prefix {:?} with {}",
+            config.options.prefix,
+            algorithm.name()
+        ),
         config.shared_prefix,
     )?;
     if config.require_connection {
-        settings.client.ping_blocking(config.timeout).map_err(|e| {
-            ConfigError::RedisUnreachable {
-                url: config.target.redacted(),
-                reason: config.target.scrub(&e.to_string()),
-            }
-        })?;
+        settings
+            .client
+            .ping_blocking(settings.timeout)
+            .map_err(|e| ConfigError::RedisUnreachable {
+                url: config.options.target.redacted(),
+                reason: config.options.target.scrub(&e.to_string()),
+            })?;
     }
     static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seed = (
@@ -207,7 +212,7 @@ where
         .cold_keys
         .unwrap_or(config.mode == SyncMode::Reconcile)
         .then(|| ColdTier {
-            key: format!("{{{}}}:sync:{tag}:hot", config.prefix),
+            key: format!("{{{}}}:sync:{tag}:hot", config.options.prefix),
             script: redis::Script::new(HOT_KEYS),
             lifetime_ms: millis(valid.saturating_mul(4)).max(10_000),
             valid_ns: micros(valid).saturating_mul(1_000),
@@ -228,7 +233,7 @@ where
             share_ttl: micros(settings.share_ttl),
             // The staleness and one round's timeout: a node that lost one round is not
             // silent (what its fallback admits meanwhile is charged when it reports).
-            silent_after: micros(settings.staleness).saturating_add(micros(config.timeout)),
+            silent_after: micros(settings.staleness).saturating_add(micros(settings.timeout)),
         },
         node_params: NodeParams {
             ticks: shape.ticks_per_token(),
@@ -238,12 +243,12 @@ where
             idle_ns: micros(settings.idle_ttl).saturating_mul(1_000),
             reconcile: config.mode == SyncMode::Reconcile,
             demand_tau_us: (quota.period_ns() / 1_000).clamp(1_000_000, 60_000_000),
-            timeout_ns: micros(config.timeout).saturating_mul(1_000),
+            timeout_ns: micros(settings.timeout).saturating_mul(1_000),
         },
         script: redis::Script::new(ROUND),
         now: Arc::new(move || clock_of.clock().now_ns()),
-        registry: format!("{{{}}}:sync:{tag}:nodes", config.prefix),
-        key_prefix: format!("{}:sync:{tag}:", config.prefix),
+        registry: format!("{{{}}}:sync:{tag}:nodes", config.options.prefix),
+        key_prefix: format!("{}:sync:{tag}:", config.options.prefix),
         node: node.clone(),
         shared: Arc::clone(&shared),
         settings,
@@ -483,7 +488,7 @@ struct Round {
 
 impl Task {
     async fn connect(&self) -> Result<Arc<Link>, redis::RedisError> {
-        Link::connect(self.settings.client.clone(), self.config.timeout)
+        Link::connect(self.settings.client.clone(), self.settings.timeout)
             .await
             .map(Arc::new)
     }
@@ -595,7 +600,7 @@ impl Task {
             leave.arg(&self.registry).arg(&self.node);
             let mut connection = link.get();
             let query = leave.query_async::<()>(&mut connection);
-            let _ = tokio::time::timeout(self.config.timeout, query).await;
+            let _ = tokio::time::timeout(self.settings.timeout, query).await;
         }
     }
 
@@ -606,12 +611,15 @@ impl Task {
     {
         let started = Instant::now();
         if p.connection.is_none() {
-            let failure = match tokio::time::timeout(self.config.timeout, self.connect()).await {
+            let failure = match tokio::time::timeout(self.settings.timeout, self.connect()).await {
                 Ok(Ok(c)) => {
                     p.connection = Some(c);
                     None
                 }
-                Ok(Err(e)) => Some((error_kind(&e), self.config.target.scrub(&e.to_string()))),
+                Ok(Err(e)) => Some((
+                    error_kind(&e),
+                    self.config.options.target.scrub(&e.to_string()),
+                )),
                 Err(_) => Some(("timeout", "connecting timed out".to_owned())),
             };
             if let Some((kind, message)) = failure {
@@ -660,7 +668,7 @@ impl Task {
                 // On a cluster, a fresh connection is made in the background and replaces
                 // this one once it connects (see `Link`).
                 link.failed();
-                let message = self.config.target.scrub(&e.to_string());
+                let message = self.config.options.target.scrub(&e.to_string());
                 self.failed(p, error_kind(&e), &message);
             }
         }
@@ -889,7 +897,7 @@ impl Task {
                 other => other,
             }
         };
-        let reply = match tokio::time::timeout(self.config.timeout, query).await {
+        let reply = match tokio::time::timeout(self.settings.timeout, query).await {
             Ok(reply) => reply?,
             Err(_) => return Err(redis::RedisError::from((redis::ErrorKind::Io, TIMED_OUT))),
         };
@@ -1160,7 +1168,11 @@ impl Task {
         let mut out = Vec::with_capacity(self.key_prefix.len() + key.len().max(34) + 2);
         out.extend_from_slice(self.key_prefix.as_bytes());
         out.push(b'{');
-        write_key(self.config.hasher.as_ref(), key.as_bytes(), &mut out);
+        write_key(
+            self.config.options.hasher.as_ref(),
+            key.as_bytes(),
+            &mut out,
+        );
         out.push(b'}');
         out
     }
@@ -1180,7 +1192,7 @@ impl Task {
                 })
                 .collect()
         };
-        if !self.config.target.is_cluster() {
+        if !self.config.options.target.is_cluster() {
             if keys.is_empty() {
                 return vec![vec![Call {
                     registry: true,
@@ -1256,7 +1268,7 @@ impl Task {
                 other => other,
             }
         };
-        match tokio::time::timeout(self.config.timeout, query).await {
+        match tokio::time::timeout(self.settings.timeout, query).await {
             Ok(result) => result,
             Err(_) => Err(redis::RedisError::from((redis::ErrorKind::Io, TIMED_OUT))),
         }
