@@ -385,6 +385,13 @@ where
     }
 }
 
+/// Whether `req` is a gRPC call (`content-type: application/grpc`, `+proto`, `+json`…).
+pub(crate) fn is_grpc<B>(req: &http::Request<B>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -319,7 +319,7 @@ impl ExtractKey<String> for KeyExtractor {
             Self::Header(name) => return format!("the `{name}` header"),
             Self::Custom(_) => return "a rate-limit key".to_owned(),
         };
-        let grpc = super::service::is_grpc(req);
+        let grpc = super::extract::is_grpc(req);
         match peer_address_hint(grpc, cfg!(feature = "tonic"), cfg!(feature = "axum")) {
             Some(hint) => format!("{peer}; {hint}"),
             None => peer.to_owned(),

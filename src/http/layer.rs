@@ -1,183 +1,25 @@
-//! `RateLimitLayer`: the configuration shared by every service it wraps.
+//! `RateLimitLayer`: the builder of the configuration every service it wraps shares.
 
 use std::borrow::Borrow;
 use std::fmt;
-use std::future::Future;
-use std::hash::Hash;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
 use tower::Layer;
 
+use super::config::{
+    Backend, BackendError, Config, DecisionEvent, MissingKey, RejectionEvent, RemoteLimiter,
+};
 use super::exempt::Exempt;
-use super::extract::{ExtractKey, KeyLimits, KeyRejection, OversizedKey, RequestHead};
+use super::extract::{ExtractKey, KeyLimits, OversizedKey, RequestHead};
 use super::key::{Cidr, KeyExtractor};
-use super::response::{DenyHook, ErrorBody, GrpcCode, HeaderStyle, Style};
+use super::response::{ErrorBody, GrpcCode, HeaderStyle, Style};
 use super::service::RateLimitService;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::limiter::RateLimiter;
 use crate::quota::Quota;
-
-/// What the layer does with a request it finds no key for (no peer address, no key
-/// header, or a custom extractor that returned `None`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum MissingKey<K = String> {
-    /// Answer `400 Bad Request` (gRPC: `INVALID_ARGUMENT`) with a JSON error; the inner
-    /// service is not called.
-    #[default]
-    Reject,
-    /// Limit all such requests together, in one bucket of this key.
-    Shared(K),
-    /// Let them through unlimited (and without rate-limit headers).
-    Allow,
-}
-
-/// A local limiter, as the layer uses it: looked up by `Q`.
-pub(crate) trait LocalLimiter<Q: ?Sized>: Send + Sync {
-    /// Decides one request; a leaky bucket's admission more than `max_delay` ns away is
-    /// a deny instead (`u64::MAX`: never).
-    fn check(&self, key: &Q, max_delay: u64) -> Decision;
-}
-
-impl<K, Q, C> LocalLimiter<Q> for RateLimiter<K, C>
-where
-    K: crate::Key + Borrow<Q>,
-    Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
-    C: Clock,
-{
-    #[inline]
-    fn check(&self, key: &Q, max_delay: u64) -> Decision {
-        if max_delay == u64::MAX {
-            RateLimiter::check(self, key)
-        } else {
-            self.check_within(key, 1, max_delay)
-                .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
-        }
-    }
-}
-
-/// An error a backend recovered from by its failure policy (the Redis tier's
-/// [`FailMode`](crate::redis::FailMode)), reported to the decision hook.
-pub type BackendError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A decision that must be awaited (the Redis tier), with the error its failure policy
-/// answered for, if any.
-pub(crate) type RemoteDecision =
-    Pin<Box<dyn Future<Output = (Decision, Option<BackendError>)> + Send>>;
-
-/// What the decision hook sees of one decision.
-#[derive(Clone, Copy)]
-#[non_exhaustive]
-pub struct DecisionEvent<'a> {
-    /// The decision.
-    pub decision: &'a Decision,
-    /// The request's head (extensions included).
-    pub head: RequestHead<'a>,
-    /// The error the backend's failure policy answered for (the Redis tier with
-    /// [`FailMode`](crate::redis::FailMode)): the decision is the policy's, not Redis's.
-    pub backend_error: Option<&'a (dyn std::error::Error + Send + Sync)>,
-}
-
-impl fmt::Debug for DecisionEvent<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DecisionEvent")
-            .field("decision", self.decision)
-            .field("method", self.head.method)
-            .field("path", &self.head.uri.path())
-            .field(
-                "backend_error",
-                &self.backend_error.map(ToString::to_string),
-            )
-            .finish()
-    }
-}
-
-/// A hook that sees every decision (for audit logs).
-pub(crate) type DecisionHook = Arc<dyn Fn(&DecisionEvent<'_>) + Send + Sync>;
-
-/// What the rejection hook sees of a request the layer answered with a 400 (or gRPC
-/// `INVALID_ARGUMENT`) before deciding: no key, or a key it refuses.
-#[derive(Clone, Copy)]
-#[non_exhaustive]
-pub struct RejectionEvent<'a> {
-    /// Why the request has no usable key.
-    pub rejection: KeyRejection,
-    /// What the key extractor looks for ("the `x-api-key` header", "the peer address").
-    pub looked_for: &'a str,
-    /// The request's head (extensions included).
-    pub head: RequestHead<'a>,
-}
-
-impl fmt::Debug for RejectionEvent<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RejectionEvent")
-            .field("rejection", &self.rejection)
-            .field("looked_for", &self.looked_for)
-            .field("method", self.head.method)
-            .field("path", &self.head.uri.path())
-            .finish()
-    }
-}
-
-/// A hook that sees every request rejected before a decision.
-pub(crate) type RejectionHook = Arc<dyn Fn(&RejectionEvent<'_>) + Send + Sync>;
-
-/// A remote limiter, as the layer uses it: starts the decision for a key.
-pub(crate) type RemoteLimiter<Q> = Arc<dyn Fn(&Q) -> RemoteDecision + Send + Sync>;
-
-/// Where decisions come from.
-pub(crate) enum Backend<Q: ?Sized> {
-    Local(Arc<dyn LocalLimiter<Q>>),
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    Remote(RemoteLimiter<Q>),
-}
-
-impl<Q: ?Sized> Clone for Backend<Q> {
-    fn clone(&self) -> Self {
-        match self {
-            Self::Local(l) => Self::Local(Arc::clone(l)),
-            Self::Remote(r) => Self::Remote(Arc::clone(r)),
-        }
-    }
-}
-
-/// Everything a [`RateLimitService`] needs, shared by all its clones.
-pub(crate) struct Config<K, E: ExtractKey<K>> {
-    pub(crate) backend: Backend<E::Lookup>,
-    /// The backend limiter's name: the `limiter` label of the layer's own metric.
-    pub(crate) name: Arc<str>,
-    pub(crate) key: E,
-    pub(crate) missing: MissingKey<K>,
-    pub(crate) style: Arc<Style>,
-    pub(crate) limits: KeyLimits,
-    pub(crate) exempt: Exempt,
-    pub(crate) deny_hook: Option<DenyHook>,
-    pub(crate) decision_hook: Option<DecisionHook>,
-    pub(crate) rejection_hook: Option<RejectionHook>,
-    /// Leaky-bucket shaping: the longest an admitted request is held; `None`: off.
-    pub(crate) shape: Option<Duration>,
-}
-
-impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
-    fn clone(&self) -> Self {
-        Self {
-            backend: self.backend.clone(),
-            name: Arc::clone(&self.name),
-            key: self.key.clone(),
-            missing: self.missing.clone(),
-            style: Arc::clone(&self.style),
-            limits: self.limits,
-            exempt: self.exempt.clone(),
-            deny_hook: self.deny_hook.clone(),
-            decision_hook: self.decision_hook.clone(),
-            rejection_hook: self.rejection_hook.clone(),
-            shape: self.shape,
-        }
-    }
-}
 
 /// A tower layer that rate-limits requests with a tollgate limiter.
 ///

@@ -38,21 +38,24 @@
 //! than its quota admits; retry after `retry_after_seconds`.
 
 mod body;
+mod config;
 mod exempt;
 mod extract;
 mod future;
 mod key;
 mod layer;
+mod observe;
 mod response;
 mod service;
 mod values;
 
 pub use body::RateLimitBody;
+pub use config::{BackendError, DecisionEvent, MissingKey, RejectionEvent};
 pub use extract::{
     ExtractKey, KeyFromFn, KeyLimits, KeyRejection, OversizedKey, RequestHead, TextKey, key_fn,
 };
 pub use future::ResponseFuture;
 pub use key::{Cidr, KeyExtractor, KeyFn};
-pub use layer::{BackendError, DecisionEvent, MissingKey, RateLimitLayer, RejectionEvent};
+pub use layer::RateLimitLayer;
 pub use response::{DenyHook, ErrorBody, GrpcCode, HeaderStyle};
 pub use service::RateLimitService;

@@ -5,15 +5,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use tower::Service;
 
 use super::body::RateLimitBody;
-use super::extract::{ExtractKey, KeyRejection, RequestHead};
+use super::config::{Backend, Config, DecisionEvent, MissingKey, RejectionEvent, RemoteDecision};
+use super::extract::{ExtractKey, KeyRejection, RequestHead, is_grpc};
 use super::future::{Pending, ResponseFuture};
 use super::key::KeyExtractor;
-use super::layer::{Backend, Config, DecisionEvent, MissingKey, RejectionEvent, RemoteDecision};
 use crate::decision::Decision;
 
 /// A service rate-limited by a [`RateLimitLayer`](super::RateLimitLayer).
@@ -47,13 +46,6 @@ enum Step {
     Decided(Decision),
     /// The remote tier will decide.
     Remote(RemoteDecision),
-}
-
-/// Whether `req` is a gRPC call (`content-type: application/grpc`, `+proto`, `+json`…).
-pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
-    req.headers()
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// `d` in whole nanoseconds, saturating.
@@ -123,7 +115,7 @@ where
             Step::Pass => ResponseFuture::admitted(self.inner.call(req), Pending::None),
             Step::Reject(why) => {
                 let looked_for = config.key.looks_for(&req);
-                crate::observe::http_rejected(&config.name, why);
+                super::observe::http_rejected(&config.name, why);
                 if let Some(hook) = &config.rejection_hook {
                     hook(&RejectionEvent {
                         rejection: why,

@@ -87,7 +87,7 @@ impl Policy for CachePolicy {
     }
 
     fn capacity(&self) -> u64 {
-        super::limiter::capacity_of(self.algorithm, self.quota)
+        super::rule::capacity_of(self.algorithm, self.quota)
     }
 }
 

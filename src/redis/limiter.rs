@@ -15,6 +15,7 @@ use super::deny_cache::{CachePolicy, DenyCache, Lookup, lesson};
 use super::fallback::{FailMode, Fallbacks, LocalClock};
 use super::keys::{KeyHasher, write_key};
 use super::options::RedisOptions;
+use super::rule::{Rule, capacity_of, short_name};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
@@ -58,88 +59,8 @@ async fn probe_while_open(weak: std::sync::Weak<Inner>) {
     }
 }
 
-/// Integers in Lua's doubles are exact below this.
-const LUA_EXACT: u64 = 1 << 53;
-
-/// A quota in the scripts' units: integer microseconds.
-#[derive(Clone, Copy, Debug)]
-enum Rule {
-    TokenBucket { t: u64, tau: u64, burst: u64 },
-    Window { limit: u64, period: u64 },
-}
-
-impl Rule {
-    fn new(algorithm: Algorithm, quota: Quota) -> Result<Self, RedisError> {
-        let period_ns = quota.period_ns();
-        if period_ns % 1_000 != 0 {
-            return Err(ConfigError::PeriodNotWholeMicroseconds(period_ns).into());
-        }
-        let period = period_ns / 1_000;
-        let limit = quota.limit();
-        match algorithm {
-            Algorithm::TokenBucket => {
-                let t = period / limit;
-                let lost = u128::from(period % limit);
-                if t == 0 || lost * 10_000 > u128::from(limit) * u128::from(t) {
-                    return Err(ConfigError::RateNotRepresentable { limit, period_ns }.into());
-                }
-                let tau = t
-                    .checked_mul(quota.burst() - 1)
-                    .filter(|&tau| tau < LUA_EXACT / 2);
-                let Some(tau) = tau else {
-                    return Err(ConfigError::ExceedsRedisPrecision(
-                        "burst × (period / limit) must stay below 2^52 µs",
-                    )
-                    .into());
-                };
-                Ok(Self::TokenBucket {
-                    t,
-                    tau,
-                    burst: quota.burst(),
-                })
-            }
-            Algorithm::SlidingWindow | Algorithm::FixedWindow => {
-                if u128::from(limit) * u128::from(period) >= u128::from(LUA_EXACT) {
-                    return Err(ConfigError::ExceedsRedisPrecision(
-                        "limit × period (µs) must stay below 2^53",
-                    )
-                    .into());
-                }
-                Ok(Self::Window { limit, period })
-            }
-            other => Err(RedisError::UnsupportedAlgorithm(other)),
-        }
-    }
-
-    /// τ = (burst − 1)·T in µs for the token bucket; 0 for the windows.
-    fn tau(&self) -> u64 {
-        match *self {
-            Self::TokenBucket { tau, .. } => tau,
-            Self::Window { .. } => 0,
-        }
-    }
-}
-
-/// The most one request can cost under `quota`: the burst for the token bucket, the
-/// limit for the windows.
-pub(crate) fn capacity_of(algorithm: Algorithm, quota: Quota) -> u64 {
-    match algorithm {
-        Algorithm::TokenBucket => quota.burst(),
-        _ => quota.limit(),
-    }
-}
-
 /// The default bound on the keys the deny cache holds.
 pub const DEFAULT_DENY_CACHE_KEYS: usize = 100_000;
-
-/// The quota arguments the scripts take for `algorithm`, in microseconds:
-/// `[T, tau, burst]` for the token bucket, `[limit, period, 0]` for the windows.
-pub(crate) fn script_args(algorithm: Algorithm, quota: Quota) -> Result<[u64; 3], RedisError> {
-    Ok(match Rule::new(algorithm, quota)? {
-        Rule::TokenBucket { t, tau, burst } => [t, tau, burst],
-        Rule::Window { limit, period } => [limit, period, 0],
-    })
-}
 
 /// Configures a [`RedisLimiter`]. Made by [`RedisLimiter::builder`] (one server) or
 /// [`RedisLimiter::cluster_builder`] (Redis Cluster).
@@ -367,14 +288,6 @@ impl RedisBuilder {
             RedisLimiter { inner }.stats();
         });
         Ok(limiter)
-    }
-}
-
-fn short_name(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::TokenBucket => "tb",
-        Algorithm::SlidingWindow => "sw",
-        _ => "fw",
     }
 }
 
@@ -685,7 +598,7 @@ impl RedisLimiter {
     fn answered(&self) {
         let inner = &*self.inner;
         if inner.breaker.succeeded() {
-            crate::observe::redis_breaker(&inner.name, BreakerState::Closed);
+            super::observe::redis_breaker(&inner.name, BreakerState::Closed);
         }
         self.recovered();
     }
@@ -695,18 +608,18 @@ impl RedisLimiter {
     fn failed(&self, e: &RedisError, probe: bool) {
         let inner = &*self.inner;
         inner.errors.fetch_add(1, Ordering::Relaxed);
-        crate::observe::redis_error(&inner.name, e);
+        super::observe::redis_error(&inner.name, e);
         let first = !inner.failing.swap(true, Ordering::Relaxed);
-        crate::observe::redis_health(&inner.name, Some(e), first);
+        super::observe::redis_health(&inner.name, Some(e), first);
         if !e.is_outage() {
             // Redis answered (with an error about this call): it is up.
             if inner.breaker.succeeded() {
-                crate::observe::redis_breaker(&inner.name, BreakerState::Closed);
+                super::observe::redis_breaker(&inner.name, BreakerState::Closed);
             }
             return;
         }
         if inner.breaker.failed(inner.monotonic.now_ns(), probe) {
-            crate::observe::redis_breaker(&inner.name, BreakerState::Open);
+            super::observe::redis_breaker(&inner.name, BreakerState::Open);
             tokio::spawn(probe_while_open(Arc::downgrade(&self.inner)));
         }
     }
@@ -740,7 +653,7 @@ impl RedisLimiter {
     fn recovered(&self) {
         let inner = &*self.inner;
         if inner.failing.load(Ordering::Relaxed) && inner.failing.swap(false, Ordering::Relaxed) {
-            crate::observe::redis_health(&inner.name, None, true);
+            super::observe::redis_health(&inner.name, None, true);
         }
     }
 
@@ -922,7 +835,7 @@ impl RedisLimiter {
             breaker: inner.breaker.state(),
             breaker_opened: inner.breaker.opened(),
         };
-        crate::observe::redis_limiter(&inner.name, &stats);
+        super::observe::redis_limiter(&inner.name, &stats);
         stats
     }
 }

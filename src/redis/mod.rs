@@ -17,7 +17,9 @@ mod fallback;
 mod invalidate;
 pub(crate) mod keys;
 pub(crate) mod limiter;
+mod observe;
 pub(crate) mod options;
+pub(crate) mod rule;
 
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use error::RedisError;

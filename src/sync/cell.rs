@@ -11,7 +11,7 @@ use crate::error::ConfigError;
 use crate::quota::Quota;
 use crate::store::state::State;
 
-use super::node::Books;
+use super::books::Books;
 use parking_lot::Mutex;
 
 /// Set in [`SyncCell::flags`] by a denied check: the key ran out.
@@ -418,7 +418,8 @@ impl State for SyncCell {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sync::node::{self, Books};
+    use crate::sync::books::Books;
+    use crate::sync::node;
 
     const SECOND: u64 = 1_000_000_000;
 

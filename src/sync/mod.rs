@@ -208,11 +208,13 @@
 //! `d` refills `min(r·d, B)` at once, and a step back withholds `r·d`. Run Redis's host
 //! with a slewing clock (chrony, ntpd), not a stepping one.
 
+mod books;
 mod cell;
 mod config;
 #[cfg(test)]
 mod differential;
 mod node;
+mod observe;
 mod protocol;
 #[cfg(test)]
 mod sim;

@@ -14,7 +14,7 @@ use super::node::{self, NodeParams};
 use super::protocol::{self, Answer, KeyState, Params, Request, Shape};
 use crate::algorithm::Algorithm;
 use crate::quota::Quota;
-use crate::redis::limiter::script_args;
+use crate::redis::rule::script_args;
 use crate::store::state::State;
 
 /// Milliseconds simulated.

@@ -23,7 +23,7 @@ use crate::error::ConfigError;
 use crate::limiter::RateLimiter;
 use crate::redis::connection::{Connection, Link};
 use crate::redis::keys::write_key;
-use crate::redis::limiter::script_args;
+use crate::redis::rule::script_args;
 use crate::store::Store;
 
 pub(crate) const ROUND: &str = include_str!("round.lua");
@@ -311,7 +311,7 @@ async fn supervise<K, C>(
         cell.stats.task_died = true;
         cell.stats.fallback_active = true;
     }
-    crate::observe::sync_died(&task.name, &task.config.fallback);
+    super::observe::sync_died(&task.name, &task.config.fallback);
     match task.config.fallback {
         Fallback::AllowAll => task.set_override(store, Override::AllowAll),
         Fallback::DenyAll => task.set_override(store, Override::DenyAll),
@@ -566,8 +566,8 @@ impl Task {
                 if !p.fallback {
                     p.fallback = true;
                     self.shared.stats.lock().stats.fallback_active = true;
-                    crate::observe::sync_state(&self.name, true, p.nodes);
-                    crate::observe::sync_fallback(&self.name, true, &self.config.fallback);
+                    super::observe::sync_state(&self.name, true, p.nodes);
+                    super::observe::sync_fallback(&self.name, true, &self.config.fallback);
                     match self.config.fallback {
                         Fallback::AllowAll => self.set_override(store, Override::AllowAll),
                         Fallback::DenyAll => self.set_override(store, Override::DenyAll),
@@ -624,7 +624,7 @@ impl Task {
             };
             if let Some((kind, message)) = failure {
                 let took = started.elapsed();
-                crate::observe::sync_round(&self.name, false, took, p.fallback, p.nodes);
+                super::observe::sync_round(&self.name, false, took, p.fallback, p.nodes);
                 return self.failed(p, kind, &message);
             }
         }
@@ -633,7 +633,7 @@ impl Task {
         };
         match self.round(store, link.get(), p, stopping).await {
             Ok(round) => {
-                crate::observe::sync_round(&self.name, true, started.elapsed(), false, round.nodes);
+                super::observe::sync_round(&self.name, true, started.elapsed(), false, round.nodes);
                 p.failures = 0;
                 if round.nodes != p.nodes {
                     p.nodes = round.nodes;
@@ -642,7 +642,7 @@ impl Task {
                 if p.fallback {
                     p.fallback = false;
                     self.set_override(store, Override::None);
-                    crate::observe::sync_fallback(&self.name, false, &self.config.fallback);
+                    super::observe::sync_fallback(&self.name, false, &self.config.fallback);
                 }
                 let mut cell = self.shared.stats.lock();
                 cell.last_success = Some(Instant::now());
@@ -658,7 +658,7 @@ impl Task {
                 stats.last_error = None;
             }
             Err(e) => {
-                crate::observe::sync_round(
+                super::observe::sync_round(
                     &self.name,
                     false,
                     started.elapsed(),
@@ -683,7 +683,7 @@ impl Task {
             cell.stats.last_error = Some(kind);
             changed
         };
-        crate::observe::sync_error(&self.name, kind, message, changed);
+        super::observe::sync_error(&self.name, kind, message, changed);
         p.failures = p.failures.saturating_add(1);
         // One failure retries at the next interval; repeated ones back off.
         let backoff = self
@@ -853,7 +853,7 @@ impl Task {
         let mut cell = self.shared.stats.lock();
         let vouched = want.is_some_and(|c| now < c.until);
         if cell.stats.cold_tier && !vouched {
-            crate::observe::sync_budget(&self.name, 0);
+            super::observe::sync_budget(&self.name, 0);
         }
         cell.stats.cold_tier = vouched;
         cell.stats.hot_keys = h.keys.len();
@@ -1349,7 +1349,7 @@ impl Task {
         });
         if budgets > 0 {
             self.shared.stats.lock().stats.keys_on_budget += budgets;
-            crate::observe::sync_budget(&self.name, budgets);
+            super::observe::sync_budget(&self.name, budgets);
         }
     }
 }
