@@ -5,7 +5,8 @@
 use proptest::prelude::*;
 use redis::Commands;
 
-use super::protocol::{self, Global, KeyState, Params, Record, Request, Shape};
+use super::model::{self, Global, KeyState, Record};
+use super::protocol::{Params, Request, Shape};
 use super::task::round_args;
 use tollgate_testing::LocalRedis;
 
@@ -336,7 +337,7 @@ fn the_script_computes_exactly_what_serve_computes() {
                 .nodes
                 .iter()
                 .any(|(id, o)| id.as_str() != NODES[c.node] && o.fallback == 1 && o.until > now);
-            let answer = protocol::serve(&c.params, &mut state, NODES[c.node], r, now, &heard);
+            let answer = model::serve(&c.params, &mut state, NODES[c.node], r, now, &heard);
             let prepaid_after: u64 = state.nodes.values().map(|r| r.prepaid).sum();
             {
                 let mut seen = seen.borrow_mut();

@@ -213,6 +213,8 @@ mod cell;
 mod config;
 #[cfg(test)]
 mod differential;
+#[cfg(test)]
+mod model;
 mod node;
 mod observe;
 mod protocol;

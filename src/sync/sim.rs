@@ -10,8 +10,9 @@ use std::sync::atomic::Ordering;
 use proptest::prelude::*;
 
 use super::cell::{Cold, SyncCell, SyncPolicy, WANT_HOT};
+use super::model::{self, KeyState};
 use super::node::{self, NodeParams};
-use super::protocol::{self, Answer, KeyState, Params, Request, Shape};
+use super::protocol::{Answer, Params, Request, Shape};
 use crate::algorithm::Algorithm;
 use crate::quota::Quota;
 use crate::redis::rule::script_args;
@@ -384,7 +385,7 @@ impl Scenario {
                         hot_since.get_or_insert(now);
                     }
                     let registry = live(&heartbeats, node_ttl_us, now);
-                    let answer = protocol::serve(
+                    let answer = model::serve(
                         &params,
                         &mut redis,
                         &nodes[m.node].id,
