@@ -392,7 +392,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         let now = self.inner.clock.now_ns();
         on_store!(&self.inner.engine, s => {
             let policy = s.default_policy().with_quota(quota)?;
-            s.set_override(key.to_owned(), Some(policy), now);
+            s.set_key_quota(key.to_owned(), Some(policy), now);
         });
         Ok(())
     }
@@ -407,7 +407,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let now = self.inner.clock.now_ns();
-        on_store!(&self.inner.engine, s => s.set_override(key.to_owned(), None, now));
+        on_store!(&self.inner.engine, s => s.set_key_quota(key.to_owned(), None, now));
     }
 
     /// The quota `key` is limited by: its own, or the default.

@@ -22,6 +22,7 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::RateLimiter;
+use crate::rng::XorShift;
 
 /// A random extra wait added to every retry, so that many waiters do not wake in
 /// lockstep.
@@ -68,19 +69,17 @@ impl Jitter {
     }
 }
 
-/// A cheap per-thread xorshift generator, seeded from std's randomly keyed hasher.
+/// A draw of a per-thread generator, seeded from std's randomly keyed hasher.
 fn random_u64() -> u64 {
     thread_local! {
-        static STATE: Cell<u64> = Cell::new(
-            std::collections::hash_map::RandomState::new().hash_one(std::thread::current().id()) | 1,
-        );
+        static STATE: Cell<XorShift> = Cell::new(XorShift::new(
+            std::collections::hash_map::RandomState::new().hash_one(std::thread::current().id()),
+        ));
     }
     STATE.with(|state| {
-        let mut x = state.get();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        state.set(x);
+        let mut rng = state.get();
+        let x = rng.next_u64();
+        state.set(rng);
         x
     })
 }

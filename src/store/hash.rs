@@ -28,7 +28,7 @@
 //! by ahash and has no such pattern.
 //!
 //! The low bits of `h` are weaker (bit `i` depends only on the halves' bits `0..=i`);
-//! the consumers that read low bits — the per-thread deny cache's way, the override
+//! the consumers that read low bits — the per-thread deny cache's way, the key quota
 //! map — read [`spread`] instead.
 //!
 //! # Other keys
@@ -288,7 +288,7 @@ pub(crate) fn for_table(hash: u64, shard_bits: u32) -> u64 {
 }
 
 /// `hash` with its high half folded into its low one, for consumers that read low bits
-/// (the deny cache's way, the override map's buckets).
+/// (the deny cache's way, the key quota map's buckets).
 #[inline(always)]
 pub(crate) fn spread(hash: u64) -> u64 {
     hash ^ (hash >> 32)

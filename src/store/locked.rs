@@ -242,7 +242,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         })
     }
 
-    /// Removes `key`'s state (not its override); true if it held state.
+    /// Removes `key`'s state (not its key quota); true if it held state.
     ///
     /// Takes the key's shard write lock.
     pub(crate) fn remove<Q>(&self, key: &Q) -> bool
@@ -290,11 +290,11 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
     /// converting its state.
     ///
     /// Takes the key's shard write lock.
-    pub(crate) fn set_override(&self, key: K, policy: Option<S::Policy>, now: u64) {
+    pub(crate) fn set_key_quota(&self, key: K, policy: Option<S::Policy>, now: u64) {
         let hash = self.hasher.hash_one(&key);
         self.shard(hash)
             .write()
-            .set_override(hash, key, policy, now, self.rehash());
+            .set_key_quota(hash, key, policy, now, self.rehash());
         self.denies.invalidate();
     }
 
@@ -316,7 +316,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
     }
 
     /// Replaces the default quota, keeping the algorithm, converting every key without an
-    /// override. Shards are converted one at a time, each under its write lock.
+    /// key quota. Shards are converted one at a time, each under its write lock.
     pub(crate) fn set_default_quota(
         &self,
         quota: Quota,

@@ -47,10 +47,10 @@ const SCAN_WHEN_FULL: usize = 32;
 /// How many random keys the sampled eviction compares.
 const SAMPLES: usize = 8;
 
-/// Words of the override filter: 1,024 bits.
+/// Words of the key quota filter: 1,024 bits.
 const FILTER_WORDS: usize = 16;
 
-/// The override filter bit of a hash: bits 40‥50.
+/// The key quota filter bit of a hash: bits 40‥50.
 fn filter_bit(hash: u64) -> (usize, u64) {
     let bit = (hash >> 40) as usize % (FILTER_WORDS * 64);
     (bit / 64, 1 << (bit % 64))

@@ -1,4 +1,4 @@
-//! One shard: its keys' state, its copy of the default policy, its per-key overrides, and
+//! One shard: its keys' state, its copy of the default policy, its per-key key_quotas, and
 //! its eviction hand.
 //!
 //! Keeping the policy inside the shard means a check reads its key's policy under the
@@ -20,7 +20,7 @@ use super::{
 use crate::algorithm::Policy;
 
 /// A key with its own policy.
-struct Override<K, P> {
+struct KeyQuota<K, P> {
     key: K,
     policy: P,
 }
@@ -31,10 +31,10 @@ pub(crate) struct Shard<K, S: State> {
     /// The limiter's default policy.
     policy: S::Policy,
     /// Keys with their own policy, whether or not they hold state.
-    overrides: HashTable<Override<K, S::Policy>>,
-    /// A one-hash Bloom filter over the overrides' hashes: a key whose bit is clear has
-    /// no override, so most keys skip the override lookup.
-    override_bits: [u64; FILTER_WORDS],
+    key_quotas: HashTable<KeyQuota<K, S::Policy>>,
+    /// A one-hash Bloom filter over the key_quotas' hashes: a key whose bit is clear has
+    /// no key quota, so most keys skip the key quota lookup.
+    quota_bits: [u64; FILTER_WORDS],
     /// The eviction hand: the next entry position the sweep looks at.
     hand: usize,
     /// Xorshift state for sampling.
@@ -46,8 +46,8 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         Self {
             table: Table::new(),
             policy,
-            overrides: HashTable::new(),
-            override_bits: [0; FILTER_WORDS],
+            key_quotas: HashTable::new(),
+            quota_bits: [0; FILTER_WORDS],
             hand: 0,
             rng: seed | 1,
         }
@@ -57,22 +57,22 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         &self.policy
     }
 
-    /// The policy of `key`: its override, or the default. Costs nothing beyond a field
-    /// read while no key of this shard has an override.
+    /// The policy of `key`: its key quota, or the default. Costs nothing beyond a field
+    /// read while no key of this shard has a key quota.
     #[inline]
     pub(crate) fn policy_for<Q>(&self, hash: u64, key: &Q) -> &S::Policy
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if self.overrides.is_empty() {
+        if self.key_quotas.is_empty() {
             return &self.policy;
         }
         let (word, bit) = filter_bit(hash);
-        if self.override_bits[word] & bit == 0 {
+        if self.quota_bits[word] & bit == 0 {
             return &self.policy;
         }
-        self.overrides
+        self.key_quotas
             .find(hash, |o| o.key.borrow() == key)
             .map_or(&self.policy, |o| &o.policy)
     }
@@ -117,7 +117,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
 
     /// The policy of the entry at `at`.
     fn entry_policy(&self, at: usize, rehash: &impl Fn(&K) -> u64) -> &S::Policy {
-        if self.overrides.is_empty() {
+        if self.key_quotas.is_empty() {
             return &self.policy;
         }
         let key = &self.table.entry(at).key;
@@ -227,7 +227,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
 
     /// Sets (`Some`) or clears (`None`) the policy of `key`, converting its state from
     /// the policy it had to the one it gets.
-    pub(crate) fn set_override(
+    pub(crate) fn set_key_quota(
         &mut self,
         hash: u64,
         key: K,
@@ -241,38 +241,38 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
             entry.state.convert(now, &old, &new);
         }
         let slot = self
-            .overrides
+            .key_quotas
             .entry(hash, |o| o.key == key, |o| rehash(&o.key));
         match (slot, policy) {
             (Occupancy::Occupied(mut o), Some(policy)) => o.get_mut().policy = policy,
             (Occupancy::Occupied(o), None) => {
                 o.remove();
-                // Rebuild the filter from the overrides that remain.
-                self.override_bits = [0; FILTER_WORDS];
-                for o in self.overrides.iter() {
+                // Rebuild the filter from the key_quotas that remain.
+                self.quota_bits = [0; FILTER_WORDS];
+                for o in self.key_quotas.iter() {
                     let (word, bit) = filter_bit(rehash(&o.key));
-                    self.override_bits[word] |= bit;
+                    self.quota_bits[word] |= bit;
                 }
             }
             (Occupancy::Vacant(v), Some(policy)) => {
-                v.insert(Override { key, policy });
+                v.insert(KeyQuota { key, policy });
                 let (word, bit) = filter_bit(hash);
-                self.override_bits[word] |= bit;
+                self.quota_bits[word] |= bit;
             }
             (Occupancy::Vacant(_), None) => {}
         }
     }
 
     /// Replaces the default policy, converting the state of every key without an
-    /// override.
+    /// key quota.
     pub(crate) fn set_default(&mut self, policy: S::Policy, now: u64, rehash: impl Fn(&K) -> u64) {
         for entry in self.table.iter() {
-            let has_override = !self.overrides.is_empty()
+            let has_key_quota = !self.key_quotas.is_empty()
                 && self
-                    .overrides
+                    .key_quotas
                     .find(rehash(&entry.key), |o| o.key == entry.key)
                     .is_some();
-            if !has_override {
+            if !has_key_quota {
                 entry.state.convert(now, &self.policy, &policy);
             }
         }

@@ -49,14 +49,14 @@ const MIN_CAPACITY: usize = 8;
 const TARGET_LOAD_NUM: usize = 18;
 const TARGET_LOAD_DEN: usize = 25;
 
-/// A key with its own policy. The key is shared by the copies of the override set that
+/// A key with its own policy. The key is shared by the copies of the key quota set that
 /// successive tables carry.
-struct Override<K> {
+struct KeyQuota<K> {
     key: Arc<K>,
     policy: WordPolicy,
 }
 
-impl<K> Clone for Override<K> {
+impl<K> Clone for KeyQuota<K> {
     fn clone(&self) -> Self {
         Self {
             key: Arc::clone(&self.key),
@@ -67,43 +67,43 @@ impl<K> Clone for Override<K> {
 
 /// The keys of one shard with their own policy, and a one-hash Bloom filter over their
 /// hashes so that most checks skip the lookup.
-struct Overrides<K> {
-    map: HashTable<Override<K>>,
+struct KeyQuotas<K> {
+    map: HashTable<KeyQuota<K>>,
     bits: [u64; FILTER_WORDS],
 }
 
 /// The policies a shard's checks read with its table.
 struct Policies<K> {
     default: WordPolicy,
-    overrides: Option<Arc<Overrides<K>>>,
+    key_quotas: Option<Arc<KeyQuotas<K>>>,
 }
 
 impl<K> Clone for Policies<K> {
     fn clone(&self) -> Self {
         Self {
             default: self.default,
-            overrides: self.overrides.clone(),
+            key_quotas: self.key_quotas.clone(),
         }
     }
 }
 
 impl<K: Hash + Eq> Policies<K> {
-    /// The policy of `key`: its override, or the default. Costs a branch while no key of
-    /// the shard has an override.
+    /// The policy of `key`: its key quota, or the default. Costs a branch while no key of
+    /// the shard has a key quota.
     #[inline]
     fn policy_for<Q>(&self, hash: u64, key: &Q) -> &WordPolicy
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let Some(overrides) = &self.overrides else {
+        let Some(key_quotas) = &self.key_quotas else {
             return &self.default;
         };
         let (word, bit) = filter_bit(hash);
-        if overrides.bits[word] & bit == 0 {
+        if key_quotas.bits[word] & bit == 0 {
             return &self.default;
         }
-        overrides
+        key_quotas
             .map
             .find(spread(hash), |o| (*o.key).borrow() == key)
             .map_or(&self.default, |o| &o.policy)
@@ -120,7 +120,7 @@ struct Hand {
     rng: u64,
 }
 
-type Shelf<K> = EpochTable<K, Policies<K>, Hand>;
+type WordShard<K> = EpochTable<K, Policies<K>, Hand>;
 
 /// What became of a check on a slot.
 enum Applied {
@@ -195,7 +195,7 @@ fn with_guard<R>(f: impl FnOnce(&Guard<'_>) -> R) -> R {
 
 /// A sharded, capped map from keys to word states whose checks take no lock.
 pub(crate) struct WordStore<K> {
-    shards: Box<[CachePadded<Shelf<K>>]>,
+    shards: Box<[CachePadded<WordShard<K>>]>,
     hasher: KeyHashing,
     denies: Denies,
     /// `log2(shards.len())`.
@@ -213,7 +213,7 @@ impl<K: crate::Key> WordStore<K> {
         let hasher = KeyHashing::new();
         let policies = || Policies {
             default: policy,
-            overrides: None,
+            key_quotas: None,
         };
         Self {
             shards: (0..limits.shards)
@@ -244,7 +244,7 @@ impl<K: crate::Key> WordStore<K> {
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> &Shelf<K> {
+    fn shard(&self, hash: u64) -> &WordShard<K> {
         &self.shards[hash as usize & (self.shards.len() - 1)]
     }
 
@@ -273,7 +273,7 @@ impl<K: crate::Key> WordStore<K> {
         // The clock first: its latency overlaps the hash and the probe's loads.
         let now = now();
         let hash = self.hash(key);
-        let shelf = self.shard(hash);
+        let shard = self.shard(hash);
         let cacheable = Denies::applies(true, cost, max_delay);
         let generation = if cacheable {
             self.denies.generation()
@@ -286,7 +286,7 @@ impl<K: crate::Key> WordStore<K> {
             }
         }
         let guard = reclaim::pin();
-        let table = shelf.read(&guard);
+        let table = shard.read(&guard);
         let policy = table.meta.policy_for(hash, key);
         // Every policy admits at least one unit, so a unit check skips the capacity test.
         let fast = if cost > 1 && cost > policy.capacity() {
@@ -327,22 +327,22 @@ impl<K: crate::Key> WordStore<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let shelf = self.shard(hash);
+        let shard = self.shard(hash);
         with_guard(|guard| {
             loop {
-                let table = shelf.read(guard);
+                let table = shard.read(guard);
                 let policy = table.meta.policy_for(hash, key);
                 fits(policy, cost)?;
                 match table.find_raw(hash, |k| k.borrow() == key) {
                     Some((slot, raw)) => match apply(slot, raw, policy, now, cost, max_delay) {
                         Applied::Done(decision) => return Ok(decision),
-                        Applied::Frozen => shelf.wait_for_writer(),
+                        Applied::Frozen => shard.wait_for_writer(),
                         Applied::Removed => {}
                     },
                     None if cost == 0 => return Ok(policy.peek(UNTOUCHED, now, 0)),
                     None => {
                         if let Some(decision) =
-                            self.insert(shelf, guard, hash, key, now, cost, max_delay)?
+                            self.insert(shard, guard, hash, key, now, cost, max_delay)?
                         {
                             return Ok(decision);
                         }
@@ -359,7 +359,7 @@ impl<K: crate::Key> WordStore<K> {
     #[cold]
     fn insert<Q>(
         &self,
-        shelf: &Shelf<K>,
+        shard: &WordShard<K>,
         guard: &Guard<'_>,
         hash: u64,
         key: &Q,
@@ -371,7 +371,7 @@ impl<K: crate::Key> WordStore<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut writer = shelf.write();
+        let mut writer = shard.write();
         let table = writer.table(guard);
         // The policy may have changed since the lock-free read.
         let policy = *table.meta.policy_for(hash, key);
@@ -446,7 +446,7 @@ impl<K: crate::Key> WordStore<K> {
 
     /// The policy of the key in `slot` (which must hold one).
     fn slot_policy<'t>(&self, table: &'t Table<K, Policies<K>>, slot: &Slot<K>) -> &'t WordPolicy {
-        if table.meta.overrides.is_none() {
+        if table.meta.key_quotas.is_none() {
             return &table.meta.default;
         }
         slot.with_key(|key| table.meta.policy_for(self.hash(key), key))
@@ -584,15 +584,15 @@ impl<K: crate::Key> WordStore<K> {
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hash(key);
-        let shelf = self.shard(hash);
+        let shard = self.shard(hash);
         with_guard(|guard| {
             loop {
-                let table = shelf.read(guard);
+                let table = shard.read(guard);
                 let policy = table.meta.policy_for(hash, key);
                 fits(policy, cost)?;
                 match table.find(hash, |k| k.borrow() == key) {
                     Some((_, Word::Live(state))) => return Ok(policy.peek(state, now, cost)),
-                    Some((_, Word::Frozen)) => shelf.wait_for_writer(),
+                    Some((_, Word::Frozen)) => shard.wait_for_writer(),
                     Some((_, Word::Removed)) => {}
                     None => return Ok(policy.peek(UNTOUCHED, now, cost)),
                 }
@@ -600,7 +600,7 @@ impl<K: crate::Key> WordStore<K> {
         })
     }
 
-    /// Removes `key`'s state (not its override); true if it held state.
+    /// Removes `key`'s state (not its key quota); true if it held state.
     ///
     /// Takes the key's shard writer mutex.
     pub(crate) fn remove<Q>(&self, key: &Q) -> bool
@@ -633,7 +633,7 @@ impl<K: crate::Key> WordStore<K> {
     /// converting its state. The shard migrates to a table carrying the new policies.
     ///
     /// Takes the key's shard writer mutex.
-    pub(crate) fn set_override(&self, key: K, policy: Option<WordPolicy>, now: u64) {
+    pub(crate) fn set_key_quota(&self, key: K, policy: Option<WordPolicy>, now: u64) {
         let hash = self.hash(&key);
         with_guard(|guard| {
             let mut writer = self.shard(hash).write();
@@ -643,49 +643,49 @@ impl<K: crate::Key> WordStore<K> {
             let target = table
                 .find(hash, |k| *k == key)
                 .and_then(|(slot, _)| slot_index(table, slot));
-            let mut overrides = table.meta.overrides.as_deref().map_or_else(
-                || Overrides {
+            let mut key_quotas = table.meta.key_quotas.as_deref().map_or_else(
+                || KeyQuotas {
                     map: HashTable::new(),
                     bits: [0; FILTER_WORDS],
                 },
-                |o| Overrides {
+                |o| KeyQuotas {
                     map: o.map.clone(),
                     bits: o.bits,
                 },
             );
             let rehash = self.rehash();
             match (
-                overrides.map.find_mut(spread(hash), |o| *o.key == key),
+                key_quotas.map.find_mut(spread(hash), |o| *o.key == key),
                 policy,
             ) {
                 (Some(o), Some(policy)) => o.policy = policy,
                 (Some(_), None) => {
-                    if let Ok(o) = overrides.map.find_entry(spread(hash), |o| *o.key == key) {
+                    if let Ok(o) = key_quotas.map.find_entry(spread(hash), |o| *o.key == key) {
                         o.remove();
                     }
-                    overrides.bits = [0; FILTER_WORDS];
-                    for o in overrides.map.iter() {
+                    key_quotas.bits = [0; FILTER_WORDS];
+                    for o in key_quotas.map.iter() {
                         let (word, bit) = filter_bit(rehash(&o.key));
-                        overrides.bits[word] |= bit;
+                        key_quotas.bits[word] |= bit;
                     }
                 }
                 (None, Some(policy)) => {
-                    overrides.map.insert_unique(
+                    key_quotas.map.insert_unique(
                         spread(hash),
-                        Override {
+                        KeyQuota {
                             key: Arc::new(key),
                             policy,
                         },
                         |o| spread(rehash(&o.key)),
                     );
                     let (word, bit) = filter_bit(hash);
-                    overrides.bits[word] |= bit;
+                    key_quotas.bits[word] |= bit;
                 }
                 (None, None) => {}
             }
             let meta = Policies {
                 default: table.meta.default,
-                overrides: (!overrides.map.is_empty()).then(|| Arc::new(overrides)),
+                key_quotas: (!key_quotas.map.is_empty()).then(|| Arc::new(key_quotas)),
             };
             let capacity = table.capacity();
             writer.migrate(guard, capacity, meta, self.rehash(), |index, state| {
@@ -716,7 +716,7 @@ impl<K: crate::Key> WordStore<K> {
     }
 
     /// Replaces the default quota, keeping the algorithm, converting every key without an
-    /// override. Shards migrate one at a time, each under its writer mutex.
+    /// key quota. Shards migrate one at a time, each under its writer mutex.
     pub(crate) fn set_default_quota(
         &self,
         quota: Quota,
@@ -724,19 +724,19 @@ impl<K: crate::Key> WordStore<K> {
     ) -> Result<(), ConfigError> {
         let _serial = self.reconfigure.lock();
         let policy = self.default_policy().with_quota(quota)?;
-        for shelf in self.shards.iter() {
+        for shard in self.shards.iter() {
             with_guard(|guard| {
-                let mut writer = shelf.write();
+                let mut writer = shard.write();
                 let table = writer.table(guard);
                 let old = table.meta.default;
                 // Which slots keep their own policy: looked up before anything freezes.
                 let mut own = vec![false; table.capacity()];
-                if let Some(overrides) = &table.meta.overrides {
+                if let Some(key_quotas) = &table.meta.key_quotas {
                     for (index, flag) in own.iter_mut().enumerate() {
                         *flag = table
                             .slot(index)
                             .with_key(|key| {
-                                overrides
+                                key_quotas
                                     .map
                                     .find(spread(self.hash(key)), |o| *o.key == *key)
                                     .is_some()
@@ -746,7 +746,7 @@ impl<K: crate::Key> WordStore<K> {
                 }
                 let meta = Policies {
                     default: policy,
-                    overrides: table.meta.overrides.clone(),
+                    key_quotas: table.meta.key_quotas.clone(),
                 };
                 let now = now();
                 let capacity = table.capacity();
@@ -907,12 +907,12 @@ mod tests {
             .set_default_quota("100/s".parse().unwrap(), || 0)
             .unwrap();
         assert_eq!(store.peek("k", 0, 1).unwrap().remaining(), 95);
-        store.set_override("k".to_owned(), Some(policy), 0);
+        store.set_key_quota("k".to_owned(), Some(policy), 0);
         assert_eq!(store.peek("k", 0, 1).unwrap().remaining(), 5);
         assert_eq!(store.policy_of("k").quota().limit(), 10);
         assert_eq!(store.policy_of("j").quota().limit(), 100);
         // Back to the default: the key's 5 consumed units carry over.
-        store.set_override("k".to_owned(), None, 0);
+        store.set_key_quota("k".to_owned(), None, 0);
         assert_eq!(store.peek("k", 0, 1).unwrap().remaining(), 95);
         assert_eq!(store.policy_of("k").quota().limit(), 100);
     }

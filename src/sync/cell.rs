@@ -92,15 +92,18 @@ impl Cold {
     }
 }
 
-/// What checks do while Redis has been unreachable for longer than the staleness.
+/// What checks do while Redis has been unreachable for longer than the staleness: as
+/// usual, or as the fail modes [`FailMode::Open`](super::FailMode::Open) and
+/// [`FailMode::Closed`](super::FailMode::Closed) say (the `Local` fail mode runs on the
+/// books, with no outage state of its own).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Override {
+pub(crate) enum OutageMode {
     /// Normal operation: spend the allowance.
-    None,
+    Normal,
     /// Admit everything (consumption is still counted and reported later).
-    AllowAll,
+    Open,
     /// Deny everything.
-    DenyAll,
+    Closed,
 }
 
 /// The local policy of a synced limiter.
@@ -112,7 +115,7 @@ pub(crate) struct SyncPolicy {
     pub(crate) fresh: u64,
     /// When a denied key may hope for more allowance: one sync interval, in ns.
     pub(crate) interval_ns: u64,
-    pub(crate) override_: Override,
+    pub(crate) outage: OutageMode,
     /// The cold tier's share, while this node may admit on cold keys; a key first seen
     /// while it is `None` starts hot.
     pub(crate) cold: Option<Cold>,
@@ -125,7 +128,7 @@ impl SyncPolicy {
             capacity,
             fresh,
             interval_ns,
-            override_: Override::None,
+            outage: OutageMode::Normal,
             cold: None,
         }
     }
@@ -164,7 +167,7 @@ pub(crate) struct SyncCell {
     /// allowance lasted tells its demand.
     pub(crate) flags: AtomicU64,
     pub(crate) ran_out_at: AtomicU64,
-    /// Units admitted with no allowance at all, under [`Override::AllowAll`].
+    /// Units admitted with no allowance at all, under [`OutageMode::Open`].
     pub(crate) overdrawn: AtomicU64,
     /// The limiter-clock instant (ns) after which the lease is void: the end of Redis's
     /// window, for a sliding-window lease in lease mode; never otherwise.
@@ -320,13 +323,13 @@ impl State for SyncCell {
     /// the [`WANTED`] flag, once per round.
     #[inline]
     fn check(&self, policy: &SyncPolicy, now: u64, cost: u64, _max_delay: u64) -> Decision {
-        match policy.override_ {
-            Override::AllowAll => {
+        match policy.outage {
+            OutageMode::Open => {
                 self.overdrawn.fetch_add(cost, Ordering::Relaxed);
                 return Self::decision(policy, true, 0);
             }
-            Override::DenyAll => return Self::decision(policy, false, 0),
-            Override::None => {}
+            OutageMode::Closed => return Self::decision(policy, false, 0),
+            OutageMode::Normal => {}
         }
         let tat = self.cold_tat.load(Ordering::Acquire);
         if tat != HOT {
@@ -348,7 +351,7 @@ impl State for SyncCell {
 
     fn peek(&self, policy: &SyncPolicy, now: u64, cost: u64) -> Decision {
         let tat = self.cold_tat.load(Ordering::Acquire);
-        if tat != HOT && policy.override_ == Override::None {
+        if tat != HOT && policy.outage == OutageMode::Normal {
             let left = policy
                 .cold
                 .filter(|c| c.until > 0)
@@ -361,8 +364,8 @@ impl State for SyncCell {
             0
         };
         let left = lease + self.overdraft.load(Ordering::Acquire);
-        let allowed = policy.override_ == Override::AllowAll
-            || (policy.override_ == Override::None && left >= cost);
+        let allowed = policy.outage == OutageMode::Open
+            || (policy.outage == OutageMode::Normal && left >= cost);
         Self::decision(policy, allowed, left)
     }
 
@@ -372,8 +375,8 @@ impl State for SyncCell {
             Some(cold) if cold.new_keys => 0,
             _ => policy.fresh,
         };
-        let allowed = policy.override_ == Override::AllowAll
-            || (policy.override_ == Override::None && left >= cost);
+        let allowed = policy.outage == OutageMode::Open
+            || (policy.outage == OutageMode::Normal && left >= cost);
         Self::decision(policy, allowed, left)
     }
 

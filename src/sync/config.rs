@@ -20,9 +20,11 @@ pub enum SyncMode {
 }
 
 /// What checks do when Redis has not answered for longer than the staleness, or the sync
-/// task has died.
+/// task has died: the sync's fail mode, with the variant names of the Redis tier's
+/// [`FailMode`](crate::redis::FailMode) (`Open` admits, `Closed` denies, `Local` decides
+/// in process; the sync's `Local` needs no quota: it is the node's share).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Fallback {
+pub enum FailMode {
     /// Admit each key, locally, at this node's share of the rate for as long as Redis
     /// keeps that share reserved for the node ([`RedisSync::share_ttl`] after its last
     /// round: Redis charges the global state for it meanwhile), then at most a one-time
@@ -34,11 +36,31 @@ pub enum Fallback {
     /// however long the partition lasts. A whole-Redis outage longer than `share_ttl`
     /// leaves each node only its budget: raise `share_ttl` to ride out longer ones.
     #[default]
-    LocalShare,
+    Local,
     /// Admit everything (availability first).
-    AllowAll,
+    Open,
     /// Deny everything (protection first).
-    DenyAll,
+    Closed,
+}
+
+/// The sync's fail mode under its old name.
+#[deprecated(
+    since = "0.2.0",
+    note = "renamed FailMode (variants Local, Open, Closed)"
+)]
+pub type Fallback = FailMode;
+
+#[allow(non_upper_case_globals)]
+impl FailMode {
+    /// [`FailMode::Local`] under its old name.
+    #[deprecated(since = "0.2.0", note = "renamed FailMode::Local")]
+    pub const LocalShare: Self = Self::Local;
+    /// [`FailMode::Open`] under its old name.
+    #[deprecated(since = "0.2.0", note = "renamed FailMode::Open")]
+    pub const AllowAll: Self = Self::Open;
+    /// [`FailMode::Closed`] under its old name.
+    #[deprecated(since = "0.2.0", note = "renamed FailMode::Closed")]
+    pub const DenyAll: Self = Self::Closed;
 }
 
 /// The configuration of a limiter's background sync. Start it with
@@ -49,7 +71,7 @@ pub struct RedisSync {
     pub(crate) options: RedisOptions,
     pub(crate) mode: SyncMode,
     pub(crate) interval: Duration,
-    pub(crate) fallback: Fallback,
+    pub(crate) fail_mode: FailMode,
     pub(crate) staleness: Option<Duration>,
     pub(crate) node_ttl: Option<Duration>,
     pub(crate) idle_ttl: Option<Duration>,
@@ -67,7 +89,7 @@ impl fmt::Debug for RedisSync {
             .field("options", &self.options)
             .field("mode", &self.mode)
             .field("interval", &self.interval)
-            .field("fallback", &self.fallback)
+            .field("fail_mode", &self.fail_mode)
             .field("staleness", &self.staleness)
             .field("node_ttl", &self.node_ttl)
             .field("idle_ttl", &self.idle_ttl)
@@ -125,7 +147,7 @@ impl RedisSync {
             options,
             mode: SyncMode::Reconcile,
             interval: Duration::from_millis(50),
-            fallback: Fallback::LocalShare,
+            fail_mode: FailMode::Local,
             staleness: None,
             node_ttl: None,
             idle_ttl: None,
@@ -157,11 +179,17 @@ impl RedisSync {
         self
     }
 
-    /// What checks do once Redis has been silent for the staleness;
-    /// [`Fallback::LocalShare`] by default.
-    pub fn fallback(mut self, fallback: Fallback) -> Self {
-        self.fallback = fallback;
+    /// What checks do once Redis has been silent for the staleness; [`FailMode::Local`]
+    /// by default.
+    pub fn fail_mode(mut self, fail_mode: FailMode) -> Self {
+        self.fail_mode = fail_mode;
         self
+    }
+
+    /// [`fail_mode`](Self::fail_mode) under its old name.
+    #[deprecated(since = "0.2.0", note = "renamed fail_mode")]
+    pub fn fallback(self, fail_mode: FailMode) -> Self {
+        self.fail_mode(fail_mode)
     }
 
     /// How long without a successful round before the fallback applies; 3 intervals or
@@ -191,7 +219,7 @@ impl RedisSync {
     /// How long after each round Redis keeps this node's share of each key reserved
     /// for it should it fall silent (cut off from Redis alone, or dead): 10 s by default,
     /// from 0 to 1 h. Meanwhile the other nodes share only the rest, and this node's
-    /// [`Fallback::LocalShare`] admits at its share; then it gets a one-time budget and
+    /// [`FailMode::Local`] admits at its share; then it gets a one-time budget and
     /// nothing more until Redis answers. Longer rides out longer Redis outages at the
     /// share rate; shorter returns a dead node's share to the others sooner (a dead node
     /// costs the others at most this long of its share). 0: no reservation (the fallback

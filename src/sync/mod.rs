@@ -50,7 +50,7 @@
 //! `share_ttl` (at least the staleness): the share it spends is then the one the others
 //! left it. Past that (it is cut off from Redis), a cold key spends only what its share
 //! held then, with no refill (the fallback's one-time budget), and new keys start hot
-//! under the [`Fallback`]; a `warn` event says so. So that a node that drops out of the registry does
+//! under the [`FailMode`]; a `warn` event says so. So that a node that drops out of the registry does
 //! not hand its share to the others while it may still spend it, the node count a share
 //! divides by is the largest seen in that time. A node cut off from Redis may miss a key
 //! turning hot and go on at its share on it until its reads lapse: at most `⌊B / N⌋ +
@@ -121,8 +121,8 @@
 //!
 //! The check path never touches Redis, so an outage cannot block it. When no round has
 //! succeeded for [`RedisSync::staleness`] (3 intervals or 500 ms by default), the
-//! [`Fallback`] applies. Redis cannot tell a node cut off alone from a Redis everyone
-//! lost, so the default, [`Fallback::LocalShare`], is built for both (Doorman's leases
+//! [`FailMode`] applies. Redis cannot tell a node cut off alone from a Redis everyone
+//! lost, so the default, [`FailMode::Local`], is built for both (Doorman's leases
 //! work this way):
 //!
 //! - **A reserved share for a duration.** Every answer reserves for the node, on the key,
@@ -136,7 +136,7 @@
 //!   that share, up to its share of the capacity at once.
 //! - **Then a one-time budget.** When the reservation ends (the node knows when, a round
 //!   trip early), the key gets `⌊B / N⌋` (at least 1) for the rest of the outage, and
-//!   nothing more ([`Fallback::DenyAll`] denies instead). A node that still owes for a
+//!   nothing more ([`FailMode::Closed`] denies instead). A node that still owes for a
 //!   budget gets no new one, however often its link flaps.
 //! - **Debt stays with the node that made it.** When the node is heard again, what it
 //!   admitted comes first out of what was charged on its behalf (the unused part goes back,
@@ -228,7 +228,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub(crate) use cell::{SyncCell, SyncPolicy};
-pub use config::{Fallback, RedisSync, SyncMode};
+#[allow(deprecated)]
+pub use config::Fallback;
+pub use config::{FailMode, RedisSync, SyncMode};
 
 /// A snapshot of a sync task's health.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -258,7 +260,7 @@ pub struct SyncStats {
     /// are saturated, an idle key with nothing to report is released without a round
     /// (its lease given up, not returned: Redis charged it when it granted it).
     pub keys_released: u64,
-    /// The sync task died (a bug): checks apply the configured [`Fallback`] from then on.
+    /// The sync task died (a bug): checks apply the configured [`FailMode`] from then on.
     pub task_died: bool,
     /// Why the last round failed, while rounds fail (`None` once one succeeds):
     /// `authentication` (a wrong password or user: fix the URL; retrying will not help),

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use redis::cluster_routing::Slot;
 
-use super::cell::{Cold, NEW, Override, SyncCell, SyncPolicy, WANT_HOT};
+use super::cell::{Cold, NEW, OutageMode, SyncCell, SyncPolicy, WANT_HOT};
 use super::config::Settings;
 use super::node::{self, Need, NodeParams};
 use super::protocol::{Answer, Params, Request, Shape};
-use super::{Fallback, RedisSync, Shared, SyncHandle, SyncMode};
+use super::{FailMode, RedisSync, Shared, SyncHandle, SyncMode};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::error::ConfigError;
@@ -311,11 +311,11 @@ async fn supervise<K, C>(
         cell.stats.task_died = true;
         cell.stats.fallback_active = true;
     }
-    super::observe::sync_died(&task.name, &task.config.fallback);
-    match task.config.fallback {
-        Fallback::AllowAll => task.set_override(store, Override::AllowAll),
-        Fallback::DenyAll => task.set_override(store, Override::DenyAll),
-        Fallback::LocalShare => {}
+    super::observe::sync_died(&task.name, &task.config.fail_mode);
+    match task.config.fail_mode {
+        FailMode::Open => task.set_outage(store, OutageMode::Open),
+        FailMode::Closed => task.set_outage(store, OutageMode::Closed),
+        FailMode::Local => {}
     }
     // The rest of the process's life is the dead task's, less its own clone.
     let own = task.own_handles - 1;
@@ -324,7 +324,7 @@ async fn supervise<K, C>(
     let mut alive = tokio::time::interval(ALIVE_EVERY);
     loop {
         tokio::select! {
-            _ = refill.tick(), if task.config.fallback == Fallback::LocalShare => {
+            _ = refill.tick(), if task.config.fail_mode == FailMode::Local => {
                 task.refill_locally(store, nodes, false);
             }
             _ = alive.tick() => {
@@ -399,28 +399,6 @@ pub(crate) fn round_args<'a>(
         );
     }
     args
-}
-
-/// A small deterministic generator (xorshift) for the rounds' jitter, seeded by the node.
-struct Jitter(u64);
-
-impl Jitter {
-    fn new(node: &str) -> Self {
-        Self(ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(node) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in `[0.75·d, 1.25·d)`.
-    fn around(&mut self, d: Duration) -> Duration {
-        let half = u64::try_from((d / 2).as_nanos()).unwrap_or(u64::MAX).max(1);
-        d * 3 / 4 + Duration::from_nanos(self.next() % half)
-    }
 }
 
 /// One call of the round script: with the heartbeat (the registry as its first key) or
@@ -519,7 +497,10 @@ impl Task {
         // share); the others are jittered by ±25% of the interval, so that nodes started
         // together do not hit Redis in lock-step and no node is always first after the
         // global state refills.
-        let mut jitter = Jitter::new(&self.node);
+        // The rounds' jitter, seeded by the node: deterministic for a given node name.
+        let mut jitter = crate::rng::XorShift::new(
+            ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(&self.node),
+        );
         let mut next = tokio::time::Instant::now();
         let mut alive = tokio::time::interval(ALIVE_EVERY);
         loop {
@@ -567,14 +548,14 @@ impl Task {
                     p.fallback = true;
                     self.shared.stats.lock().stats.fallback_active = true;
                     super::observe::sync_state(&self.name, true, p.nodes);
-                    super::observe::sync_fallback(&self.name, true, &self.config.fallback);
-                    match self.config.fallback {
-                        Fallback::AllowAll => self.set_override(store, Override::AllowAll),
-                        Fallback::DenyAll => self.set_override(store, Override::DenyAll),
-                        Fallback::LocalShare => {}
+                    super::observe::sync_fallback(&self.name, true, &self.config.fail_mode);
+                    match self.config.fail_mode {
+                        FailMode::Open => self.set_outage(store, OutageMode::Open),
+                        FailMode::Closed => self.set_outage(store, OutageMode::Closed),
+                        FailMode::Local => {}
                     }
                 }
-                if self.config.fallback == Fallback::LocalShare {
+                if self.config.fail_mode == FailMode::Local {
                     self.refill_locally(store, p.nodes, p.hot.read_at.is_none());
                 }
             }
@@ -641,8 +622,8 @@ impl Task {
                 }
                 if p.fallback {
                     p.fallback = false;
-                    self.set_override(store, Override::None);
-                    super::observe::sync_fallback(&self.name, false, &self.config.fallback);
+                    self.set_outage(store, OutageMode::Normal);
+                    super::observe::sync_fallback(&self.name, false, &self.config.fail_mode);
                 }
                 let mut cell = self.shared.stats.lock();
                 cell.last_success = Some(Instant::now());
@@ -1309,18 +1290,12 @@ impl Task {
         }
     }
 
-    fn set_override<K: Hash + Eq>(&self, store: &Store<K, SyncCell>, override_: Override) {
+    fn set_outage<K: Hash + Eq>(&self, store: &Store<K, SyncCell>, outage: OutageMode) {
         let policy = store.default_policy();
-        store.set_policy(
-            SyncPolicy {
-                override_,
-                ..policy
-            },
-            0,
-        );
+        store.set_policy(SyncPolicy { outage, ..policy }, 0);
     }
 
-    /// [`Fallback::LocalShare`], once per interval.
+    /// [`FailMode::Local`], once per interval.
     /// A node that never read the keys turned hot (Redis was unreachable from its
     /// start: `never_read`) turns its cold keys hot, so that the fallback serves them:
     /// they admitted nothing. Otherwise a cold key spends its share by itself.
@@ -1358,7 +1333,7 @@ impl Task {
 mod tests {
     use std::time::Duration;
 
-    use crate::sync::{Fallback, RedisSync};
+    use crate::sync::{FailMode, RedisSync};
     use crate::{ConfigError, Quota, RateLimiter};
 
     /// A task that dies leaves the fallback in force, and says so.
@@ -1368,7 +1343,7 @@ mod tests {
             .build_synced(
                 RedisSync::new("redis://127.0.0.1:1/")
                     .prefix("poisoned")
-                    .fallback(Fallback::DenyAll)
+                    .fail_mode(FailMode::Closed)
                     .interval(Duration::from_millis(5)),
             )
             .unwrap();
