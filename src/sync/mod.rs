@@ -213,6 +213,7 @@ mod cell;
 mod config;
 #[cfg(test)]
 mod differential;
+mod driver;
 #[cfg(test)]
 mod model;
 mod node;

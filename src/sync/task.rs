@@ -1,6 +1,8 @@
-//! The sync task: one per limiter, on tokio. It picks the keys each round sends, talks to
-//! Redis, and applies the fallback; the arithmetic of a round is in `node` (this side)
-//! and `protocol` (Redis's side, run by `round.lua`).
+//! The sync task: one per limiter, on tokio. It sleeps until its [`Driver`] wants it,
+//! picks the keys each round sends, talks to Redis, and applies the fail mode when the
+//! driver says the node fell silent. When rounds run, how they back off and when the
+//! node is stale is the driver's (`driver`, run by the simulation too); the arithmetic
+//! of a round is in `node` (this side) and `model` (Redis's side, run by `round.lua`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Display;
@@ -14,6 +16,7 @@ use redis::cluster_routing::Slot;
 
 use super::cell::{Cold, NEW, OutageMode, SyncCell, SyncPolicy, WANT_HOT};
 use super::config::Settings;
+use super::driver::{self, Driver, Health, Timing};
 use super::node::{self, Need, NodeParams};
 use super::protocol::{Answer, Params, Request, Shape};
 use super::{FailMode, RedisSync, Shared, SyncHandle, SyncMode};
@@ -30,8 +33,6 @@ pub(crate) const ROUND: &str = include_str!("round.lua");
 pub(crate) const HOT_KEYS: &str = include_str!("hot.lua");
 /// A cold key unused for this long (and whose share is whole again) is dropped.
 const COLD_IDLE: Duration = Duration::from_secs(1);
-/// The longest wait between retries while Redis fails: recovery is never further away.
-const MAX_BACKOFF: Duration = Duration::from_millis(500);
 /// How many rounds a shutdown may run to flush every key.
 const SHUTDOWN_ROUNDS: usize = 1_000;
 /// How often the task looks whether the limiter's users have all dropped it.
@@ -81,6 +82,8 @@ struct Task {
     settings: Settings,
     params: Params,
     node_params: NodeParams,
+    /// The schedule's timing, for each run's [`Driver`].
+    timing: Timing,
     script: redis::Script,
     /// The limiter's clock, read as ns.
     now: Arc<dyn Fn() -> u64 + Send + Sync>,
@@ -205,46 +208,28 @@ where
     let shared = Arc::new(Shared::default());
     let clock_of = limiter.clone();
     let for_run = limiter.clone();
-    let interval_us = micros(config.interval);
-    let hold = interval_us * 2;
-    let valid = settings.share_ttl.max(settings.staleness);
+    let plan = driver::plan(
+        &config,
+        &settings,
+        shape,
+        limiter.capacity(),
+        quota.period_ns(),
+    );
     let cold = config
         .cold_keys
         .unwrap_or(config.mode == SyncMode::Reconcile)
         .then(|| ColdTier {
             key: format!("{{{}}}:sync:{tag}:hot", config.options.prefix),
             script: redis::Script::new(HOT_KEYS),
-            lifetime_ms: millis(valid.saturating_mul(4)).max(10_000),
-            valid_ns: micros(valid).saturating_mul(1_000),
+            lifetime_ms: plan.cold_lifetime_ms,
+            valid_ns: plan.cold_valid_ns,
             sliding: matches!(shape, Shape::SlidingWindow { .. }),
         });
     let task = Task {
         name: Arc::from(limiter.name()),
-        params: Params {
-            shape,
-            overdraft_horizon: if config.mode == SyncMode::Reconcile {
-                hold
-            } else {
-                0
-            },
-            hold,
-            demand_ttl: interval_us * 3,
-            retain_ms: millis(settings.idle_ttl) * 2 + 10_000,
-            share_ttl: micros(settings.share_ttl),
-            // The staleness and one round's timeout: a node that lost one round is not
-            // silent (what its fallback admits meanwhile is charged when it reports).
-            silent_after: micros(settings.staleness).saturating_add(micros(settings.timeout)),
-        },
-        node_params: NodeParams {
-            ticks: shape.ticks_per_token(),
-            capacity: limiter.capacity(),
-            interval_ns: interval_us * 1_000,
-            hold_us: hold,
-            idle_ns: micros(settings.idle_ttl).saturating_mul(1_000),
-            reconcile: config.mode == SyncMode::Reconcile,
-            demand_tau_us: (quota.period_ns() / 1_000).clamp(1_000_000, 60_000_000),
-            timeout_ns: micros(settings.timeout).saturating_mul(1_000),
-        },
+        params: plan.params,
+        node_params: plan.node_params,
+        timing: plan.timing,
         script: redis::Script::new(ROUND),
         now: Arc::new(move || clock_of.clock().now_ns()),
         registry: format!("{{{}}}:sync:{tag}:nodes", config.options.prefix),
@@ -278,14 +263,6 @@ where
         shared,
         task: Some(handle),
     })
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Runs the task; if it dies, records it and applies the fallback until stopped or the
@@ -339,15 +316,16 @@ async fn supervise<K, C>(
 
 /// The task's running state.
 struct Progress {
+    /// The schedule, the backoff and the staleness/fallback state, on the time since
+    /// `origin`.
+    driver: Driver,
+    origin: tokio::time::Instant,
     connection: Option<Arc<Link>>,
     seq: u64,
     nodes: u64,
-    failures: u32,
-    retry_at: Instant,
-    fallback: bool,
-    /// Sliding window in lease mode: a round just after Redis's next window starts,
-    /// when every lease of the last one has expired.
-    window_round: Option<tokio::time::Instant>,
+    /// Sliding window in lease mode: how long after the last round Redis's next window
+    /// starts (and every lease of the last one has expired), for a round then.
+    window_in: Option<Duration>,
     /// Redis's clock minus the limiter's (ns), measured at the last round's midpoint.
     redis_offset_ns: Option<i64>,
     /// The node registry as the last heartbeat read it: each node's last heartbeat (ms
@@ -355,6 +333,18 @@ struct Progress {
     heard: BTreeMap<String, u64>,
     /// The keys turned hot, as last read.
     hot: HotView,
+}
+
+impl Progress {
+    /// The driver's time: ns since the run started.
+    fn now(&self) -> u64 {
+        nanos(self.origin.elapsed())
+    }
+}
+
+/// `d` in whole ns, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The arguments of one call of `round.lua`: the node, the registry's TTL, the limit, the
@@ -479,45 +469,27 @@ impl Task {
         let Some(store) = limiter.synced_store() else {
             return;
         };
-        let started = Instant::now();
+        let origin = tokio::time::Instant::now();
         let mut p = Progress {
+            driver: Driver::new(self.timing, driver::seed(&self.node), 0),
+            origin,
             connection: None,
             seq: 0,
             // Unknown until the first round (which sets the fresh share).
             nodes: 0,
-            failures: 0,
-            retry_at: Instant::now(),
-            fallback: false,
-            window_round: None,
+            window_in: None,
             redis_offset_ns: None,
             heard: BTreeMap::new(),
             hot: HotView::default(),
         };
-        // The first round runs at once (it tells the number of nodes, and so a new key's
-        // share); the others are jittered by ±25% of the interval, so that nodes started
-        // together do not hit Redis in lock-step and no node is always first after the
-        // global state refills.
-        // The rounds' jitter, seeded by the node: deterministic for a given node name.
-        let mut jitter = crate::rng::XorShift::new(
-            ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(&self.node),
-        );
-        let mut next = tokio::time::Instant::now();
         let mut alive = tokio::time::interval(ALIVE_EVERY);
         loop {
-            let window_at = p
-                .window_round
-                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
-            let stopping = tokio::select! {
-                _ = tokio::time::sleep_until(next) => {
-                    next = tokio::time::Instant::now() + jitter.around(self.config.interval);
-                    false
-                }
-                _ = tokio::time::sleep_until(window_at) => {
-                    p.window_round = None;
-                    false
-                }
-                _ = self.shared.wake.notified() => false,
-                _ = self.shared.stop.notified() => true,
+            let wake_at = origin + Duration::from_nanos(p.driver.poll_timeout());
+            let (stopping, timer) = tokio::select! {
+                _ = tokio::time::sleep_until(wake_at) => (false, true),
+                // A key waits for a lease: a round now, unless the rounds back off.
+                _ = self.shared.wake.notified() => (false, false),
+                _ = self.shared.stop.notified() => (true, false),
                 // Whether the limiter's users have all dropped it (and the handle, or kept
                 // it without calling `shutdown`): then flush, and stop. This look is no
                 // round: the rounds keep their own schedule.
@@ -525,7 +497,7 @@ impl Task {
                     if limiter.handles() > self.own_handles {
                         continue;
                     }
-                    true
+                    (true, false)
                 }
             };
             #[cfg(test)]
@@ -536,28 +508,35 @@ impl Task {
                 self.flush(store, &mut p).await;
                 return;
             }
-            if Instant::now() >= p.retry_at {
+            let now = p.now();
+            let round = if timer {
+                p.driver.handle_timeout(now)
+            } else {
+                p.driver.may_run(now)
+            };
+            if round {
                 self.attempt(store, &mut p, false).await;
+                // A round that heard Redis's clock schedules the next window's round; one
+                // that did not leaves the last one scheduled.
+                if let Some(renew_in) = p.window_in.take() {
+                    p.driver
+                        .round_at(Some(p.now().saturating_add(nanos(renew_in))));
+                }
             }
             self.update_cold(store, &mut p);
-            let last = self.shared.stats.lock().last_success;
-            let silent = last.unwrap_or(started).elapsed() >= self.settings.staleness
-                || (last.is_none() && p.failures > 0);
-            if silent {
-                if !p.fallback {
-                    p.fallback = true;
-                    self.shared.stats.lock().stats.fallback_active = true;
-                    super::observe::sync_state(&self.name, true, p.nodes);
-                    super::observe::sync_fallback(&self.name, true, &self.config.fail_mode);
-                    match self.config.fail_mode {
-                        FailMode::Open => self.set_outage(store, OutageMode::Open),
-                        FailMode::Closed => self.set_outage(store, OutageMode::Closed),
-                        FailMode::Local => {}
-                    }
+            let (silent, health) = p.driver.poll_health(p.now());
+            if health == Health::Fell {
+                self.shared.stats.lock().stats.fallback_active = true;
+                super::observe::sync_state(&self.name, true, p.nodes);
+                super::observe::sync_fallback(&self.name, true, &self.config.fail_mode);
+                match self.config.fail_mode {
+                    FailMode::Open => self.set_outage(store, OutageMode::Open),
+                    FailMode::Closed => self.set_outage(store, OutageMode::Closed),
+                    FailMode::Local => {}
                 }
-                if self.config.fail_mode == FailMode::Local {
-                    self.refill_locally(store, p.nodes, p.hot.read_at.is_none());
-                }
+            }
+            if silent && self.config.fail_mode == FailMode::Local {
+                self.refill_locally(store, p.nodes, p.hot.read_at.is_none());
             }
         }
     }
@@ -591,6 +570,7 @@ impl Task {
         K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     {
         let started = Instant::now();
+        let fallback = p.driver.in_fallback();
         if p.connection.is_none() {
             let failure = match tokio::time::timeout(self.settings.timeout, self.connect()).await {
                 Ok(Ok(c)) => {
@@ -605,7 +585,7 @@ impl Task {
             };
             if let Some((kind, message)) = failure {
                 let took = started.elapsed();
-                super::observe::sync_round(&self.name, false, took, p.fallback, p.nodes);
+                super::observe::sync_round(&self.name, false, took, fallback, p.nodes);
                 return self.failed(p, kind, &message);
             }
         }
@@ -615,13 +595,11 @@ impl Task {
         match self.round(store, link.get(), p, stopping).await {
             Ok(round) => {
                 super::observe::sync_round(&self.name, true, started.elapsed(), false, round.nodes);
-                p.failures = 0;
                 if round.nodes != p.nodes {
                     p.nodes = round.nodes;
                     self.set_fresh(store, p.nodes);
                 }
-                if p.fallback {
-                    p.fallback = false;
+                if p.driver.on_success(p.now()) == Health::Recovered {
                     self.set_outage(store, OutageMode::Normal);
                     super::observe::sync_fallback(&self.name, false, &self.config.fail_mode);
                 }
@@ -639,13 +617,7 @@ impl Task {
                 stats.last_error = None;
             }
             Err(e) => {
-                super::observe::sync_round(
-                    &self.name,
-                    false,
-                    started.elapsed(),
-                    p.fallback,
-                    p.nodes,
-                );
+                super::observe::sync_round(&self.name, false, started.elapsed(), fallback, p.nodes);
                 // On a cluster, a fresh connection is made in the background and replaces
                 // this one once it connects (see `Link`).
                 link.failed();
@@ -665,14 +637,7 @@ impl Task {
             changed
         };
         super::observe::sync_error(&self.name, kind, message, changed);
-        p.failures = p.failures.saturating_add(1);
-        // One failure retries at the next interval; repeated ones back off.
-        let backoff = self
-            .config
-            .interval
-            .saturating_mul(1 << (p.failures - 1).min(8))
-            .min(MAX_BACKOFF);
-        p.retry_at = Instant::now() + backoff;
+        p.driver.on_failure(p.now());
         self.shared.stats.lock().stats.errors += 1;
     }
 
@@ -793,7 +758,7 @@ impl Task {
         }
         let want = match h.read_at {
             None => Some(Cold {
-                new_keys: !p.fallback,
+                new_keys: !p.driver.in_fallback(),
                 ..Cold::UNVOUCHED
             }),
             Some(at) => {
@@ -1074,8 +1039,8 @@ impl Task {
             }
             // Every round that heartbeats schedules the renewal round of the next window,
             // whether or not it carried keys.
-            if let (_, Some(renew_at)) = self.lease_deadline(server_now, round_trip, local_now) {
-                p.window_round = Some(renew_at);
+            if let (_, Some(renew_in)) = self.lease_deadline(server_now, round_trip, local_now) {
+                p.window_in = Some(renew_in);
             }
         }
         // Every answer that arrived is applied, even when another call failed (a cluster
@@ -1205,7 +1170,7 @@ impl Task {
         heard: &BTreeMap<String, u64>,
         seq: u64,
     ) -> Result<Vec<Vec<u64>>, redis::RedisError> {
-        let ttl_ms = millis(self.settings.node_ttl).max(1);
+        let ttl_ms = driver::millis(self.settings.node_ttl).max(1);
         // `EVALSHA`, or `EVAL` with the source, which also caches the script on the node.
         let pipeline = |eval: bool| {
             let mut pipe = redis::pipe();
@@ -1258,14 +1223,14 @@ impl Task {
     /// Until when (limiter clock, ns) what a round leases may be spent: for ever, but in
     /// lease mode for the sliding window only until Redis's current window ends, brought
     /// forward by a whole round trip so that the clock offset's error cannot carry a
-    /// token into the next window. Schedules the round that renews leases just after the
-    /// next window starts.
+    /// token into the next window; and how long from now the round that renews leases
+    /// just after the next window starts is due.
     fn lease_deadline(
         &self,
         server_now_us: u64,
         round_trip: Duration,
         local_now: u64,
-    ) -> (u64, Option<tokio::time::Instant>) {
+    ) -> (u64, Option<Duration>) {
         let Shape::SlidingWindow { period, .. } = self.params.shape else {
             return (u64::MAX, None);
         };
@@ -1275,8 +1240,7 @@ impl Task {
         let to_end = Duration::from_micros(period - server_now_us % period);
         let margin = u64::try_from(round_trip.as_nanos()).unwrap_or(u64::MAX);
         let end = local_now.saturating_add(u64::try_from(to_end.as_nanos()).unwrap_or(u64::MAX));
-        let renew_at = tokio::time::Instant::now() + to_end + round_trip / 2;
-        (end.saturating_sub(margin), Some(renew_at))
+        (end.saturating_sub(margin), Some(to_end + round_trip / 2))
     }
 
     /// A key first seen on this node may overdraft its share of the capacity until its
