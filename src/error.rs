@@ -6,6 +6,7 @@ use std::fmt;
 ///
 /// Every variant's message says what to change.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The quota's limit was zero: a limit must admit at least one request per period.
     ZeroLimit,

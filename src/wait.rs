@@ -86,6 +86,7 @@ fn random_u64() -> u64 {
 
 /// Why [`RateLimiter::acquire_timeout`] gave up. Nothing was consumed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AcquireError {
     /// The cost exceeds what the quota can ever admit at once.
     InsufficientCapacity(InsufficientCapacity),

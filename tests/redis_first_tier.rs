@@ -266,8 +266,8 @@ async fn cached_decisions_are_identical_to_redis_over_random_timelines() {
                 }
                 1 => {
                     q = random_quota(&mut rng, algorithm);
-                    with.set_quota(q).unwrap();
-                    without.set_quota(q).unwrap();
+                    with.set_default_quota(q).unwrap();
+                    without.set_default_quota(q).unwrap();
                     continue;
                 }
                 _ => {}
@@ -341,7 +341,7 @@ async fn a_reset_or_a_quota_change_invalidates_the_cache() {
     // (τ = 59.94 s) admits 60 ms later, though the cache held a deny for 60 s.
     let denied = limiter.check("k").await.unwrap();
     assert!(!denied.is_allowed() && denied.retry_after() > Some(Duration::from_secs(59)));
-    limiter.set_quota(quota("1000/min")).unwrap();
+    limiter.set_default_quota(quota("1000/min")).unwrap();
     assert_eq!(limiter.stats().cached_keys, 1, "kept, but emptied");
     clock.advance(Duration::from_millis(60));
     let after = limiter.check("k").await.unwrap();
@@ -349,7 +349,7 @@ async fn a_reset_or_a_quota_change_invalidates_the_cache() {
     assert_eq!(after.limit(), 1_000);
     assert!(
         limiter
-            .set_quota(Quota::new(3, Duration::from_nanos(7_500)).unwrap())
+            .set_default_quota(Quota::new(3, Duration::from_nanos(7_500)).unwrap())
             .is_err()
     );
 }

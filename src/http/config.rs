@@ -19,6 +19,7 @@ use crate::limiter::RateLimiter;
 /// What the layer does with a request it finds no key for (no peer address, no key
 /// header, or a custom extractor that returned `None`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MissingKey<K = String> {
     /// Answer `400 Bad Request` (gRPC: `INVALID_ARGUMENT`) with a JSON error; the inner
     /// service is not called.

@@ -115,6 +115,7 @@ impl fmt::Display for KeyRejection {
 
 /// What the layer does with a text key longer than its maximum.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OversizedKey {
     /// Answer `400 Bad Request`; the request consumes nothing.
     #[default]

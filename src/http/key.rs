@@ -216,6 +216,7 @@ pub type KeyFn = Arc<dyn Fn(&RequestHead<'_>) -> Option<String> + Send + Sync>;
 
 /// How the layer finds a request's bucket.
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum KeyExtractor {
     /// The connection's peer address (axum's `ConnectInfo`, tonic's `TcpConnectInfo`, or
     /// a `SocketAddr` extension); IPv6 addresses are grouped by their first `v6_prefix`

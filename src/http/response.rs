@@ -14,6 +14,7 @@ use crate::decision::Decision;
 
 /// Which rate-limit headers responses carry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HeaderStyle {
     /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`.
     Legacy,
@@ -26,6 +27,7 @@ pub enum HeaderStyle {
 
 /// The body of a 429.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorBody {
     /// `application/json`:
     /// `{"error":"rate_limit_exceeded","message":"…","retry_after_seconds":N}`.

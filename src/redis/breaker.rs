@@ -110,6 +110,7 @@ impl CircuitBreaker {
 
 /// The breaker's state, as [`RedisStats`](super::RedisStats) reports it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BreakerState {
     /// Checks call Redis.
     #[default]

@@ -8,6 +8,7 @@ use crate::error::{ConfigError, InsufficientCapacity};
 /// An error from [`RedisLimiter`](super::RedisLimiter). Every failure is typed; none
 /// panics or hangs past the configured timeout.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum RedisError {
     /// The configuration cannot be run on Redis (see the message).
     Config(ConfigError),
@@ -21,7 +22,7 @@ pub enum RedisError {
     /// Redis could not be reached, the connection broke, or (Redis Cluster) the key's
     /// slot has no master that serves it right now: a failover or a slot move is under
     /// way (`MOVED`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`, `LOADING`).
-    Unavailable(redis::RedisError),
+    Unavailable(RedisCause),
     /// The limiter's key holds a value of another type (something else wrote it).
     WrongType {
         /// The Redis key.
@@ -30,7 +31,7 @@ pub enum RedisError {
     /// The script refused its arguments (it validates them itself, too).
     Rejected(String),
     /// Any other error reply from Redis.
-    Redis(redis::RedisError),
+    Redis(RedisCause),
     /// Redis answered with something the limiter cannot read.
     UnexpectedReply(String),
     /// The circuit breaker is open after consecutive failures: no call was made. Its
@@ -109,6 +110,49 @@ impl std::error::Error for RedisError {
     }
 }
 
+/// What the Redis client reported for an [`Unavailable`](RedisError::Unavailable) or
+/// [`Redis`](RedisError::Redis) error: the server's error code and message, or the
+/// connection's failure. tollgate's API does not expose its Redis client's types; the
+/// client's own error is this one's [`source`](std::error::Error::source).
+pub struct RedisCause(redis::RedisError);
+
+impl RedisCause {
+    /// The server's error code (`MOVED`, `CLUSTERDOWN`, `BUSY`, `OOM`, ...), if Redis
+    /// answered with an error reply.
+    pub fn code(&self) -> Option<&str> {
+        self.0.code()
+    }
+
+    /// The error reply's text after its code, if any.
+    pub fn detail(&self) -> Option<&str> {
+        self.0.detail()
+    }
+
+    /// Whether the connection failed (refused, dropped, or an I/O error) rather than
+    /// Redis answering with an error.
+    pub fn is_connection_failure(&self) -> bool {
+        self.0.is_io_error() || self.0.is_connection_dropped() || self.0.is_connection_refusal()
+    }
+}
+
+impl fmt::Debug for RedisCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for RedisCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for RedisCause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
 impl From<ConfigError> for RedisError {
     fn from(e: ConfigError) -> Self {
         Self::Config(e)
@@ -142,12 +186,12 @@ impl RedisError {
                 key: String::from_utf8_lossy(key).into_owned(),
             },
             Some("TOLLGATE") => Self::Rejected(e.detail().unwrap_or_default().to_owned()),
-            Some(code) if UNAVAILABLE_CODES.contains(&code) => Self::Unavailable(e),
+            Some(code) if UNAVAILABLE_CODES.contains(&code) => Self::Unavailable(RedisCause(e)),
             _ if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() => {
-                Self::Unavailable(e)
+                Self::Unavailable(RedisCause(e))
             }
-            _ if e.is_timeout() => Self::Unavailable(e),
-            _ => Self::Redis(e),
+            _ if e.is_timeout() => Self::Unavailable(RedisCause(e)),
+            _ => Self::Redis(RedisCause(e)),
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::quota::Quota;
 /// applied by [`RedisLimiter::check_or`](super::RedisLimiter::check_or) and by the HTTP
 /// layer's Redis backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailMode {
     /// Admit the request (availability first).
     Open,

@@ -312,7 +312,7 @@ impl RedisBuilder {
 ///   the server's clock the cache starts counting when the call was sent, so it may
 ///   stop a round trip early, never late). Admissions always go to Redis, so the global
 ///   limit holds exactly however many nodes cache. [`reset`](Self::reset) and
-///   [`set_quota`](Self::set_quota) empty this limiter's entries, and a reset on any
+///   [`set_default_quota`](Self::set_default_quota) empty this limiter's entries, and a reset on any
 ///   node empties every node's cache (each limiter with the cache subscribes to its
 ///   prefix's reset channel, on a connection of its own). When that subscription's
 ///   connection breaks and comes back, the cache is emptied too: Redis may have
@@ -360,7 +360,7 @@ struct Inner {
     source: &'static str,
     target: Target,
     hasher: Option<KeyHasher>,
-    /// The quota, replaced by `set_quota`.
+    /// The quota, replaced by `set_default_quota`.
     current: RwLock<Current>,
     prefix: String,
     timeout: Duration,
@@ -401,6 +401,7 @@ struct Current {
 
 /// Counters of a [`RedisLimiter`], from [`RedisLimiter::stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RedisStats {
     /// Script calls sent to Redis.
     pub calls: u64,
@@ -809,9 +810,12 @@ impl RedisLimiter {
     /// counts carry over when only the limit changes, and a new period starts the
     /// windows afresh. Every node must be given the same quota.
     ///
+    /// The name matches [`RateLimiter::set_default_quota`](crate::RateLimiter::set_default_quota),
+    /// which changes the quota of every key without one of its own.
+    ///
     /// # Errors
     /// [`RedisError::Config`] when the scripts cannot run `quota` (nothing changes).
-    pub fn set_quota(&self, quota: Quota) -> Result<(), RedisError> {
+    pub fn set_default_quota(&self, quota: Quota) -> Result<(), RedisError> {
         let inner = &*self.inner;
         let rule = Rule::new(inner.algorithm, quota)?;
         *inner.current.write() = Current { rule, quota };
@@ -819,6 +823,16 @@ impl RedisLimiter {
             cache.reconfigure(CachePolicy::new(inner.algorithm, quota), inner.now_us());
         }
         Ok(())
+    }
+
+    /// [`set_default_quota`](Self::set_default_quota) under its old name, which
+    /// [`RateLimiter::set_quota`](crate::RateLimiter::set_quota) uses for one key's quota.
+    ///
+    /// # Errors
+    /// As [`set_default_quota`](Self::set_default_quota).
+    #[deprecated(since = "0.2.0", note = "renamed set_default_quota, as on RateLimiter")]
+    pub fn set_quota(&self, quota: Quota) -> Result<(), RedisError> {
+        self.set_default_quota(quota)
     }
 
     /// The limiter's counters and its breaker's state (and, with the `metrics` feature,

@@ -22,7 +22,7 @@ pub(crate) mod options;
 pub(crate) mod rule;
 
 pub use breaker::{BreakerState, CircuitBreaker};
-pub use error::RedisError;
+pub use error::{RedisCause, RedisError};
 pub use fallback::FailMode;
 pub use limiter::{
     DEFAULT_DENY_CACHE_KEYS, DEFAULT_TIMEOUT, RedisBuilder, RedisLimiter, RedisStats, scripts,

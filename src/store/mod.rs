@@ -109,6 +109,7 @@ pub enum WhenFull {
 
 /// Counters for monitoring a limiter's key store.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoreStats {
     /// Requests admitted (`check`, `check_n`, the waiting API's admissions; `peek`s are
     /// not decisions).

@@ -9,6 +9,7 @@ use crate::redis::connection::Client;
 
 /// How nodes share a global limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SyncMode {
     /// Approximate: each node admits its lease and, beyond it, its fair share of what the
     /// global state has left, charged at its next round. See the module docs for the
@@ -24,6 +25,7 @@ pub enum SyncMode {
 /// [`FailMode`](crate::redis::FailMode) (`Open` admits, `Closed` denies, `Local` decides
 /// in process; the sync's `Local` needs no quota: it is the node's share).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailMode {
     /// Admit each key, locally, at this node's share of the rate for as long as Redis
     /// keeps that share reserved for the node ([`RedisSync::share_ttl`] after its last

@@ -235,6 +235,7 @@ pub use config::{FailMode, RedisSync, SyncMode};
 
 /// A snapshot of a sync task's health.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SyncStats {
     /// Time since the last successful round, if there was one.
     pub last_success_age: Option<Duration>,
