@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use tollgate::clock::{Clock, ManualClock};
-use tollgate::redis::{DEFAULT_TIMEOUT, FailMode, RedisError, RedisLimiter, scripts};
+use tollgate::redis::{DEFAULT_TIMEOUT, FailMode, RedisError, RedisLimiter, RedisOptions, scripts};
+use tollgate::sync::RedisSync;
 use tollgate::{Algorithm, RateLimiter};
 use tollgate_testing::LocalRedis;
 
@@ -526,5 +527,142 @@ async fn every_failure_comes_within_the_timeout() {
             eprintln!("killed, {timeout:?} timeout, {checks} at once: slowest {slowest:?}");
             assert!(slowest < timeout + slack, "{slowest:?} for {timeout:?}");
         }
+    }
+}
+
+/// One `RedisOptions` (prefix, timeout, hashed keys, a password) drives both tiers against
+/// one Redis: the exact tier and a synced limiter both write under the prefix, both store
+/// only the digest of the key, and neither shows the password or the secret.
+#[tokio::test]
+async fn one_options_value_configures_both_tiers() {
+    let server = LocalRedis::start_with(&["--requirepass", "hunter2"]).unwrap();
+    let url = format!("redis://:hunter2@127.0.0.1:{}/", server.port());
+    let options = RedisOptions::new(&url)
+        .prefix("shop")
+        .timeout(Duration::from_secs(2))
+        .hash_keys("a secret every node shares");
+    let exact = RedisLimiter::builder_with(options.clone(), "2/min".parse().unwrap())
+        .build()
+        .await
+        .unwrap();
+    assert!(exact.check("api-key-1").await.unwrap().is_allowed());
+    assert!(exact.check("api-key-1").await.unwrap().is_allowed());
+    assert!(!exact.check("api-key-1").await.unwrap().is_allowed());
+    let (synced, handle) = RateLimiter::<String>::builder("5/s".parse().unwrap())
+        .build_synced(
+            RedisSync::with_options(options.clone())
+                .interval(Duration::from_millis(10))
+                // Synced from its first use, so that the key reaches Redis.
+                .cold_keys(false)
+                .require_connection(true),
+        )
+        .unwrap();
+    // A new key waits for its first lease, which the first round brings.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !synced.check("api-key-1").is_allowed() {
+        assert!(Instant::now() < deadline, "{:?}", handle.stats());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Its consumption reaches Redis with the next rounds.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut con = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys = loop {
+        let keys: Vec<String> = con.keys("*").await.unwrap();
+        if keys.iter().any(|k| k.starts_with("shop:sync:")) || Instant::now() > deadline {
+            break keys;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    handle.shutdown().await;
+    assert!(
+        keys.iter().any(|k| k.starts_with("shop:tb:{h:")),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().any(|k| k.starts_with("shop:sync:tb:{h:")),
+        "{keys:?}"
+    );
+    for key in &keys {
+        assert!(!key.contains("api-key"), "{key}");
+        assert!(
+            key.starts_with("shop:") || key.starts_with("{shop}:"),
+            "{key}"
+        );
+    }
+    let shown = format!("{options:?} {exact:?}");
+    assert!(
+        !shown.contains("hunter2") && !shown.contains("secret"),
+        "{shown}"
+    );
+
+    // Settings out of range are refused by both tiers, each in its own error.
+    let zero = options.timeout(Duration::ZERO);
+    let err = RedisLimiter::builder_with(zero.clone(), "1/s".parse().unwrap())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("from 1ms to 1h"), "{err}");
+    let err = RateLimiter::<String>::builder("1/s".parse().unwrap())
+        .build_synced(RedisSync::with_options(zero))
+        .unwrap_err();
+    assert!(err.to_string().contains("from 1ms to 1h"), "{err}");
+}
+
+/// A failure's cause is readable without naming the Redis client's types: an error
+/// reply's code (a server-side refusal such as `NOREPLICAS` is `Redis`), a connection's
+/// failure (`Unavailable`), and the client's error as the source.
+#[tokio::test]
+async fn a_failures_cause_is_typed_and_its_source_is_the_clients_error() {
+    use std::error::Error as _;
+    let mut server = server();
+    let l = RedisLimiter::builder(&server.url(), "5/s".parse().unwrap())
+        .timeout(Duration::from_millis(200))
+        .local_deny_cache(false)
+        .circuit_breaker(tollgate::redis::CircuitBreaker::disabled())
+        .build()
+        .await
+        .unwrap();
+    // An error reply: Redis refuses writes under `min-replicas-to-write` with no replica.
+    let mut con = server.connection().await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg("1")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let err = l.check("k").await.unwrap_err();
+    let RedisError::Redis(cause) = &err else {
+        panic!("an error reply is RedisError::Redis: {err:?}");
+    };
+    assert_eq!(cause.code(), Some("NOREPLICAS"), "{cause}");
+    assert!(!cause.is_connection_failure());
+    assert!(
+        err.source().is_some_and(|s| s.source().is_some()),
+        "{err:?}"
+    );
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg("0")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(l.check("k").await.unwrap().is_allowed());
+
+    // A connection that fails: Unavailable, with no error code.
+    server.stop();
+    let err = l.check("k").await.unwrap_err();
+    match &err {
+        RedisError::Unavailable(cause) => {
+            assert!(cause.is_connection_failure(), "{cause:?}");
+            assert_eq!(cause.code(), None);
+        }
+        RedisError::Timeout(_) => {}
+        other => panic!("a stopped server is Unavailable or a Timeout: {other:?}"),
     }
 }
