@@ -27,6 +27,7 @@ pub(crate) mod deny_cache;
 #[allow(unsafe_code)]
 mod epoch_table;
 mod hash;
+mod key_quotas;
 mod locked;
 mod shard;
 pub(crate) mod state;

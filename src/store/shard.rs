@@ -1,4 +1,4 @@
-//! One shard: its keys' state, its copy of the default policy, its per-key key_quotas, and
+//! One shard: its keys' state, its copy of the default policy, its keys' own quotas, and
 //! its eviction hand.
 //!
 //! Keeping the policy inside the shard means a check reads its key's policy under the
@@ -9,21 +9,11 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 
-use hashbrown::HashTable;
-use hashbrown::hash_table::Entry as Occupancy;
-
+use super::key_quotas::KeyQuotas;
 use super::state::State;
 use super::table::{Entry, Table};
-use super::{
-    FILTER_WORDS, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, WhenFull, filter_bit, xorshift,
-};
+use super::{Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, WhenFull, xorshift};
 use crate::algorithm::Policy;
-
-/// A key with its own policy.
-struct KeyQuota<K, P> {
-    key: K,
-    policy: P,
-}
 
 /// The keys of one shard, under one lock.
 pub(crate) struct Shard<K, S: State> {
@@ -31,10 +21,7 @@ pub(crate) struct Shard<K, S: State> {
     /// The limiter's default policy.
     policy: S::Policy,
     /// Keys with their own policy, whether or not they hold state.
-    key_quotas: HashTable<KeyQuota<K, S::Policy>>,
-    /// A one-hash Bloom filter over the key_quotas' hashes: a key whose bit is clear has
-    /// no key quota, so most keys skip the key quota lookup.
-    quota_bits: [u64; FILTER_WORDS],
+    key_quotas: KeyQuotas<K, S::Policy>,
     /// The eviction hand: the next entry position the sweep looks at.
     hand: usize,
     /// Xorshift state for sampling.
@@ -46,8 +33,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         Self {
             table: Table::new(),
             policy,
-            key_quotas: HashTable::new(),
-            quota_bits: [0; FILTER_WORDS],
+            key_quotas: KeyQuotas::new(),
             hand: 0,
             rng: seed | 1,
         }
@@ -68,13 +54,9 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         if self.key_quotas.is_empty() {
             return &self.policy;
         }
-        let (word, bit) = filter_bit(hash);
-        if self.quota_bits[word] & bit == 0 {
-            return &self.policy;
-        }
         self.key_quotas
-            .find(hash, |o| o.key.borrow() == key)
-            .map_or(&self.policy, |o| &o.policy)
+            .get(hash, |k| k.borrow() == key)
+            .unwrap_or(&self.policy)
     }
 
     #[inline]
@@ -240,27 +222,8 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         if let Some(entry) = self.find(hash, &key) {
             entry.state.convert(now, &old, &new);
         }
-        let slot = self
-            .key_quotas
-            .entry(hash, |o| o.key == key, |o| rehash(&o.key));
-        match (slot, policy) {
-            (Occupancy::Occupied(mut o), Some(policy)) => o.get_mut().policy = policy,
-            (Occupancy::Occupied(o), None) => {
-                o.remove();
-                // Rebuild the filter from the key_quotas that remain.
-                self.quota_bits = [0; FILTER_WORDS];
-                for o in self.key_quotas.iter() {
-                    let (word, bit) = filter_bit(rehash(&o.key));
-                    self.quota_bits[word] |= bit;
-                }
-            }
-            (Occupancy::Vacant(v), Some(policy)) => {
-                v.insert(KeyQuota { key, policy });
-                let (word, bit) = filter_bit(hash);
-                self.quota_bits[word] |= bit;
-            }
-            (Occupancy::Vacant(_), None) => {}
-        }
+        self.key_quotas
+            .set(hash, key, policy, |a, b| a == b, |k: &K| rehash(k));
     }
 
     /// Replaces the default policy, converting the state of every key without an
@@ -270,7 +233,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
             let has_key_quota = !self.key_quotas.is_empty()
                 && self
                     .key_quotas
-                    .find(rehash(&entry.key), |o| o.key == entry.key)
+                    .get(rehash(&entry.key), |k| *k == entry.key)
                     .is_some();
             if !has_key_quota {
                 entry.state.convert(now, &self.policy, &policy);

@@ -25,16 +25,15 @@ use std::hash::{BuildHasher as _, Hash};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
-use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use super::counts::Counts;
 use super::deny_cache::Denies;
 use super::epoch_table::{EpochTable, Guard, Slot, Table, Word, Writer, reclaim};
-use super::hash::{KeyHashing, for_table, spread};
+use super::hash::{KeyHashing, for_table};
+use super::key_quotas::KeyQuotas;
 use super::{
-    FILTER_WORDS, Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, WhenFull,
-    filter_bit, fits, xorshift,
+    Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, WhenFull, fits, xorshift,
 };
 use crate::algorithm::{Outcome, Policy, UNTOUCHED, WordPolicy};
 use crate::decision::Decision;
@@ -49,33 +48,12 @@ const MIN_CAPACITY: usize = 8;
 const TARGET_LOAD_NUM: usize = 18;
 const TARGET_LOAD_DEN: usize = 25;
 
-/// A key with its own policy. The key is shared by the copies of the key quota set that
-/// successive tables carry.
-struct KeyQuota<K> {
-    key: Arc<K>,
-    policy: WordPolicy,
-}
-
-impl<K> Clone for KeyQuota<K> {
-    fn clone(&self) -> Self {
-        Self {
-            key: Arc::clone(&self.key),
-            policy: self.policy,
-        }
-    }
-}
-
-/// The keys of one shard with their own policy, and a one-hash Bloom filter over their
-/// hashes so that most checks skip the lookup.
-struct KeyQuotas<K> {
-    map: HashTable<KeyQuota<K>>,
-    bits: [u64; FILTER_WORDS],
-}
-
 /// The policies a shard's checks read with its table.
 struct Policies<K> {
     default: WordPolicy,
-    key_quotas: Option<Arc<KeyQuotas<K>>>,
+    /// The keys with their own policy (each key shared by the copies that successive
+    /// tables carry); `None` while there are none.
+    key_quotas: Option<Arc<KeyQuotas<Arc<K>, WordPolicy>>>,
 }
 
 impl<K> Clone for Policies<K> {
@@ -99,14 +77,9 @@ impl<K: Hash + Eq> Policies<K> {
         let Some(key_quotas) = &self.key_quotas else {
             return &self.default;
         };
-        let (word, bit) = filter_bit(hash);
-        if key_quotas.bits[word] & bit == 0 {
-            return &self.default;
-        }
         key_quotas
-            .map
-            .find(spread(hash), |o| (*o.key).borrow() == key)
-            .map_or(&self.default, |o| &o.policy)
+            .get(hash, |k| (**k).borrow() == key)
+            .unwrap_or(&self.default)
     }
 }
 
@@ -643,49 +616,22 @@ impl<K: crate::Key> WordStore<K> {
             let target = table
                 .find(hash, |k| *k == key)
                 .and_then(|(slot, _)| slot_index(table, slot));
-            let mut key_quotas = table.meta.key_quotas.as_deref().map_or_else(
-                || KeyQuotas {
-                    map: HashTable::new(),
-                    bits: [0; FILTER_WORDS],
-                },
-                |o| KeyQuotas {
-                    map: o.map.clone(),
-                    bits: o.bits,
-                },
-            );
+            let mut key_quotas = table
+                .meta
+                .key_quotas
+                .as_deref()
+                .map_or_else(KeyQuotas::new, Clone::clone);
             let rehash = self.rehash();
-            match (
-                key_quotas.map.find_mut(spread(hash), |o| *o.key == key),
+            key_quotas.set(
+                hash,
+                Arc::new(key),
                 policy,
-            ) {
-                (Some(o), Some(policy)) => o.policy = policy,
-                (Some(_), None) => {
-                    if let Ok(o) = key_quotas.map.find_entry(spread(hash), |o| *o.key == key) {
-                        o.remove();
-                    }
-                    key_quotas.bits = [0; FILTER_WORDS];
-                    for o in key_quotas.map.iter() {
-                        let (word, bit) = filter_bit(rehash(&o.key));
-                        key_quotas.bits[word] |= bit;
-                    }
-                }
-                (None, Some(policy)) => {
-                    key_quotas.map.insert_unique(
-                        spread(hash),
-                        KeyQuota {
-                            key: Arc::new(key),
-                            policy,
-                        },
-                        |o| spread(rehash(&o.key)),
-                    );
-                    let (word, bit) = filter_bit(hash);
-                    key_quotas.bits[word] |= bit;
-                }
-                (None, None) => {}
-            }
+                |a, b| **a == **b,
+                |k: &Arc<K>| rehash(k),
+            );
             let meta = Policies {
                 default: table.meta.default,
-                key_quotas: (!key_quotas.map.is_empty()).then(|| Arc::new(key_quotas)),
+                key_quotas: (!key_quotas.is_empty()).then(|| Arc::new(key_quotas)),
             };
             let capacity = table.capacity();
             writer.migrate(guard, capacity, meta, self.rehash(), |index, state| {
@@ -736,10 +682,7 @@ impl<K: crate::Key> WordStore<K> {
                         *flag = table
                             .slot(index)
                             .with_key(|key| {
-                                key_quotas
-                                    .map
-                                    .find(spread(self.hash(key)), |o| *o.key == *key)
-                                    .is_some()
+                                key_quotas.get(self.hash(key), |k| **k == *key).is_some()
                             })
                             .unwrap_or(false);
                     }

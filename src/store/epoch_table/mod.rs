@@ -741,7 +741,7 @@ mod loom_models {
     use loom::sync::atomic::AtomicBool;
     use loom::thread;
 
-    type Table = EpochTable<u64, u64, ()>;
+    type Shard = EpochTable<u64, u64, ()>;
 
     /// Runs `f` under loom with every interleaving of up to `LOOM_MAX_PREEMPTIONS` (default 2)
     /// preemptions per thread, as loom recommends for models of this size.
@@ -753,29 +753,29 @@ mod loom_models {
         builder.check(f);
     }
 
-    /// A table, and the domain its tables are retired to.
-    fn setup() -> (Arc<Table>, Arc<Domain>) {
+    /// A shard, and the domain its tables are retired to.
+    fn setup() -> (Arc<Shard>, Arc<Domain>) {
         (Arc::new(EpochTable::new(4, 0, ())), Arc::new(Domain::new()))
     }
 
-    /// Runs `f` on a new loom thread, with the table and the domain.
+    /// Runs `f` on a new loom thread, with the shard and the domain.
     fn spawn<T: Send + 'static>(
-        table: &Arc<Table>,
+        shard: &Arc<Shard>,
         domain: &Arc<Domain>,
-        f: impl FnOnce(&Table, &Domain) -> T + Send + 'static,
+        f: impl FnOnce(&Shard, &Domain) -> T + Send + 'static,
     ) -> thread::JoinHandle<T> {
-        let (table, domain) = (Arc::clone(table), Arc::clone(domain));
-        thread::spawn(move || f(&table, &domain))
+        let (shard, domain) = (Arc::clone(shard), Arc::clone(domain));
+        thread::spawn(move || f(&shard, &domain))
     }
 
     /// A check as the store runs it: find the key, add `by` to its state by CAS, waiting
     /// for the writer and looking again on FROZEN; `false` if the key is absent or was
     /// removed.
-    fn add(table: &Table, domain: &Domain, key: u64, by: u64) -> bool {
+    fn add(shard: &Shard, domain: &Domain, key: u64, by: u64) -> bool {
         let handle = domain.register();
         loop {
             let guard = handle.pin();
-            let table = table.read(&guard);
+            let table = shard.read(&guard);
             let Some((slot, mut word)) = table.find(key, |k| *k == key) else {
                 return false;
             };
@@ -790,32 +790,32 @@ mod loom_models {
                 }
             }
             drop(guard);
-            table.wait_for_writer();
+            shard.wait_for_writer();
         }
     }
 
-    fn state_of(table: &Table, domain: &Domain, key: u64) -> Option<u64> {
+    fn state_of(shard: &Shard, domain: &Domain, key: u64) -> Option<u64> {
         let handle = domain.register();
         let guard = handle.pin();
-        match table.read(&guard).find(key, |k| *k == key)? {
+        match shard.read(&guard).find(key, |k| *k == key)? {
             (_, Word::Live(state)) => Some(state),
             (_, word) => panic!("{word:?} after every thread joined"),
         }
     }
 
-    fn insert(table: &Table, domain: &Domain, key: u64) {
+    fn insert(shard: &Shard, domain: &Domain, key: u64) {
         let handle = domain.register();
         let guard = handle.pin();
-        table.write().insert(&guard, key, key, 0).ok().unwrap();
+        shard.write().insert(&guard, key, key, 0).ok().unwrap();
     }
 
     /// A migration as the store runs it: under a guard, then a collect once the guard
     /// has dropped.
-    fn migrate(table: &Table, domain: &Domain, capacity: usize, meta: u64) {
+    fn migrate(shard: &Shard, domain: &Domain, capacity: usize, meta: u64) {
         let handle = domain.register();
         {
             let guard = handle.pin();
-            table
+            shard
                 .write()
                 .migrate(&guard, capacity, meta, |k| *k, |_, s| s);
         }
@@ -827,17 +827,17 @@ mod loom_models {
     #[test]
     fn loom_checks_racing_a_migration_lose_no_update() {
         model(|| {
-            let (table, domain) = setup();
-            insert(&table, &domain, 1);
-            let check = spawn(&table, &domain, |table, domain| {
-                assert!(add(table, domain, 1, 10));
+            let (shard, domain) = setup();
+            insert(&shard, &domain, 1);
+            let check = spawn(&shard, &domain, |shard, domain| {
+                assert!(add(shard, domain, 1, 10));
             });
-            migrate(&table, &domain, 8, 1);
-            assert!(add(&table, &domain, 1, 1));
+            migrate(&shard, &domain, 8, 1);
+            assert!(add(&shard, &domain, 1, 1));
             check.join().unwrap();
-            assert_eq!(state_of(&table, &domain, 1), Some(11));
+            assert_eq!(state_of(&shard, &domain, 1), Some(11));
             let handle = domain.register();
-            assert_eq!(table.read(&handle.pin()).meta, 1);
+            assert_eq!(shard.read(&handle.pin()).meta, 1);
         });
     }
 
@@ -846,19 +846,19 @@ mod loom_models {
     #[test]
     fn loom_an_insert_is_published_whole() {
         model(|| {
-            let (table, domain) = setup();
-            let reader = spawn(&table, &domain, |table, domain| {
+            let (shard, domain) = setup();
+            let reader = spawn(&shard, &domain, |shard, domain| {
                 let handle = domain.register();
                 let guard = handle.pin();
-                let table = table.read(&guard);
+                let table = shard.read(&guard);
                 if let Some((slot, word)) = table.find(5, |k| *k == 5) {
                     assert_eq!(word, Word::Live(0));
                     assert_eq!(slot.with_key(|k| *k), Some(5));
                 }
             });
-            insert(&table, &domain, 5);
+            insert(&shard, &domain, 5);
             reader.join().unwrap();
-            assert_eq!(state_of(&table, &domain, 5), Some(0));
+            assert_eq!(state_of(&shard, &domain, 5), Some(0));
         });
     }
 
@@ -866,13 +866,13 @@ mod loom_models {
     #[test]
     fn loom_a_check_racing_a_removal_sees_it() {
         model(|| {
-            let (table, domain) = setup();
-            insert(&table, &domain, 2);
-            let check = spawn(&table, &domain, |table, domain| add(table, domain, 2, 1));
+            let (shard, domain) = setup();
+            insert(&shard, &domain, 2);
+            let check = spawn(&shard, &domain, |shard, domain| add(shard, domain, 2, 1));
             let handle = domain.register();
             let guard = handle.pin();
             let before = {
-                let mut writer = table.write();
+                let mut writer = shard.write();
                 let slot = writer.table(&guard).find(2, |k| *k == 2).unwrap().0;
                 writer.remove(slot).unwrap()
             };
@@ -880,7 +880,7 @@ mod loom_models {
             let admitted = check.join().unwrap();
             // Admitted before the removal, or found it removed: never both, never neither.
             assert_eq!(admitted, before == 1);
-            assert_eq!(state_of(&table, &domain, 2), None);
+            assert_eq!(state_of(&shard, &domain, 2), None);
         });
     }
 
@@ -891,25 +891,25 @@ mod loom_models {
     #[test]
     fn loom_a_reader_outlives_two_migrations() {
         model(|| {
-            let (table, domain) = setup();
-            insert(&table, &domain, 3);
-            let reader = spawn(&table, &domain, |table, domain| {
+            let (shard, domain) = setup();
+            insert(&shard, &domain, 3);
+            let reader = spawn(&shard, &domain, |shard, domain| {
                 let handle = domain.register();
                 let guard = handle.pin();
-                let table = table.read(&guard);
+                let table = shard.read(&guard);
                 let (slot, _) = table.find(3, |k| *k == 3).unwrap();
                 assert_eq!(slot.with_key(|k| *k), Some(3));
                 drop(guard);
                 drop(handle);
-                assert!(add(table, domain, 3, 4));
+                assert!(add(shard, domain, 3, 4));
             });
-            migrate(&table, &domain, 4, 1);
-            migrate(&table, &domain, 16, 2);
+            migrate(&shard, &domain, 4, 1);
+            migrate(&shard, &domain, 16, 2);
             reader.join().unwrap();
-            assert_eq!(state_of(&table, &domain, 3), Some(4));
+            assert_eq!(state_of(&shard, &domain, 3), Some(4));
             // Every reader is done: the last collect frees both retired tables.
             domain.collect();
-            assert_eq!(table.retired_unfreed(), 0);
+            assert_eq!(shard.retired_unfreed(), 0);
         });
     }
 
@@ -919,17 +919,17 @@ mod loom_models {
     #[test]
     fn loom_an_idle_thread_holds_nothing_back() {
         model(|| {
-            let (table, domain) = setup();
-            insert(&table, &domain, 6);
+            let (shard, domain) = setup();
+            insert(&shard, &domain, 6);
             let idle = Arc::new(AtomicBool::new(false));
             let stop = Arc::new(AtomicBool::new(false));
             let reader = {
                 let (idle, stop) = (Arc::clone(&idle), Arc::clone(&stop));
-                spawn(&table, &domain, move |table, domain| {
+                spawn(&shard, &domain, move |shard, domain| {
                     let handle = domain.register();
                     {
                         let guard = handle.pin();
-                        assert!(table.read(&guard).find(6, |k| *k == 6).is_some());
+                        assert!(shard.read(&guard).find(6, |k| *k == 6).is_some());
                     }
                     idle.store(true, Ordering::Release);
                     // Idle, with the record still claimed, until told to stop.
@@ -941,8 +941,8 @@ mod loom_models {
             while !idle.load(Ordering::Acquire) {
                 thread::yield_now();
             }
-            migrate(&table, &domain, 8, 1);
-            assert_eq!(table.retired_unfreed(), 0);
+            migrate(&shard, &domain, 8, 1);
+            assert_eq!(shard.retired_unfreed(), 0);
             stop.store(true, Ordering::Release);
             reader.join().unwrap();
         });
