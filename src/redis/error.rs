@@ -187,11 +187,14 @@ impl RedisError {
             },
             Some("TOLLGATE") => Self::Rejected(e.detail().unwrap_or_default().to_owned()),
             Some(code) if UNAVAILABLE_CODES.contains(&code) => Self::Unavailable(RedisCause(e)),
-            _ if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() => {
-                Self::Unavailable(RedisCause(e))
+            _ => {
+                let cause = RedisCause(e);
+                if cause.is_connection_failure() || cause.0.is_timeout() {
+                    Self::Unavailable(cause)
+                } else {
+                    Self::Redis(cause)
+                }
             }
-            _ if e.is_timeout() => Self::Unavailable(RedisCause(e)),
-            _ => Self::Redis(RedisCause(e)),
         }
     }
 }

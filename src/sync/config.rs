@@ -303,22 +303,17 @@ impl RedisSync {
 
     /// Checks every setting against the quota's period (ns).
     pub(crate) fn validate(&self, period_ns: u64) -> Result<Settings, ConfigError> {
-        let setting = |name: &'static str, value: &dyn fmt::Debug, expected: &'static str| {
+        let invalid = |setting: &'static str, value: String, expected: &'static str| {
             ConfigError::InvalidSyncSetting {
-                setting: name,
-                value: format!("{value:?}"),
+                setting,
+                value,
                 expected,
             }
         };
-        let (client, timeout) =
-            self.options
-                .validate(DEFAULT_TIMEOUT, |name, value, expected| {
-                    ConfigError::InvalidSyncSetting {
-                        setting: name,
-                        value,
-                        expected,
-                    }
-                })?;
+        let setting = |name: &'static str, value: &dyn fmt::Debug, expected: &'static str| {
+            invalid(name, format!("{value:?}"), expected)
+        };
+        let (client, timeout) = self.options.validate(DEFAULT_TIMEOUT, invalid)?;
         if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&self.interval) {
             return Err(setting("interval", &self.interval, "from 1ms to 60s"));
         }

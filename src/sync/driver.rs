@@ -40,7 +40,7 @@ pub(crate) fn millis(d: Duration) -> u64 {
 }
 
 /// `d` in whole ns, saturating.
-fn nanos(d: Duration) -> u64 {
+pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 

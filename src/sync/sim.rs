@@ -304,7 +304,7 @@ impl Scenario {
             quota.period_ns(),
         );
         let params = plan.params;
-        let node_params: NodeParams = plan.node_params;
+        let node_params = plan.node_params;
         let node_ttl_us = u64::try_from(settings.node_ttl.as_micros()).expect("an hour at most");
         let n = self.nodes();
         let mut rng = Rng(self.seed | 1);

@@ -16,7 +16,7 @@ use redis::cluster_routing::Slot;
 
 use super::cell::{Cold, NEW, OutageMode, SyncCell, SyncPolicy, WANT_HOT};
 use super::config::Settings;
-use super::driver::{self, Driver, Health, Timing};
+use super::driver::{self, Driver, Health, Timing, nanos};
 use super::node::{self, Need, NodeParams};
 use super::protocol::{Answer, Params, Request, Shape};
 use super::{FailMode, RedisSync, Shared, SyncHandle, SyncMode};
@@ -289,11 +289,7 @@ async fn supervise<K, C>(
         cell.stats.fallback_active = true;
     }
     super::observe::sync_died(&task.name, &task.config.fail_mode);
-    match task.config.fail_mode {
-        FailMode::Open => task.set_outage(store, OutageMode::Open),
-        FailMode::Closed => task.set_outage(store, OutageMode::Closed),
-        FailMode::Local => {}
-    }
+    task.apply_fail_mode(store);
     // The rest of the process's life is the dead task's, less its own clone.
     let own = task.own_handles - 1;
     let nodes = task.shared.stats.lock().stats.nodes.max(1);
@@ -340,11 +336,6 @@ impl Progress {
     fn now(&self) -> u64 {
         nanos(self.origin.elapsed())
     }
-}
-
-/// `d` in whole ns, saturating.
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The arguments of one call of `round.lua`: the node, the registry's TTL, the limit, the
@@ -529,11 +520,7 @@ impl Task {
                 self.shared.stats.lock().stats.fallback_active = true;
                 super::observe::sync_state(&self.name, true, p.nodes);
                 super::observe::sync_fallback(&self.name, true, &self.config.fail_mode);
-                match self.config.fail_mode {
-                    FailMode::Open => self.set_outage(store, OutageMode::Open),
-                    FailMode::Closed => self.set_outage(store, OutageMode::Closed),
-                    FailMode::Local => {}
-                }
+                self.apply_fail_mode(store);
             }
             if silent && self.config.fail_mode == FailMode::Local {
                 self.refill_locally(store, p.nodes, p.hot.read_at.is_none());
@@ -662,7 +649,7 @@ impl Task {
         let mut idle_cold = Vec::new();
         let rescan = std::mem::take(&mut hot.rescan);
         let cold_t_ns = self.cold_t_ns(hot.nodes);
-        let cold_idle_ns = u64::try_from(COLD_IDLE.as_nanos()).unwrap_or(u64::MAX);
+        let cold_idle_ns = nanos(COLD_IDLE);
         store.for_each(|key, cell| {
             if node::is_cold(cell) {
                 let flags = cell.flags.load(Ordering::Acquire);
@@ -1238,7 +1225,7 @@ impl Task {
             return (u64::MAX, None);
         }
         let to_end = Duration::from_micros(period - server_now_us % period);
-        let margin = u64::try_from(round_trip.as_nanos()).unwrap_or(u64::MAX);
+        let margin = nanos(round_trip);
         let end = local_now.saturating_add(u64::try_from(to_end.as_nanos()).unwrap_or(u64::MAX));
         (end.saturating_sub(margin), Some(to_end + round_trip / 2))
     }
@@ -1251,6 +1238,16 @@ impl Task {
             node::fresh_overdraft(self.node_params.capacity, nodes, self.node_params.reconcile);
         if policy.fresh != fresh {
             store.set_policy(SyncPolicy { fresh, ..policy }, 0);
+        }
+    }
+
+    /// Puts the checks in the configured fail mode: `Open` and `Closed` set every key's
+    /// outage mode; `Local` runs on the books (`refill_locally`), with nothing to set.
+    fn apply_fail_mode<K: Hash + Eq>(&self, store: &Store<K, SyncCell>) {
+        match self.config.fail_mode {
+            FailMode::Open => self.set_outage(store, OutageMode::Open),
+            FailMode::Closed => self.set_outage(store, OutageMode::Closed),
+            FailMode::Local => {}
         }
     }
 
