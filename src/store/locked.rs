@@ -135,30 +135,43 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         if let Some(entry) = shard.find(hash, key) {
             return Ok(entry.state.check(&policy, now, cost, max_delay));
         }
+        match self.insert_fresh(&mut shard, hash, key, now, &policy) {
+            Ok(entry) => Ok(entry.state.check(&policy, now, cost, max_delay)),
+            Err(retry_after_ns) => Ok(self.counts.refusal(policy.capacity(), retry_after_ns)),
+        }
+    }
+
+    /// Inserts `key`, which `shard` (write-locked) does not hold, with a fresh state under
+    /// `policy`, first making room as the limits say. The new entry, or, when no room
+    /// could be made, how long (ns) the refused request should wait.
+    fn insert_fresh<'s, Q>(
+        &self,
+        shard: &'s mut Shard<K, S>,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        policy: &S::Policy,
+    ) -> Result<&'s Entry<K, S>, u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let rehash = self.rehash();
         if self.limits.sweep {
             self.counts.swept(shard.sweep_on_insert(now, &rehash));
         }
-        if let Err(retry_after_ns) = self.counts.take_place(
+        self.counts.take_place(
             || shard.make_room(now, self.limits.when_full, &rehash),
             || self.denies.invalidate(),
-        ) {
-            return Ok(self.counts.refusal(policy.capacity(), retry_after_ns));
-        }
+        )?;
         let entry = Entry {
             key: key.to_owned(),
-            state: S::fresh(&policy),
+            state: S::fresh(policy),
         };
-        match shard.insert(hash, entry, &rehash) {
-            Ok(entry) => Ok(entry.state.check(&policy, now, cost, max_delay)),
-            Err(_) => {
-                self.counts.give_back();
-                Ok(self.counts.refusal(
-                    policy.capacity(),
-                    policy.quota().emission_interval().as_nanos() as u64,
-                ))
-            }
-        }
+        shard.insert(hash, entry, &rehash).map_err(|_| {
+            self.counts.give_back();
+            policy.quota().emission_interval().as_nanos() as u64
+        })
     }
 
     /// Runs `apply` on `key`'s state, first inserting the key (with a fresh state, making
@@ -188,33 +201,12 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
             return true;
         }
         let policy = *shard.policy_for(hash, key);
-        let rehash = self.rehash();
-        if self.limits.sweep {
-            self.counts.swept(shard.sweep_on_insert(now, &rehash));
-        }
-        if self
-            .counts
-            .take_place(
-                || shard.make_room(now, self.limits.when_full, &rehash),
-                || self.denies.invalidate(),
-            )
-            .is_err()
-        {
-            return false;
-        }
-        let entry = Entry {
-            key: key.to_owned(),
-            state: S::fresh(&policy),
-        };
-        match shard.insert(hash, entry, &rehash) {
+        match self.insert_fresh(&mut shard, hash, key, now, &policy) {
             Ok(entry) => {
                 apply(&entry.state);
                 true
             }
-            Err(_) => {
-                self.counts.give_back();
-                false
-            }
+            Err(_) => false,
         }
     }
 
