@@ -71,42 +71,69 @@ pub struct RateLimiter<K, C = MonotonicClock> {
 enum Engine<K> {
     Word(WordStore<K>),
     Log(Store<K, LogCell>),
-    /// A limiter whose keys hold allowances granted by a background sync.
-    #[cfg(feature = "redis")]
-    Synced(Store<K, crate::sync::SyncCell>),
 }
 
 /// Runs the same expression on whichever store an engine holds.
-#[cfg(not(feature = "redis"))]
 macro_rules! on_store {
     ($engine:expr, $store:ident => $body:expr) => {
         match $engine {
             Engine::Word($store) => $body,
             Engine::Log($store) => $body,
-        }
-    };
-}
-
-/// Runs the same expression on whichever store an engine holds.
-#[cfg(feature = "redis")]
-macro_rules! on_store {
-    ($engine:expr, $store:ident => $body:expr) => {
-        match $engine {
-            Engine::Word($store) => $body,
-            Engine::Log($store) => $body,
-            Engine::Synced($store) => $body,
         }
     };
 }
 
 struct Inner<K, C> {
     engine: Engine<K>,
-    algorithm: Algorithm,
-    clock: C,
+    common: Common<C>,
+}
+
+/// What every limiter keeps besides its store: its algorithm, clock, name and decision
+/// counts. The tiers' limiters that keep keys in process share it.
+pub(crate) struct Common<C> {
+    pub(crate) algorithm: Algorithm,
+    pub(crate) clock: C,
     /// The limiter's name, for metrics and logs.
-    name: Arc<str>,
+    pub(crate) name: Arc<str>,
     /// Allowed and denied decisions.
     tally: Tally,
+}
+
+impl<C> Common<C> {
+    /// Counts a decision, and logs it if it is a deny.
+    #[inline(always)]
+    pub(crate) fn record<Q: Hash + ?Sized>(&self, key: &Q, decision: &Decision) {
+        self.tally.count(decision.is_allowed());
+        if !decision.is_allowed() {
+            crate::observe::denied(&self.name, key, decision);
+        }
+    }
+
+    /// [`record`](Self::record) for a request of a given cost: a cost beyond capacity is
+    /// a deny the caller sees too.
+    #[inline]
+    pub(crate) fn record_n<Q: Hash + ?Sized>(
+        &self,
+        key: &Q,
+        decided: &Result<Decision, InsufficientCapacity>,
+    ) {
+        match decided {
+            Ok(decision) => self.record(key, decision),
+            Err(_) => self.tally.count(false),
+        }
+    }
+
+    /// The store's counters with the decision counts, published as metrics.
+    pub(crate) fn stats(&self, store: StoreStats) -> StoreStats {
+        let totals = self.tally.totals();
+        let stats = StoreStats {
+            allowed: totals.allowed,
+            denied: totals.denied,
+            ..store
+        };
+        crate::observe::limiter(&self.name, &stats);
+        stats
+    }
 }
 
 impl<K, C> Clone for RateLimiter<K, C> {
@@ -120,9 +147,9 @@ impl<K, C> Clone for RateLimiter<K, C> {
 impl<K: Key, C> fmt::Debug for RateLimiter<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("name", &self.inner.name)
+            .field("name", &self.inner.common.name)
             .field("quota", &self.quota())
-            .field("algorithm", &self.inner.algorithm)
+            .field("algorithm", &self.inner.common.algorithm)
             .field("keys", &self.len())
             .finish_non_exhaustive()
     }
@@ -166,33 +193,28 @@ impl<K: Key, C> RateLimiter<K, C> {
     /// lock. (A thread's first check on a limiter takes a short mutex to claim its
     /// counters; a thread that exits gives them back the same way.)
     pub fn stats(&self) -> StoreStats {
-        let totals = self.inner.tally.totals();
-        let stats = StoreStats {
-            allowed: totals.allowed,
-            denied: totals.denied,
-            ..on_store!(&self.inner.engine, s => s.stats())
-        };
-        crate::observe::limiter(&self.inner.name, &stats);
-        stats
+        self.inner
+            .common
+            .stats(on_store!(&self.inner.engine, s => s.stats()))
     }
 
     /// The limiter's name ([`Builder::name`]; `"default"` unless set).
     pub fn name(&self) -> &str {
-        &self.inner.name
+        &self.inner.common.name
     }
 
     /// The default quota: the one every key without its own quota is limited by.
     ///
     /// # Locking behaviour
     /// None for the token bucket, leaky bucket and window counters; the first shard's
-    /// read lock for the sliding log and synced limiters.
+    /// read lock for the sliding log.
     pub fn quota(&self) -> Quota {
         on_store!(&self.inner.engine, s => s.default_policy().quota())
     }
 
     /// The algorithm this limiter runs.
     pub fn algorithm(&self) -> Algorithm {
-        self.inner.algorithm
+        self.inner.common.algorithm
     }
 
     /// The number of shards of the key map.
@@ -202,7 +224,7 @@ impl<K: Key, C> RateLimiter<K, C> {
 
     /// The limiter's clock.
     pub fn clock(&self) -> &C {
-        &self.inner.clock
+        &self.inner.common.clock
     }
 
     /// The most a single request may cost under the default quota: the burst for the
@@ -210,21 +232,6 @@ impl<K: Key, C> RateLimiter<K, C> {
     /// as their [`limit`](Decision::limit).
     pub fn capacity(&self) -> u64 {
         on_store!(&self.inner.engine, s => s.default_policy().capacity())
-    }
-
-    /// How many clones of this limiter exist (the sync task holds a few of its own).
-    #[cfg(feature = "redis")]
-    pub(crate) fn handles(&self) -> usize {
-        Arc::strong_count(&self.inner)
-    }
-
-    /// The store of a synced limiter.
-    #[cfg(feature = "redis")]
-    pub(crate) fn synced_store(&self) -> Option<&Store<K, crate::sync::SyncCell>> {
-        match &self.inner.engine {
-            Engine::Synced(store) => Some(store),
-            _ => None,
-        }
     }
 }
 
@@ -234,9 +241,8 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// # Locking behaviour
     /// The token bucket, leaky bucket and window counters take no lock for a key they
     /// hold (a key seen for the first time takes its shard's writer mutex to insert it).
-    /// The sliding log and synced limiters take the read lock of the key's shard (its
-    /// write lock for a new key); the sliding log also takes the key's own mutex. Never
-    /// holds more than one shard lock.
+    /// The sliding log takes the read lock of the key's shard (its write lock for a new
+    /// key) and the key's own mutex. Never holds more than one shard lock.
     #[inline(always)]
     pub fn check<Q>(&self, key: &Q) -> Decision
     where
@@ -246,12 +252,9 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         match &self.inner.engine {
             // Inlined into the caller, so the decision's fields stay in registers.
             Engine::Word(store) => {
-                let clock = &self.inner.clock;
-                let decision = unit(store.check(key, || clock.now_ns(), 1, u64::MAX));
-                self.inner.tally.count(decision.is_allowed());
-                if !decision.is_allowed() {
-                    crate::observe::denied(&self.inner.name, key, &decision);
-                }
+                let common = &self.inner.common;
+                let decision = unit(store.check(key, || common.clock.now_ns(), 1, u64::MAX));
+                common.record(key, &decision);
                 decision
             }
             _ => self.check_cell(key),
@@ -265,13 +268,11 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let clock = &self.inner.clock;
-        let decision =
-            unit(on_store!(&self.inner.engine, s => s.check(key, || clock.now_ns(), 1, u64::MAX)));
-        self.inner.tally.count(decision.is_allowed());
-        if !decision.is_allowed() {
-            crate::observe::denied(&self.inner.name, key, &decision);
-        }
+        let common = &self.inner.common;
+        let decision = unit(
+            on_store!(&self.inner.engine, s => s.check(key, || common.clock.now_ns(), 1, u64::MAX)),
+        );
+        common.record(key, &decision);
         decision
     }
 
@@ -305,15 +306,9 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let clock = &self.inner.clock;
-        let decided =
-            on_store!(&self.inner.engine, s => s.check(key, || clock.now_ns(), n, max_delay));
-        // A cost beyond capacity is a deny the caller sees too.
-        let allowed = decided.as_ref().is_ok_and(Decision::is_allowed);
-        self.inner.tally.count(allowed);
-        if let (false, Ok(decision)) = (allowed, &decided) {
-            crate::observe::denied(&self.inner.name, key, decision);
-        }
+        let common = &self.inner.common;
+        let decided = on_store!(&self.inner.engine, s => s.check(key, || common.clock.now_ns(), n, max_delay));
+        common.record_n(key, &decided);
         decided
     }
 
@@ -323,8 +318,8 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     ///
     /// # Locking behaviour
     /// None for the token bucket, leaky bucket and window counters (unless a resize is
-    /// moving the key right then: it waits for that); the read lock of the key's shard for
-    /// the sliding log (and the key's mutex) and synced limiters.
+    /// moving the key right then: it waits for that); the read lock of the key's shard and
+    /// the key's mutex for the sliding log.
     pub fn peek<Q>(&self, key: &Q) -> Decision
     where
         K: Borrow<Q>,
@@ -343,7 +338,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.peek_at(key, n, self.inner.clock.now_ns())
+        self.peek_at(key, n, self.inner.common.clock.now_ns())
     }
 
     /// [`peek_n`](Self::peek_n) at the instant `now` of the limiter's clock.
@@ -389,7 +384,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.inner.clock.now_ns();
+        let now = self.inner.common.clock.now_ns();
         on_store!(&self.inner.engine, s => {
             let policy = s.default_policy().with_quota(quota)?;
             s.set_key_quota(key.to_owned(), Some(policy), now);
@@ -406,7 +401,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.inner.clock.now_ns();
+        let now = self.inner.common.clock.now_ns();
         on_store!(&self.inner.engine, s => s.set_key_quota(key.to_owned(), None, now));
     }
 
@@ -414,7 +409,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     ///
     /// # Locking behaviour
     /// None for the token bucket, leaky bucket and window counters; the read lock of the
-    /// key's shard for the sliding log and synced limiters.
+    /// key's shard for the sliding log.
     pub fn quota_for<Q>(&self, key: &Q) -> Quota
     where
         K: Borrow<Q>,
@@ -436,7 +431,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// window counters, on that shard's keys too, each waiting only while it is moved).
     /// Concurrent calls are serialised.
     pub fn set_default_quota(&self, quota: Quota) -> Result<(), ConfigError> {
-        let now = || self.inner.clock.now_ns();
+        let now = || self.inner.common.clock.now_ns();
         on_store!(&self.inner.engine, s => s.set_default_quota(quota, now))
     }
 }
@@ -596,11 +591,7 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// [`ConfigError::ZeroMaxKeys`], or [`ConfigError::LimitTooLarge`] when the algorithm
     /// cannot hold the quota's limit.
     pub fn build(self) -> Result<RateLimiter<K, C>, ConfigError> {
-        let shards = self.shard_count()?;
-        if self.max_keys == Some(0) {
-            return Err(ConfigError::ZeroMaxKeys);
-        }
-        let limits = self.limits(shards);
+        let limits = self.checked_limits()?;
         let engine = match Plan::new(self.algorithm, self.quota)? {
             Plan::Word(policy) => Engine::Word(WordStore::new(limits, policy)),
             Plan::Log(policy) => Engine::Log(Store::new(limits, policy)),
@@ -608,42 +599,22 @@ impl<K: Key, C: Clock> Builder<K, C> {
         Ok(self.assemble(engine))
     }
 
-    /// Builds the limiter with a background sync through Redis (cargo feature `redis`),
-    /// and starts the sync task on the current tokio runtime. See [`crate::sync`] for the
-    /// modes, their bounds and what happens during outages. Keys are written to Redis
-    /// with their `Display` form.
-    ///
-    /// # Errors
-    /// As [`build`](Self::build); also [`ConfigError::Unsupported`] for an algorithm
-    /// other than `TokenBucket` and `SlidingWindow`, [`ConfigError::NoRuntime`] outside
-    /// a tokio runtime, and the Redis tier's quota limits.
-    #[cfg(feature = "redis")]
-    pub fn build_synced(
-        self,
-        sync: crate::sync::RedisSync,
-    ) -> Result<(RateLimiter<K, C>, crate::sync::SyncHandle), ConfigError>
-    where
-        K: Clone + std::fmt::Display + Send + Sync + 'static,
-    {
-        let Plan::Word(word) = Plan::new(self.algorithm, self.quota)? else {
-            return Err(ConfigError::Unsupported(
-                "background sync supports token-bucket and sliding-window",
-            ));
-        };
-        let capacity = word.capacity();
+    /// What a limiter of another tier built from this builder keeps: its common part,
+    /// its quota and algorithm, and its store's limits; checked as [`build`](Self::build)
+    /// checks them.
+    pub(crate) fn into_parts(self) -> Result<(Common<C>, Limits, Quota), ConfigError> {
+        let limits = self.checked_limits()?;
+        let quota = self.quota;
+        Ok((self.into_common(), limits, quota))
+    }
+
+    /// The store's limits, checked.
+    fn checked_limits(&self) -> Result<Limits, ConfigError> {
         let shards = self.shard_count()?;
-        // Until the first round tells how many nodes share the limit, a new key waits for
-        // its first lease (the sync task sets each key's share of a fresh capacity then).
-        let interval_ns = u64::try_from(sync.interval.as_nanos()).unwrap_or(u64::MAX);
-        let policy = crate::sync::SyncPolicy::new(self.quota, capacity, 0, interval_ns);
-        // Synced keys are dropped by the sync task once released; the cap still applies.
-        let limits = Limits {
-            sweep: false,
-            ..self.limits(shards)
-        };
-        let limiter = self.assemble(Engine::Synced(Store::new(limits, policy)));
-        let handle = crate::sync::start(limiter.clone(), sync)?;
-        Ok((limiter, handle))
+        if self.max_keys == Some(0) {
+            return Err(ConfigError::ZeroMaxKeys);
+        }
+        Ok(self.limits(shards))
     }
 
     /// The shard count asked for, or the default.
@@ -655,14 +626,20 @@ impl<K: Key, C: Clock> Builder<K, C> {
         }
     }
 
+    fn into_common(self) -> Common<C> {
+        Common {
+            algorithm: self.algorithm,
+            clock: self.clock,
+            name: self.name,
+            tally: Tally::new(self.counters),
+        }
+    }
+
     fn assemble(self, engine: Engine<K>) -> RateLimiter<K, C> {
         let limiter = RateLimiter {
             inner: Arc::new(Inner {
                 engine,
-                algorithm: self.algorithm,
-                clock: self.clock,
-                name: self.name,
-                tally: Tally::new(self.counters),
+                common: self.into_common(),
             }),
         };
         // Every second, `stats` publishes (inside a tokio runtime).

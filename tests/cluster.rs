@@ -13,7 +13,7 @@ use common::{excess_over_rate, wall_secs_since, within_rate};
 
 use tollgate::clock::ManualClock;
 use tollgate::redis::{RedisError, RedisLimiter};
-use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
+use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 use tollgate::{Algorithm, Quota, RateLimiter};
 use tollgate_testing::LocalCluster;
 
@@ -119,7 +119,7 @@ fn synced(
     mode: SyncMode,
     prefix: &str,
     count: usize,
-) -> Vec<(RateLimiter<String>, SyncHandle)> {
+) -> Vec<(SyncedLimiter<String>, SyncHandle)> {
     synced_with(cluster, quota, mode, prefix, count, |config| config)
 }
 
@@ -131,7 +131,7 @@ fn synced_with(
     prefix: &str,
     count: usize,
     adjust: impl Fn(RedisSync) -> RedisSync,
-) -> Vec<(RateLimiter<String>, SyncHandle)> {
+) -> Vec<(SyncedLimiter<String>, SyncHandle)> {
     let urls = cluster.urls();
     (0..count)
         .map(|i| {
@@ -153,7 +153,7 @@ fn synced_with(
 /// Offers `per_node` requests a second on each of `keys` to every node for `length`,
 /// one tick a millisecond; returns what all nodes admitted, per key.
 async fn offer(
-    nodes: &[(RateLimiter<String>, SyncHandle)],
+    nodes: &[(SyncedLimiter<String>, SyncHandle)],
     keys: &[String],
     per_node: f64,
     length: Duration,
@@ -177,7 +177,7 @@ async fn offer(
     admitted
 }
 
-async fn stop(nodes: Vec<(RateLimiter<String>, SyncHandle)>) {
+async fn stop(nodes: Vec<(SyncedLimiter<String>, SyncHandle)>) {
     for (_, handle) in nodes {
         handle.shutdown().await;
     }

@@ -16,7 +16,9 @@ use common::serve;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::clock::ManualClock;
-use tollgate::http::{ErrorBody, HeaderStyle, KeyExtractor, MissingKey, RateLimitLayer};
+use tollgate::http::{
+    ErrorBody, HeaderStyle, KeyExtractor, MissingKey, RateLimitLayer, RequestHead, key_fn,
+};
 use tollgate::{Algorithm, RateLimiter};
 
 /// A response as it came over the wire.
@@ -292,14 +294,58 @@ async fn header_keys_and_the_missing_key_policy() {
 #[tokio::test]
 async fn a_custom_key_closure() {
     let (l, _) = limiter("1/s");
-    let key = KeyExtractor::custom(|head| head.uri.path().split('/').nth(1).map(str::to_owned));
+    let key = key_fn(|head: &RequestHead<'_>| head.uri.path().split('/').nth(1).map(str::to_owned));
     let app = Router::new()
         .route("/{tenant}", routing::get(|| async { "hi" }))
-        .layer(RateLimitLayer::new(l).key(key));
+        .layer(RateLimitLayer::keyed(l, key));
     let addr = serve(app).await;
     assert_eq!(get(addr, "/acme").await.status, 200);
     assert_eq!(get(addr, "/acme").await.status, 429);
     assert_eq!(get(addr, "/globex").await.status, 200);
+}
+
+/// A closure's text key passes the layer's key limits, as a header's does: an empty key
+/// is missing, a long one is refused with a 400 (or, if the layer hashes long keys,
+/// limited by its digest: two long keys that differ get two buckets).
+#[tokio::test]
+async fn a_closures_text_key_passes_the_key_limits() {
+    use tollgate::http::OversizedKey;
+    let by_path = || key_fn(|head: &RequestHead<'_>| Some(head.uri.path()[1..].to_owned()));
+    let (l, _) = limiter("1/s");
+    let route = || Router::new().route("/{tenant}", routing::get(|| async { "hi" }));
+    let refuse = serve(
+        route().layer(RateLimitLayer::keyed(l, by_path()).max_key_len(8, OversizedKey::Reject)),
+    )
+    .await;
+    assert_eq!(get(refuse, "/acme").await.status, 200);
+    let long = get(refuse, "/a-tenant-name-longer-than-eight").await;
+    assert_eq!(long.status, 400);
+    assert!(
+        long.body.contains("rate_limit_key_too_long"),
+        "{}",
+        long.body
+    );
+    let (l, _) = limiter("1/s");
+    let hash = serve(
+        route()
+            .layer(RateLimitLayer::keyed(l.clone(), by_path()).max_key_len(8, OversizedKey::Hash)),
+    )
+    .await;
+    assert_eq!(
+        get(hash, "/a-tenant-name-longer-than-eight").await.status,
+        200
+    );
+    assert_eq!(
+        get(hash, "/a-tenant-name-longer-than-eight").await.status,
+        429
+    );
+    assert_eq!(
+        get(hash, "/another-tenant-longer-than-eight").await.status,
+        200
+    );
+    // Two keys held, neither longer than a digest.
+    assert_eq!(l.len(), 2);
+    assert_eq!(l.peek("a-tenant-name-longer-than-eight").remaining(), 1);
 }
 
 #[tokio::test]
@@ -321,6 +367,59 @@ async fn the_redis_tier_behind_the_layer() {
     let denied = get(addr, "/").await;
     assert_eq!(denied.status, 429);
     assert_eq!(denied.header("retry-after"), "30");
+}
+
+/// The layer runs on a synced limiter too (one trait takes all three limiters): two
+/// servers, each with its own node of one lease-mode limit, answer requests over real
+/// sockets, and together never admit more than the global quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_synced_nodes_behind_the_layer_hold_one_limit() {
+    use std::time::Instant;
+    use tollgate::sync::{RedisSync, SyncMode};
+    use tollgate_testing::LocalRedis;
+    let server = LocalRedis::start().expect("redis-server (./scripts/test.sh installs it)");
+    let mut addrs = Vec::new();
+    let mut handles = Vec::new();
+    for _ in 0..2 {
+        let (limiter, handle) = RateLimiter::<String>::builder("4/min".parse().unwrap())
+            .build_synced(
+                RedisSync::new(&server.url())
+                    .mode(SyncMode::Lease)
+                    .interval(Duration::from_millis(50))
+                    .allow_shared_prefix(true),
+            )
+            .unwrap();
+        addrs.push(serve(app(RateLimitLayer::new(limiter), Arc::default())).await);
+        handles.push(handle);
+    }
+    let (mut admitted, mut denied) = (0, 0);
+    let start = Instant::now();
+    let mut i = 0;
+    while start.elapsed() < Duration::from_secs(2) {
+        let reply = get(addrs[i % 2], "/").await;
+        i += 1;
+        assert_eq!(reply.header("ratelimit-limit"), "4");
+        match reply.status {
+            200 => admitted += 1,
+            429 => {
+                denied += 1;
+                let retry: u64 = reply.header("retry-after").parse().unwrap();
+                assert!(retry >= 1, "a deny never says retry after 0");
+            }
+            other => panic!("unexpected status {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 2 s of a 4/min quota refill less than one unit: the burst of 4 is all there is.
+    assert!(
+        (1..=4).contains(&admitted),
+        "admitted {admitted}, denied {denied}"
+    );
+    assert!(denied > 0);
+    for handle in handles {
+        assert!(handle.stats().syncs > 0);
+        handle.shutdown().await;
+    }
 }
 
 /// The layer's Redis backend uses the local first tier: a flooding client is denied

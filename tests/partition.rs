@@ -16,7 +16,7 @@ use common::excess_over_rate;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
+use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 use tollgate::{Quota, RateLimiter};
 use tollgate_testing::LocalRedis;
 
@@ -98,7 +98,7 @@ async fn run(
     let proxy = Proxy::start(upstream).await;
     let quota = Quota::per_second(rate).unwrap();
     let prefix = format!("partition-{mode:?}-{rate}-{}", cut.as_secs());
-    let nodes: Vec<(RateLimiter<String>, SyncHandle)> = (0..3)
+    let nodes: Vec<(SyncedLimiter<String>, SyncHandle)> = (0..3)
         .map(|i| {
             let url = if i == 0 { proxy.url() } else { server.url() };
             RateLimiter::builder(quota)

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{example_server, excess_over_rate, within_rate};
-use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
+use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
 use tollgate_testing::LocalRedis;
 
@@ -28,7 +28,7 @@ fn nodes(
     mode: SyncMode,
     prefix: &str,
     count: usize,
-) -> Vec<(RateLimiter<String>, SyncHandle)> {
+) -> Vec<(SyncedLimiter<String>, SyncHandle)> {
     (0..count)
         .map(|_| {
             RateLimiter::builder(quota)
@@ -71,7 +71,7 @@ async fn debt_us(server: &LocalRedis, key: &str) -> u64 {
 /// admission instants in µs since the first measured window started.
 async fn drive(
     server: &LocalRedis,
-    nodes: &[(RateLimiter<String>, SyncHandle)],
+    nodes: &[(SyncedLimiter<String>, SyncHandle)],
     quota: Quota,
     load: f64,
     windows: u32,
@@ -87,7 +87,7 @@ async fn drive(
 
 /// Offers load for `length`; returns the admission instants in µs since the start.
 async fn offer(
-    nodes: &[(RateLimiter<String>, SyncHandle)],
+    nodes: &[(SyncedLimiter<String>, SyncHandle)],
     quota: Quota,
     load: f64,
     length: Duration,
@@ -125,7 +125,7 @@ fn per_window(admitted: &[u64], period: Duration, windows: u32) -> Vec<u64> {
     counts
 }
 
-async fn stop(nodes: Vec<(RateLimiter<String>, SyncHandle)>) {
+async fn stop(nodes: Vec<(SyncedLimiter<String>, SyncHandle)>) {
     for (_, handle) in nodes {
         handle.shutdown().await;
     }
@@ -134,7 +134,7 @@ async fn stop(nodes: Vec<(RateLimiter<String>, SyncHandle)>) {
 /// Offers `per_node[i]` requests a second to node `i` for `length`, one tick a
 /// millisecond; returns the admissions per node.
 async fn offer_each(
-    nodes: &[(RateLimiter<String>, SyncHandle)],
+    nodes: &[(SyncedLimiter<String>, SyncHandle)],
     key: &str,
     per_node: &[f64],
     length: Duration,
@@ -193,7 +193,7 @@ impl Span {
 /// seen in 20 runs here, under load or not).
 async fn measure(
     server: &LocalRedis,
-    nodes: &[(RateLimiter<String>, SyncHandle)],
+    nodes: &[(SyncedLimiter<String>, SyncHandle)],
     prefix: &str,
     quota: Quota,
     per_node: &[f64],
@@ -214,7 +214,7 @@ async fn measure(
 /// 2 s, then within ±5% over 3 s, each plus what the state held unleased at its start.
 async fn back_at_the_limit(
     server: &LocalRedis,
-    nodes: &[(RateLimiter<String>, SyncHandle)],
+    nodes: &[(SyncedLimiter<String>, SyncHandle)],
     prefix: &str,
     quota: Quota,
     load: &[f64],
@@ -1003,7 +1003,7 @@ async fn redis_commands(server: &LocalRedis) -> u64 {
 }
 
 /// Waits (with a deadline) until every node's cold tier is on.
-async fn cold_tier_on(nodes: &[(RateLimiter<String>, SyncHandle)]) {
+async fn cold_tier_on(nodes: &[(SyncedLimiter<String>, SyncHandle)]) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !nodes.iter().all(|(_, h)| h.stats().cold_tier) {
         assert!(Instant::now() < deadline, "{:?}", nodes[0].1.stats());

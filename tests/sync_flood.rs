@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use tollgate::sync::{RedisSync, SyncMode};
+use tollgate::sync::{RedisSync, SyncMode, SyncedLimiter};
 use tollgate::{Quota, RateLimiter};
 use tollgate_testing::LocalRedis;
 
@@ -22,7 +22,7 @@ fn resident() -> u64 {
 /// Floods the limiter with 200,000 new keys and waits until the sync has served them all
 /// and dropped them again; returns the peak resident bytes.
 async fn flood_and_forget(
-    limiter: &RateLimiter<String>,
+    limiter: &SyncedLimiter<String>,
     handle: &tollgate::sync::SyncHandle,
     round: u32,
 ) -> u64 {

@@ -1,20 +1,15 @@
 //! What a [`RateLimitService`](super::RateLimitService) runs on: the backend limiter, the
 //! hooks, and the configuration every clone of the layer and its services shares.
 
-use std::borrow::Borrow;
 use std::fmt;
-use std::future::Future;
-use std::hash::Hash;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::backend::Backend;
 use super::exempt::Exempt;
 use super::extract::{ExtractKey, KeyLimits, KeyRejection, RequestHead};
 use super::response::{DenyHook, Style};
-use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::limiter::RateLimiter;
 
 /// What the layer does with a request it finds no key for (no peer address, no key
 /// header, or a custom extractor that returned `None`).
@@ -30,39 +25,6 @@ pub enum MissingKey<K = String> {
     /// Let them through unlimited (and without rate-limit headers).
     Allow,
 }
-
-/// A local limiter, as the layer uses it: looked up by `Q`.
-pub(crate) trait LocalLimiter<Q: ?Sized>: Send + Sync {
-    /// Decides one request; a leaky bucket's admission more than `max_delay` ns away is
-    /// a deny instead (`u64::MAX`: never).
-    fn check(&self, key: &Q, max_delay: u64) -> Decision;
-}
-
-impl<K, Q, C> LocalLimiter<Q> for RateLimiter<K, C>
-where
-    K: crate::Key + Borrow<Q>,
-    Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
-    C: Clock,
-{
-    #[inline]
-    fn check(&self, key: &Q, max_delay: u64) -> Decision {
-        if max_delay == u64::MAX {
-            RateLimiter::check(self, key)
-        } else {
-            self.check_within(key, 1, max_delay)
-                .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
-        }
-    }
-}
-
-/// An error a backend recovered from by its failure policy (the Redis tier's
-/// [`FailMode`](crate::redis::FailMode)), reported to the decision hook.
-pub type BackendError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A decision that must be awaited (the Redis tier), with the error its failure policy
-/// answered for, if any.
-pub(crate) type RemoteDecision =
-    Pin<Box<dyn Future<Output = (Decision, Option<BackendError>)> + Send>>;
 
 /// What the decision hook sees of one decision.
 #[derive(Clone, Copy)]
@@ -120,25 +82,6 @@ impl fmt::Debug for RejectionEvent<'_> {
 
 /// A hook that sees every request rejected before a decision.
 pub(crate) type RejectionHook = Arc<dyn Fn(&RejectionEvent<'_>) + Send + Sync>;
-
-/// A remote limiter, as the layer uses it: starts the decision for a key.
-pub(crate) type RemoteLimiter<Q> = Arc<dyn Fn(&Q) -> RemoteDecision + Send + Sync>;
-
-/// Where decisions come from.
-pub(crate) enum Backend<Q: ?Sized> {
-    Local(Arc<dyn LocalLimiter<Q>>),
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    Remote(RemoteLimiter<Q>),
-}
-
-impl<Q: ?Sized> Clone for Backend<Q> {
-    fn clone(&self) -> Self {
-        match self {
-            Self::Local(l) => Self::Local(Arc::clone(l)),
-            Self::Remote(r) => Self::Remote(Arc::clone(r)),
-        }
-    }
-}
 
 /// Everything a [`RateLimitService`] needs, shared by all its clones.
 pub(crate) struct Config<K, E: ExtractKey<K>> {

@@ -5,6 +5,7 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
 use std::ops::Deref;
+use std::sync::Arc;
 
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
@@ -183,6 +184,36 @@ impl KeyLimits {
         }
     }
 
+    /// [`text`](Self::text) of a key of any type a closure made: a `String`, `Box<str>`
+    /// or `Arc<str>` passes the checks (and becomes its digest if the limits say so);
+    /// any other type is returned as is.
+    ///
+    /// # Errors
+    /// Those of [`text`](Self::text), for a text key.
+    pub fn any<K: 'static>(&self, mut key: K) -> Result<K, KeyRejection> {
+        let any: &mut dyn std::any::Any = &mut key;
+        if let Some(text) = any.downcast_mut::<String>() {
+            *text = self.owned(std::mem::take(text))?.into_string();
+        } else if let Some(text) = any.downcast_mut::<Box<str>>() {
+            if let Some(digest) = self.replacement(text)? {
+                *text = digest.into();
+            }
+        } else if let Some(text) = any.downcast_mut::<Arc<str>>() {
+            if let Some(digest) = self.replacement(text)? {
+                *text = digest.into();
+            }
+        }
+        Ok(key)
+    }
+
+    /// What replaces `key` after the checks, if anything (its digest).
+    fn replacement(&self, key: &str) -> Result<Option<String>, KeyRejection> {
+        Ok(match self.text(key)? {
+            TextKey(Text::Borrowed(_)) => None,
+            digest => Some(digest.into_string()),
+        })
+    }
+
     /// [`text`](Self::text) of bytes that must be UTF-8 (a header value).
     ///
     /// # Errors
@@ -258,6 +289,14 @@ impl<'r> TextKey<'r> {
         });
         // 35 bytes always fit the 48 of the buffer.
         written.unwrap_or_else(|| Self::owned(hash.to_hex().to_string()))
+    }
+
+    /// The key as an owned `String` (no copy if it is one already).
+    fn into_string(self) -> String {
+        match self.0 {
+            Text::Owned(key) => key,
+            _ => self.as_str().to_owned(),
+        }
     }
 
     /// The key as text.
@@ -353,6 +392,11 @@ impl<F> fmt::Debug for KeyFromFn<F> {
 }
 
 /// Keys requests by `f`, for a limiter of any key type (`None`: the request has no key).
+/// This is the one way to key by a closure.
+///
+/// A text key (`String`, `Box<str>`, `Arc<str>`) passes the layer's
+/// [`KeyLimits`]: an empty one is missing, and a longer one than
+/// [`max_key_len`](super::RateLimitLayer::max_key_len) is rejected or hashed.
 ///
 /// ```
 /// use tollgate::http::{key_fn, RateLimitLayer, RequestHead};
@@ -381,8 +425,9 @@ where
     type Lookup = K;
     type Key<'r> = K;
 
-    fn extract<B>(&self, req: &Request<B>, _: &KeyLimits) -> Result<K, KeyRejection> {
-        (self.0)(&RequestHead::of(req)).ok_or(KeyRejection::Missing)
+    fn extract<B>(&self, req: &Request<B>, limits: &KeyLimits) -> Result<K, KeyRejection> {
+        let key = (self.0)(&RequestHead::of(req)).ok_or(KeyRejection::Missing)?;
+        limits.any(key)
     }
 }
 

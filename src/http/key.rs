@@ -212,6 +212,10 @@ pub(crate) fn client_ip<B>(req: &Request<B>, trusted: &[Cidr]) -> Option<IpAddr>
 }
 
 /// A closure that picks a request's key from its head (extensions included).
+#[deprecated(
+    since = "0.2.0",
+    note = "key by a closure with `tollgate::http::key_fn`"
+)]
 pub type KeyFn = Arc<dyn Fn(&RequestHead<'_>) -> Option<String> + Send + Sync>;
 
 /// How the layer finds a request's bucket.
@@ -238,9 +242,15 @@ pub enum KeyExtractor {
     /// empty one is missing.
     Header(HeaderName),
     /// A closure of the request's head (extensions included; nothing is cloned).
+    #[deprecated(
+        since = "0.2.0",
+        note = "key by a closure with `tollgate::http::key_fn`"
+    )]
+    #[allow(deprecated)]
     Custom(KeyFn),
 }
 
+#[allow(deprecated)] // `Custom`
 impl fmt::Debug for KeyExtractor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -280,11 +290,22 @@ impl KeyExtractor {
     }
 
     /// A closure of the request's head (extensions included; nothing is cloned).
+    ///
+    /// Deprecated: [`key_fn`](super::key_fn) is the one way to key by a closure, for
+    /// keys of any type, and applies the same key limits to text keys. With
+    /// `RateLimitLayer::keyed(limiter, key_fn(f))` in place of
+    /// `RateLimitLayer::new(limiter).key(KeyExtractor::custom(f))`.
+    #[deprecated(
+        since = "0.2.0",
+        note = "key by a closure with `tollgate::http::key_fn`"
+    )]
+    #[allow(deprecated)]
     pub fn custom(f: impl Fn(&RequestHead<'_>) -> Option<String> + Send + Sync + 'static) -> Self {
         Self::Custom(Arc::new(f))
     }
 }
 
+#[allow(deprecated)] // `Custom`
 impl ExtractKey<String> for KeyExtractor {
     type Lookup = str;
     type Key<'r> = TextKey<'r>;

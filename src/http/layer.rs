@@ -8,18 +8,14 @@ use std::time::Duration;
 use http::Method;
 use tower::Layer;
 
-use super::config::{
-    Backend, BackendError, Config, DecisionEvent, MissingKey, RejectionEvent, RemoteLimiter,
-};
+use super::backend::{Backing, LayerLimiter};
+use super::config::{Config, DecisionEvent, MissingKey, RejectionEvent};
 use super::exempt::Exempt;
 use super::extract::{ExtractKey, KeyLimits, OversizedKey, RequestHead};
 use super::key::{Cidr, KeyExtractor};
 use super::response::{ErrorBody, GrpcCode, HeaderStyle, Style};
 use super::service::RateLimitService;
-use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::limiter::RateLimiter;
-use crate::quota::Quota;
 
 /// A tower layer that rate-limits requests with a tollgate limiter.
 ///
@@ -85,32 +81,19 @@ impl<K: fmt::Debug, E: ExtractKey<K> + fmt::Debug> fmt::Debug for RateLimitLayer
 }
 
 impl RateLimitLayer<String, KeyExtractor> {
-    /// Limits with `limiter`, keyed by the peer address (see [`KeyExtractor`]).
-    pub fn new<C: Clock>(limiter: RateLimiter<String, C>) -> Self {
+    /// Limits with `limiter` (a [`RateLimiter`](crate::RateLimiter), a
+    /// [`SyncedLimiter`](crate::sync::SyncedLimiter), or a
+    /// [`RedisLimiter`](crate::redis::RedisLimiter) with its fail mode: see
+    /// [`LayerLimiter`]), keyed by the peer address (see [`KeyExtractor`]).
+    pub fn new<L: LayerLimiter<String>>(limiter: L) -> Self {
         Self::keyed(limiter, KeyExtractor::peer_ip())
     }
 
     /// Limits with the Redis tier, keyed by the peer address; when Redis fails,
-    /// `on_failure` decides.
+    /// `on_failure` decides. The same as `new((limiter, on_failure))`.
     #[cfg(feature = "redis")]
     pub fn redis(limiter: crate::redis::RedisLimiter, on_failure: crate::redis::FailMode) -> Self {
-        let (quota, capacity) = (limiter.quota(), limiter.capacity());
-        let name = Arc::from(limiter.name());
-        let remote: RemoteLimiter<str> = Arc::new(move |key: &str| {
-            let limiter = limiter.clone();
-            let key = key.to_owned();
-            Box::pin(async move {
-                let (decision, error) = limiter.check_reporting(&key, on_failure).await;
-                (decision, error.map(|e| Box::new(e) as BackendError))
-            })
-        });
-        Self::with_backend(
-            Backend::Remote(remote),
-            name,
-            KeyExtractor::peer_ip(),
-            quota,
-            capacity,
-        )
+        Self::new((limiter, on_failure))
     }
 }
 
@@ -119,29 +102,16 @@ where
     K: crate::Key + Clone + Borrow<E::Lookup>,
     E: ExtractKey<K> + Clone,
 {
-    /// Limits with `limiter` (of any key type), keyed by `extractor`: a
-    /// [`KeyExtractor`] for `String` keys, [`key_fn`](super::key_fn) or your own
-    /// [`ExtractKey`].
-    pub fn keyed<C: Clock>(limiter: RateLimiter<K, C>, extractor: E) -> Self {
-        let quota = limiter.quota();
-        let capacity = limiter.capacity();
-        let name = Arc::from(limiter.name());
-        Self::with_backend(
-            Backend::Local(Arc::new(limiter)),
+    /// Limits with `limiter` (of any key type, any of the [`LayerLimiter`]s), keyed by
+    /// `extractor`: a [`KeyExtractor`] for `String` keys, [`key_fn`](super::key_fn) or
+    /// your own [`ExtractKey`].
+    pub fn keyed<L: LayerLimiter<K>>(limiter: L, extractor: E) -> Self {
+        let Backing {
+            backend,
             name,
-            extractor,
             quota,
             capacity,
-        )
-    }
-
-    fn with_backend(
-        backend: Backend<E::Lookup>,
-        name: Arc<str>,
-        key: E,
-        quota: Quota,
-        capacity: u64,
-    ) -> Self {
+        } = limiter.into_backing();
         let period = quota.period();
         let style = Style::new(
             period.as_secs() + u64::from(period.subsec_nanos() > 0),
@@ -151,7 +121,7 @@ where
             config: Arc::new(Config {
                 backend,
                 name,
-                key,
+                key: extractor,
                 missing: MissingKey::Reject,
                 style: Arc::new(style),
                 limits: KeyLimits::default(),

@@ -37,6 +37,7 @@
 //! The problem type of [`ErrorBody::ProblemJson`] bodies: the client sent more requests
 //! than its quota admits; retry after `retry_after_seconds`.
 
+mod backend;
 mod body;
 mod config;
 mod exempt;
@@ -49,13 +50,16 @@ mod response;
 mod service;
 mod values;
 
+pub use backend::{BackendError, LayerLimiter};
 pub use body::RateLimitBody;
-pub use config::{BackendError, DecisionEvent, MissingKey, RejectionEvent};
+pub use config::{DecisionEvent, MissingKey, RejectionEvent};
 pub use extract::{
     ExtractKey, KeyFromFn, KeyLimits, KeyRejection, OversizedKey, RequestHead, TextKey, key_fn,
 };
 pub use future::ResponseFuture;
-pub use key::{Cidr, KeyExtractor, KeyFn};
+#[allow(deprecated)]
+pub use key::KeyFn;
+pub use key::{Cidr, KeyExtractor};
 pub use layer::RateLimitLayer;
 pub use response::{DenyHook, ErrorBody, GrpcCode, HeaderStyle};
 pub use service::RateLimitService;

@@ -8,8 +8,9 @@ use std::time::Duration;
 use http::{Request, Response};
 use tower::Service;
 
+use super::backend::{Backend, RemoteDecision};
 use super::body::RateLimitBody;
-use super::config::{Backend, Config, DecisionEvent, MissingKey, RejectionEvent, RemoteDecision};
+use super::config::{Config, DecisionEvent, MissingKey, RejectionEvent};
 use super::extract::{ExtractKey, KeyRejection, RequestHead, is_grpc};
 use super::future::{Pending, ResponseFuture};
 use super::key::KeyExtractor;

@@ -214,6 +214,7 @@ mod config;
 #[cfg(test)]
 mod differential;
 mod driver;
+mod limiter;
 #[cfg(test)]
 mod model;
 mod node;
@@ -228,10 +229,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-pub(crate) use cell::{SyncCell, SyncPolicy};
 #[allow(deprecated)]
 pub use config::Fallback;
 pub use config::{FailMode, RedisSync, SyncMode};
+pub use limiter::SyncedLimiter;
 
 /// A snapshot of a sync task's health.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -352,5 +353,3 @@ impl SyncHandle {
         }
     }
 }
-
-pub(crate) use task::start;

@@ -17,13 +17,14 @@ use redis::cluster_routing::Slot;
 use super::cell::{Cold, NEW, OutageMode, SyncCell, SyncPolicy, WANT_HOT};
 use super::config::Settings;
 use super::driver::{self, Driver, Health, Timing, nanos};
+use super::limiter::SyncedLimiter;
 use super::node::{self, Need, NodeParams};
 use super::protocol::{Answer, Params, Request, Shape};
 use super::{FailMode, RedisSync, Shared, SyncHandle, SyncMode};
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Plan, Policy};
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::limiter::RateLimiter;
+use crate::quota::Quota;
 use crate::redis::connection::{Connection, Link};
 use crate::redis::keys::write_key;
 use crate::redis::rule::script_args;
@@ -137,10 +138,23 @@ struct HotView {
     /// Keys turned hot since the start.
     turned: u64,
 }
-/// Validates `config` for the limiter's algorithm and spawns the task for `limiter`,
-/// which must use a synced store.
+/// The capacity of `quota` under `algorithm`, if the sync can hold it.
+pub(crate) fn supported(algorithm: Algorithm, quota: Quota) -> Result<u64, ConfigError> {
+    match Plan::new(algorithm, quota)? {
+        Plan::Word(word)
+            if matches!(algorithm, Algorithm::TokenBucket | Algorithm::SlidingWindow) =>
+        {
+            Ok(word.capacity())
+        }
+        _ => Err(ConfigError::Unsupported(
+            "background sync supports token-bucket and sliding-window",
+        )),
+    }
+}
+
+/// Validates `config` for the limiter's algorithm and spawns the task for `limiter`.
 pub(crate) fn start<K, C>(
-    limiter: RateLimiter<K, C>,
+    limiter: SyncedLimiter<K, C>,
     config: RedisSync,
 ) -> Result<SyncHandle, ConfigError>
 where
@@ -150,11 +164,6 @@ where
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?;
     let algorithm = limiter.algorithm();
     let quota = limiter.quota();
-    if !matches!(algorithm, Algorithm::TokenBucket | Algorithm::SlidingWindow) {
-        return Err(ConfigError::Unsupported(
-            "background sync supports token-bucket and sliding-window",
-        ));
-    }
     let settings = config.validate(quota.period_ns())?;
     let args = script_args(algorithm, quota).map_err(|e| match e {
         crate::redis::RedisError::Config(e) => e,
@@ -246,16 +255,15 @@ where
     // Until its first read of the keys turned hot, a node cannot tell which keys are
     // cold: new keys start cold and wait for it (as a new key waits for its first lease).
     if task.cold.is_some() {
-        if let Some(store) = limiter.synced_store() {
-            let policy = store.default_policy();
-            store.set_policy(
-                SyncPolicy {
-                    cold: Some(Cold::UNVOUCHED),
-                    ..policy
-                },
-                0,
-            );
-        }
+        let store = limiter.store();
+        let policy = store.default_policy();
+        store.set_policy(
+            SyncPolicy {
+                cold: Some(Cold::UNVOUCHED),
+                ..policy
+            },
+            0,
+        );
     }
     let handle = runtime.spawn(supervise(Arc::new(task), limiter, for_run, guard));
     Ok(SyncHandle {
@@ -269,8 +277,8 @@ where
 /// limiter's users have all dropped it.
 async fn supervise<K, C>(
     task: Arc<Task>,
-    limiter: RateLimiter<K, C>,
-    for_run: RateLimiter<K, C>,
+    limiter: SyncedLimiter<K, C>,
+    for_run: SyncedLimiter<K, C>,
     _guard: PrefixGuard,
 ) where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
@@ -280,9 +288,7 @@ async fn supervise<K, C>(
     if (&mut inner.0).await.is_ok() {
         return;
     }
-    let Some(store) = limiter.synced_store() else {
-        return;
-    };
+    let store = limiter.store();
     {
         let mut cell = task.shared.stats.lock();
         cell.stats.task_died = true;
@@ -452,14 +458,12 @@ impl Task {
             .map(Arc::new)
     }
 
-    async fn run<K, C>(self: Arc<Self>, limiter: RateLimiter<K, C>)
+    async fn run<K, C>(self: Arc<Self>, limiter: SyncedLimiter<K, C>)
     where
         K: Hash + Eq + Clone + Display + Send + Sync + 'static,
         C: Clock,
     {
-        let Some(store) = limiter.synced_store() else {
-            return;
-        };
+        let store = limiter.store();
         let origin = tokio::time::Instant::now();
         let mut p = Progress {
             driver: Driver::new(self.timing, driver::seed(&self.node), 0),

@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use plotters::prelude::*;
-use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
+use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 use tollgate::{Quota, RateLimiter};
 use tollgate_testing::LocalRedis;
 
@@ -68,7 +68,7 @@ async fn run(
     mode: SyncMode,
 ) -> Result<Vec<u64>, Box<dyn std::error::Error>> {
     let quota: Quota = scenario.quota.parse()?;
-    let mut nodes: Vec<(RateLimiter<String>, SyncHandle)> = Vec::new();
+    let mut nodes: Vec<(SyncedLimiter<String>, SyncHandle)> = Vec::new();
     for _ in scenario.load {
         let sync = RedisSync::new(&server.url())
             .mode(mode)

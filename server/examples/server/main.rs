@@ -29,7 +29,7 @@ use axum::routing::get;
 use tollgate::RateLimiter;
 use tollgate::http::{HeaderStyle, KeyExtractor, RateLimitLayer};
 use tollgate::redis::{FailMode, RedisLimiter};
-use tollgate::sync::{RedisSync, SyncHandle, SyncMode};
+use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 
 mod args;
 mod prometheus;
@@ -38,10 +38,47 @@ use args::{Args, Command, Headers, OnFailure, Sync};
 
 /// Where the limit lives.
 enum Tier {
-    /// In this process, maybe synced through Redis.
-    Local(RateLimiter<String>, Option<SyncHandle>),
+    /// In this process.
+    Local(RateLimiter<String>),
+    /// In this process, one limit across the nodes through a Redis sync.
+    Synced(SyncedLimiter<String>, SyncHandle),
     /// In Redis, one script call per request.
     Exact(RedisLimiter),
+}
+
+impl Tier {
+    /// The layer limiting with this tier.
+    fn layer(&self, args: &Args) -> RateLimitLayer {
+        match self {
+            Tier::Local(limiter) => RateLimitLayer::new(limiter.clone()),
+            Tier::Synced(limiter, _) => RateLimitLayer::new(limiter.clone()),
+            Tier::Exact(limiter) => {
+                let mode = match args.on_redis_failure {
+                    OnFailure::Open => FailMode::Open,
+                    OnFailure::Closed => FailMode::Closed,
+                    OnFailure::Local => FailMode::Local(args.quota),
+                };
+                RateLimitLayer::new((limiter.clone(), mode))
+            }
+        }
+    }
+
+    /// Publishes the in-process limiter's totals (`stats` does) and returns how many keys
+    /// it holds; `None` for the exact tier, which holds none.
+    fn publish(&self) -> Option<usize> {
+        match self {
+            Tier::Local(limiter) => Some(limiter.stats().keys),
+            Tier::Synced(limiter, _) => Some(limiter.stats().keys),
+            Tier::Exact(_) => None,
+        }
+    }
+
+    fn sync(&self) -> Option<&SyncHandle> {
+        match self {
+            Tier::Synced(_, handle) => Some(handle),
+            _ => None,
+        }
+    }
 }
 
 fn key_extractor(args: &Args) -> Result<KeyExtractor, String> {
@@ -135,35 +172,17 @@ async fn run(args: Args) -> Result<(), String> {
         )
         // `route_layer`: only these routes are limited; a request for an unknown path
         // (the fallback's 404) uses up no quota.
-        .route_layer(
-            match &tier {
-                Tier::Local(limiter, _) => RateLimitLayer::new(limiter.clone()),
-                Tier::Exact(limiter) => {
-                    let mode = match args.on_redis_failure {
-                        OnFailure::Open => FailMode::Open,
-                        OnFailure::Closed => FailMode::Closed,
-                        OnFailure::Local => FailMode::Local(args.quota),
-                    };
-                    RateLimitLayer::redis(limiter.clone(), mode)
-                }
-            }
-            .key(key)
-            .headers(headers),
-        )
+        .route_layer(tier.layer(&args).key(key).headers(headers))
         .route_layer(axum::middleware::map_response(count));
-    let scrape = match &tier {
-        Tier::Local(limiter, _) => Some(limiter.clone()),
-        Tier::Exact(_) => None,
-    };
+    let tier = Arc::new(tier);
+    let scrape = Arc::clone(&tier);
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/metrics",
             get(move || {
-                // Fresh totals first: `stats` publishes them.
-                if let Some(limiter) = &scrape {
-                    limiter.stats();
-                }
+                // Fresh totals first.
+                scrape.publish();
                 std::future::ready(prometheus.render())
             }),
         )
@@ -178,14 +197,9 @@ async fn run(args: Args) -> Result<(), String> {
         args.quota, args.algorithm
     );
 
-    let (limiter, sync) = match tier {
-        Tier::Local(limiter, sync) => (Some(limiter), sync.map(Arc::new)),
-        Tier::Exact(_) => (None, None),
-    };
     let stats = tokio::spawn({
         let counters = Arc::clone(&counters);
-        let limiter = limiter.clone();
-        let sync = sync.clone();
+        let tier = Arc::clone(&tier);
         async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.tick().await;
@@ -195,7 +209,7 @@ async fn run(args: Args) -> Result<(), String> {
                     counters.allowed.swap(0, Ordering::Relaxed),
                     counters.denied.swap(0, Ordering::Relaxed),
                 );
-                let Some(limiter) = &limiter else {
+                let Some(keys) = tier.publish() else {
                     // A closed stdout (a supervisor that stopped reading) ends no task.
                     let _ = writeln!(
                         std::io::stdout(),
@@ -203,7 +217,7 @@ async fn run(args: Args) -> Result<(), String> {
                     );
                     continue;
                 };
-                let sync = match &sync {
+                let sync = match tier.sync() {
                     None => "off".to_owned(),
                     Some(handle) => {
                         let s = handle.stats();
@@ -222,8 +236,7 @@ async fn run(args: Args) -> Result<(), String> {
                 };
                 let _ = writeln!(
                     std::io::stdout(),
-                    "allowed {allowed:>6}  denied {denied:>6}  keys {:>6}  sync {sync}",
-                    limiter.len()
+                    "allowed {allowed:>6}  denied {denied:>6}  keys {keys:>6}  sync {sync}"
                 );
             }
         }
@@ -238,7 +251,7 @@ async fn run(args: Args) -> Result<(), String> {
     let result = serve.await.map_err(|e| e.to_string());
     stats.abort();
     let _ = stats.await;
-    if let Some(handle) = sync.and_then(|h| Arc::try_unwrap(h).ok()) {
+    if let Ok(Tier::Synced(_, handle)) = Arc::try_unwrap(tier) {
         handle.shutdown().await;
     }
     result
@@ -262,10 +275,7 @@ async fn tier(args: &Args) -> Result<Tier, String> {
         if args.sync == Sync::Off {
             return Err("--sync off needs --redis or --redis-cluster".into());
         }
-        return Ok(Tier::Local(
-            builder.build().map_err(|e| e.to_string())?,
-            None,
-        ));
+        return Ok(Tier::Local(builder.build().map_err(|e| e.to_string())?));
     }
     let mode = match args.sync {
         Sync::Reconcile => SyncMode::Reconcile,
@@ -321,7 +331,7 @@ async fn tier(args: &Args) -> Result<Tier, String> {
             "warning: Redis is not answering yet{why}; serving by the local fallback until it does"
         );
     }
-    Ok(Tier::Local(limiter, Some(handle)))
+    Ok(Tier::Synced(limiter, handle))
 }
 
 /// A one-field JSON object, `{"field":"value"}`, with the value escaped as JSON requires.

@@ -1,0 +1,182 @@
+//! The limiters a [`RateLimitLayer`](super::RateLimitLayer) runs on, behind one trait:
+//! [`LayerLimiter`], for the in-process limiter, the synced limiter and the Redis tier.
+
+use std::borrow::Borrow;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::limiter::RateLimiter;
+use crate::quota::Quota;
+#[cfg(feature = "redis")]
+use crate::sync::SyncedLimiter;
+
+/// A limiter a [`RateLimitLayer`](super::RateLimitLayer) can run on, for keys of type
+/// `K`:
+///
+/// - [`RateLimiter<K, C>`](crate::RateLimiter): in process;
+/// - [`SyncedLimiter<K, C>`](crate::sync::SyncedLimiter) (cargo feature `redis`): in
+///   process, one limit across the nodes sharing a Redis;
+/// - `(RedisLimiter, FailMode)` (cargo feature `redis`): every decision in Redis, and
+///   when Redis fails, the [`FailMode`](crate::redis::FailMode) decides.
+///
+/// The layer asks the limiter for its name (the `limiter` label of its metric), its
+/// quota and capacity (the `RateLimit-Policy` and `RateLimit-Limit` fields).
+///
+/// The trait is implemented by tollgate's limiters only: its one method is not part of
+/// the public API.
+///
+/// ```
+/// use tollgate::http::{KeyExtractor, RateLimitLayer};
+/// use tollgate::RateLimiter;
+///
+/// let local: RateLimiter<String> = RateLimiter::new("10/s".parse()?);
+/// let layer = RateLimitLayer::keyed(local, KeyExtractor::header("x-api-key")?);
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait LayerLimiter<K>: Send + 'static {
+    /// What the layer runs on, looked up by `Q`.
+    #[doc(hidden)]
+    fn into_backing<Q>(self) -> Backing<Q>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>;
+}
+
+/// What the layer keeps of a [`LayerLimiter`]. Not part of the public API.
+#[doc(hidden)]
+pub struct Backing<Q: ?Sized> {
+    pub(crate) backend: Backend<Q>,
+    pub(crate) name: Arc<str>,
+    pub(crate) quota: Quota,
+    pub(crate) capacity: u64,
+}
+
+/// A local limiter, as the layer uses it: looked up by `Q`.
+pub(crate) trait LocalLimiter<Q: ?Sized>: Send + Sync {
+    /// Decides one request; a leaky bucket's admission more than `max_delay` ns away is
+    /// a deny instead (`u64::MAX`: never).
+    fn check(&self, key: &Q, max_delay: u64) -> Decision;
+}
+
+/// Makes an in-process limiter type (`name`, `quota`, `capacity`) a [`LayerLimiter`]
+/// whose requests `check` decides.
+macro_rules! in_process {
+    ($limiter:ident, |$this:ident, $key:ident, $max_delay:ident| $check:expr) => {
+        impl<K: crate::Key, C: Clock> LayerLimiter<K> for $limiter<K, C> {
+            fn into_backing<Q>(self) -> Backing<Q>
+            where
+                K: Borrow<Q>,
+                Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+            {
+                Backing {
+                    name: Arc::from(self.name()),
+                    quota: self.quota(),
+                    capacity: self.capacity(),
+                    backend: Backend::Local(Arc::new(self)),
+                }
+            }
+        }
+
+        impl<K, Q, C> LocalLimiter<Q> for $limiter<K, C>
+        where
+            K: crate::Key + Borrow<Q>,
+            Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+            C: Clock,
+        {
+            #[inline]
+            fn check(&self, $key: &Q, $max_delay: u64) -> Decision {
+                let $this = self;
+                $check
+            }
+        }
+    };
+}
+
+in_process!(RateLimiter, |limiter, key, max_delay| {
+    if max_delay == u64::MAX {
+        RateLimiter::check(limiter, key)
+    } else {
+        limiter
+            .check_within(key, 1, max_delay)
+            .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+    }
+});
+
+// A synced limiter's algorithms never delay an admission: `max_delay` has nothing to
+// refuse.
+#[cfg(feature = "redis")]
+in_process!(SyncedLimiter, |limiter, key, _max_delay| {
+    SyncedLimiter::check(limiter, key)
+});
+
+#[cfg(feature = "redis")]
+mod redis {
+    use std::borrow::Borrow;
+    use std::hash::Hash;
+    use std::sync::Arc;
+
+    use super::{Backend, BackendError, Backing, LayerLimiter, RemoteLimiter};
+    use crate::redis::{FailMode, RedisLimiter};
+
+    impl LayerLimiter<String> for (RedisLimiter, FailMode) {
+        fn into_backing<Q>(self) -> Backing<Q>
+        where
+            String: Borrow<Q>,
+            Q: ?Sized + Hash + Eq + ToOwned<Owned = String>,
+        {
+            let (limiter, on_failure) = self;
+            let (name, quota, capacity) = (
+                Arc::from(limiter.name()),
+                limiter.quota(),
+                limiter.capacity(),
+            );
+            let remote: RemoteLimiter<Q> = Arc::new(move |key: &Q| {
+                let limiter = limiter.clone();
+                let key: String = key.to_owned();
+                Box::pin(async move {
+                    let (decision, error) = limiter.check_reporting(&key, on_failure).await;
+                    (decision, error.map(|e| Box::new(e) as BackendError))
+                })
+            });
+            Backing {
+                backend: Backend::Remote(remote),
+                name,
+                quota,
+                capacity,
+            }
+        }
+    }
+}
+
+/// An error a backend recovered from by its failure policy (the Redis tier's
+/// [`FailMode`](crate::redis::FailMode)), reported to the decision hook.
+pub type BackendError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A decision that must be awaited (the Redis tier), with the error its failure policy
+/// answered for, if any.
+pub(crate) type RemoteDecision =
+    Pin<Box<dyn Future<Output = (Decision, Option<BackendError>)> + Send>>;
+
+/// A remote limiter, as the layer uses it: starts the decision for a key.
+pub(crate) type RemoteLimiter<Q> = Arc<dyn Fn(&Q) -> RemoteDecision + Send + Sync>;
+
+/// Where decisions come from.
+pub(crate) enum Backend<Q: ?Sized> {
+    Local(Arc<dyn LocalLimiter<Q>>),
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Remote(RemoteLimiter<Q>),
+}
+
+impl<Q: ?Sized> Clone for Backend<Q> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Local(l) => Self::Local(Arc::clone(l)),
+            Self::Remote(r) => Self::Remote(Arc::clone(r)),
+        }
+    }
+}
