@@ -220,6 +220,7 @@ mod model;
 mod node;
 mod observe;
 mod protocol;
+mod round;
 #[cfg(test)]
 mod sim;
 mod task;

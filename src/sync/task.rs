@@ -20,6 +20,7 @@ use super::driver::{self, Driver, Health, Timing, nanos};
 use super::limiter::SyncedLimiter;
 use super::node::{self, Need, NodeParams};
 use super::protocol::{Answer, Params, Request, Shape};
+use super::round::{self, Call, Selection};
 use super::{FailMode, RedisSync, Shared, SyncHandle, SyncMode};
 use crate::algorithm::{Algorithm, Plan, Policy};
 use crate::clock::Clock;
@@ -388,13 +389,6 @@ pub(crate) fn round_args<'a>(
     args
 }
 
-/// One call of the round script: with the heartbeat (the registry as its first key) or
-/// not, and the indices of the round's keys it carries.
-struct Call {
-    registry: bool,
-    items: Vec<usize>,
-}
-
 /// Numbers per key in a round's reply: grant, overdraft, reserved, stale, share, until,
 /// owes.
 const ANSWER_LEN: usize = 7;
@@ -646,9 +640,7 @@ impl Task {
     where
         K: Hash + Eq + Clone + Display,
     {
-        let max = self.config.round_keys;
-        let mut classes: [Vec<K>; 3] = [Vec::new(), Vec::new(), Vec::new()];
-        let mut waiting = 0;
+        let mut selection = Selection::new(self.config.round_keys);
         let mut released = Vec::new();
         let mut idle_cold = Vec::new();
         let rescan = std::mem::take(&mut hot.rescan);
@@ -694,21 +686,15 @@ impl Task {
                 node::need(cell, &books, &self.node_params, now)
             };
             let Some(need) = need else { return };
-            let class = need as usize;
-            let room = max - classes[..class].iter().map(Vec::len).sum::<usize>();
-            if classes[class].len() < room {
-                classes[class].push(key.clone());
-            } else if need == Need::Release && node::release_locally(cell, &mut books) {
-                released.push(key.clone());
-            } else {
-                waiting += 1;
+            if let Err(key) = selection.offer(key.clone(), need) {
+                if need == Need::Release && node::release_locally(cell, &mut books) {
+                    released.push(key);
+                } else {
+                    selection.wait();
+                }
             }
         });
-        let [mut chosen, report, release] = classes;
-        chosen.extend(report);
-        chosen.extend(release);
-        waiting += chosen.len().saturating_sub(max);
-        chosen.truncate(max);
+        let (chosen, waiting) = selection.finish();
         let dropped = released
             .iter()
             .filter(|key| store.remove_if(key, SyncCell::is_released))
@@ -933,7 +919,12 @@ impl Task {
                 .await?;
             hot_read = Some(Ok(read));
         }
-        let plan = self.plan(&keys);
+        let cluster = self.config.options.target.is_cluster();
+        let plan = round::batches(
+            &keys,
+            self.config.batch_size,
+            cluster.then_some(|key: &[u8]| Slot::for_key(key)),
+        );
         let sent = Instant::now();
         let wall_sent = SystemTime::now();
         let heard = p.heard.clone();
@@ -1112,42 +1103,6 @@ impl Task {
         );
         out.push(b'}');
         out
-    }
-
-    /// The round's script calls, grouped in pipelines. On one server: one pipeline of
-    /// calls of `batch_size` keys, each with the heartbeat (an empty round still
-    /// heartbeats). On a cluster, where a call's keys must share a slot: one pipeline per
-    /// slot, of calls of at most `batch_size` of its keys, and the heartbeat alone.
-    fn plan(&self, keys: &[Vec<u8>]) -> Vec<Vec<Call>> {
-        let batch = self.config.batch_size;
-        let chunks = |indices: Vec<usize>, registry: bool| -> Vec<Call> {
-            indices
-                .chunks(batch)
-                .map(|items| Call {
-                    registry,
-                    items: items.to_vec(),
-                })
-                .collect()
-        };
-        if !self.config.options.target.is_cluster() {
-            if keys.is_empty() {
-                return vec![vec![Call {
-                    registry: true,
-                    items: Vec::new(),
-                }]];
-            }
-            return vec![chunks((0..keys.len()).collect(), true)];
-        }
-        let mut by_slot: std::collections::HashMap<Slot, Vec<usize>> = Default::default();
-        for (i, key) in keys.iter().enumerate() {
-            by_slot.entry(Slot::for_key(key)).or_default().push(i);
-        }
-        let mut plan = vec![vec![Call {
-            registry: true,
-            items: Vec::new(),
-        }]];
-        plan.extend(by_slot.into_values().map(|indices| chunks(indices, false)));
-        plan
     }
 
     /// Sends one pipeline of calls (loading the script once if Redis lost it), within
