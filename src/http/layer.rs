@@ -54,7 +54,7 @@ use crate::decision::Decision;
 /// `Router::route_layer` (not `layer`), then `merge` the groups: `route_layer` limits only
 /// requests that match one of the group's routes, so an unknown path (axum's fallback)
 /// consumes no group's quota. To give some clients a different quota on the same routes,
-/// use [`RateLimiter::set_quota`] on the layer's limiter.
+/// use [`RateLimiter::set_quota`](crate::RateLimiter::set_quota) on the layer's limiter.
 pub struct RateLimitLayer<K = String, E: ExtractKey<K> = KeyExtractor> {
     config: Arc<Config<K, E>>,
 }

@@ -16,22 +16,12 @@ use super::fallback::{FailMode, Fallbacks, LocalClock};
 use super::keys::{KeyHasher, write_key};
 use super::options::RedisOptions;
 use super::rule::{Rule, capacity_of, short_name};
+use super::scripts;
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
-
-/// The scripts, as sent to Redis, one per algorithm. Public so that tests and operators
-/// can inspect or `EVAL` them directly.
-pub mod scripts {
-    /// The token bucket (GCRA in integer microseconds).
-    pub const TOKEN_BUCKET: &str = include_str!("token_bucket.lua");
-    /// The sliding window counter.
-    pub const SLIDING_WINDOW: &str = include_str!("sliding_window.lua");
-    /// The fixed window counter.
-    pub const FIXED_WINDOW: &str = include_str!("fixed_window.lua");
-}
 
 /// The default timeout of a call to Redis.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);

@@ -20,11 +20,12 @@ pub(crate) mod limiter;
 mod observe;
 pub(crate) mod options;
 pub(crate) mod rule;
+pub mod scripts;
 
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use error::{RedisCause, RedisError};
 pub use fallback::FailMode;
 pub use limiter::{
-    DEFAULT_DENY_CACHE_KEYS, DEFAULT_TIMEOUT, RedisBuilder, RedisLimiter, RedisStats, scripts,
+    DEFAULT_DENY_CACHE_KEYS, DEFAULT_TIMEOUT, RedisBuilder, RedisLimiter, RedisStats,
 };
 pub use options::RedisOptions;

@@ -255,7 +255,7 @@ fn the_script_computes_exactly_what_serve_computes() {
             .and_then(|c| c.get_connection())
             .expect("connected"),
     );
-    let script = redis::Script::new(super::task::ROUND);
+    let script = redis::Script::new(crate::redis::scripts::SYNC_ROUND);
     let base_now = server_now(&mut con.borrow_mut());
     // 3,000 cases: the kinds depend on the server's clock as the cases run, and on a
     // busy machine 2,000 once made only 45 late rounds.

@@ -1,5 +1,5 @@
 //! The server side of a sync round, `serve`: the specification that the round script
-//! (`round.lua`) implements step by step. Compiled for tests only: the deterministic
+//! (`redis/lua/sync_round.lua`) implements step by step. Compiled for tests only: the deterministic
 //! simulation runs it as its Redis, and the differential test checks the script against
 //! it on a real redis-server. See [`super::protocol`] for the arithmetic it follows.
 

@@ -1,8 +1,8 @@
 //! One sync round for one key, as pure integer arithmetic: the messages a node sends and
 //! receives (`Request`, `Answer`) and the server side's arithmetic (`model::serve`): the
 //! global state and the per-node records in, the answer out. No clock, no Redis, no I/O: time is
-//! an argument. The Lua scripts (`sync_token_bucket.lua`, `sync_sliding_window.lua`)
-//! compute exactly this, step by step (a differential test on a real redis-server checks
+//! an argument. The Lua script (`redis/lua/sync_round.lua`, for both shapes) computes
+//! exactly this, step by step (a differential test on a real redis-server checks
 //! it), and the deterministic simulation drives this function as its Redis.
 //!
 //! # Units

@@ -2,7 +2,7 @@
 //! picks the keys each round sends, talks to Redis, and applies the fail mode when the
 //! driver says the node fell silent. When rounds run, how they back off and when the
 //! node is stale is the driver's (`driver`, run by the simulation too); the arithmetic
-//! of a round is in `node` (this side) and `model` (Redis's side, run by `round.lua`).
+//! of a round is in `node` (this side) and `model` (Redis's side, run by `redis/lua/sync_round.lua`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Display;
@@ -29,10 +29,9 @@ use crate::quota::Quota;
 use crate::redis::connection::{Connection, Link};
 use crate::redis::keys::write_key;
 use crate::redis::rule::script_args;
+use crate::redis::scripts::{SYNC_HOT_KEYS as HOT_KEYS, SYNC_ROUND as ROUND};
 use crate::store::Store;
 
-pub(crate) const ROUND: &str = include_str!("round.lua");
-pub(crate) const HOT_KEYS: &str = include_str!("hot.lua");
 /// A cold key unused for this long (and whose share is whole again) is dropped.
 const COLD_IDLE: Duration = Duration::from_secs(1);
 /// How many rounds a shutdown may run to flush every key.
@@ -345,7 +344,7 @@ impl Progress {
     }
 }
 
-/// The arguments of one call of `round.lua`: the node, the registry's TTL, the limit, the
+/// The arguments of one call of `sync_round.lua`: the node, the registry's TTL, the limit, the
 /// round's parameters and number, then each key's request, in the order the script
 /// reads them.
 pub(crate) fn round_args<'a>(

@@ -1,0 +1,15 @@
+//! The Lua scripts, as sent to Redis: all of them, the Redis tier's (one per algorithm)
+//! and the background sync's, kept together in `src/redis/lua/`. Public so that tests and
+//! operators can inspect or `EVAL` them directly.
+
+/// The Redis tier's token bucket (GCRA in integer microseconds).
+pub const TOKEN_BUCKET: &str = include_str!("lua/token_bucket.lua");
+/// The Redis tier's sliding window counter.
+pub const SLIDING_WINDOW: &str = include_str!("lua/sliding_window.lua");
+/// The Redis tier's fixed window counter.
+pub const FIXED_WINDOW: &str = include_str!("lua/fixed_window.lua");
+/// The background sync's round: a node's heartbeat, reports and lease requests for a
+/// batch of keys of one slot (see [`crate::sync`]).
+pub const SYNC_ROUND: &str = include_str!("lua/sync_round.lua");
+/// The background sync's cold tier: announces and reads the keys turned hot.
+pub const SYNC_HOT_KEYS: &str = include_str!("lua/sync_hot_keys.lua");
