@@ -1,20 +1,19 @@
 //! [`SyncedLimiter`]: a keyed limiter whose keys spend allowances a background sync
-//! obtains from Redis, and the [`Builder::build_synced`] that starts it.
+//! obtains from Redis.
 
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use super::cell::{SyncCell, SyncPolicy};
-use super::{RedisSync, SyncHandle};
+use super::cell::SyncCell;
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
-use crate::error::{ConfigError, InsufficientCapacity};
-use crate::limiter::{Builder, Common, Key};
+use crate::error::InsufficientCapacity;
+use crate::limiter::{Common, Key};
 use crate::quota::Quota;
-use crate::store::{Limits, Store, StoreStats};
+use crate::store::{Store, StoreStats};
 
 /// A keyed limiter that holds one limit across every node sharing a Redis: checks stay
 /// in process (nanoseconds, no I/O), while a background task trades each key's use for
@@ -100,6 +99,13 @@ impl<K: Key, C> SyncedLimiter<K, C> {
         self.inner.store.default_policy().capacity
     }
 
+    /// A limiter of `store`, whose sync task is not started yet.
+    pub(super) fn new(store: Store<K, SyncCell>, common: Common<C>) -> Self {
+        Self {
+            inner: Arc::new(Inner { store, common }),
+        }
+    }
+
     /// How many clones of this limiter exist (the sync task holds a few of its own).
     pub(crate) fn handles(&self) -> usize {
         Arc::strong_count(&self.inner)
@@ -112,6 +118,15 @@ impl<K: Key, C> SyncedLimiter<K, C> {
 }
 
 impl<K: Key, C: Clock> SyncedLimiter<K, C> {
+    /// Publishes the limiter's stats every second (inside a tokio runtime) for as long as
+    /// it lives.
+    #[cfg(feature = "metrics")]
+    pub(super) fn publish_every_second(&self) {
+        crate::observe::every_second(Arc::downgrade(&self.inner), |inner| {
+            SyncedLimiter { inner }.stats();
+        });
+    }
+
     /// Checks one request for `key` and spends one unit of the key's allowance on this
     /// node if it is admitted.
     ///
@@ -169,49 +184,5 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         self.inner
             .store
             .peek(key, self.inner.common.clock.now_ns(), n)
-    }
-}
-
-impl<K: Key, C: Clock> Builder<K, C> {
-    /// Builds a [`SyncedLimiter`]: one limit held by every node sharing a Redis through a
-    /// background sync (cargo feature `redis`), and starts the sync task on the current
-    /// tokio runtime. See [`crate::sync`] for the modes, their bounds and what happens
-    /// during outages. Keys are written to Redis with their `Display` form.
-    ///
-    /// # Errors
-    /// As [`build`](Self::build); also [`ConfigError::Unsupported`] for an algorithm
-    /// other than `TokenBucket` and `SlidingWindow`, [`ConfigError::NoRuntime`] outside
-    /// a tokio runtime, and the Redis tier's quota limits.
-    pub fn build_synced(
-        self,
-        sync: RedisSync,
-    ) -> Result<(SyncedLimiter<K, C>, SyncHandle), ConfigError>
-    where
-        K: Clone + fmt::Display,
-    {
-        let (common, limits, quota) = self.into_parts()?;
-        let capacity = super::task::supported(common.algorithm, quota)?;
-        // Until the first round tells how many nodes share the limit, a new key waits for
-        // its first lease (the sync task sets each key's share of a fresh capacity then).
-        let interval_ns = super::driver::nanos(sync.interval);
-        let policy = SyncPolicy::new(quota, capacity, 0, interval_ns);
-        // Synced keys are dropped by the sync task once released; the cap still applies.
-        let limits = Limits {
-            sweep: false,
-            ..limits
-        };
-        let limiter = SyncedLimiter {
-            inner: Arc::new(Inner {
-                store: Store::new(limits, policy),
-                common,
-            }),
-        };
-        // Every second, `stats` publishes (inside a tokio runtime).
-        #[cfg(feature = "metrics")]
-        crate::observe::every_second(Arc::downgrade(&limiter.inner), |inner| {
-            SyncedLimiter { inner }.stats();
-        });
-        let handle = super::task::start(limiter.clone(), sync)?;
-        Ok((limiter, handle))
     }
 }

@@ -209,6 +209,7 @@
 //! with a slewing clock (chrony, ntpd), not a stepping one.
 
 mod books;
+mod build;
 mod cell;
 mod config;
 #[cfg(test)]

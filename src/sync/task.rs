@@ -22,10 +22,9 @@ use super::node::{self, Need, NodeParams};
 use super::protocol::{Answer, Params, Request, Shape};
 use super::round::{self, Call, Selection};
 use super::{FailMode, RedisSync, Shared, SyncHandle, SyncMode};
-use crate::algorithm::{Algorithm, Plan, Policy};
+use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::quota::Quota;
 use crate::redis::connection::{Connection, Link};
 use crate::redis::keys::write_key;
 use crate::redis::rule::script_args;
@@ -138,20 +137,6 @@ struct HotView {
     /// Keys turned hot since the start.
     turned: u64,
 }
-/// The capacity of `quota` under `algorithm`, if the sync can hold it.
-pub(crate) fn supported(algorithm: Algorithm, quota: Quota) -> Result<u64, ConfigError> {
-    match Plan::new(algorithm, quota)? {
-        Plan::Word(word)
-            if matches!(algorithm, Algorithm::TokenBucket | Algorithm::SlidingWindow) =>
-        {
-            Ok(word.capacity())
-        }
-        _ => Err(ConfigError::Unsupported(
-            "background sync supports token-bucket and sliding-window",
-        )),
-    }
-}
-
 /// Validates `config` for the limiter's algorithm and spawns the task for `limiter`.
 pub(crate) fn start<K, C>(
     limiter: SyncedLimiter<K, C>,
