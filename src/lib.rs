@@ -58,8 +58,8 @@
 //! |---|---|---|---|
 //! | [`RateLimiter`] | in process | per node: `N` nodes admit up to `N ×` the quota | nanoseconds |
 //! | `redis::RedisLimiter` (`redis`) | one Lua script in Redis per check | the quota, exactly | one round trip |
-//! | `Builder::build_synced` (`redis`), lease | in process, spending leased units | `r·t + B + r·H + 2·N` (token bucket) | nanoseconds |
-//! | `Builder::build_synced`, reconcile | in process; rounds charge what was admitted | `r·t + x`, `x` adding the overdrafts of one round (see `sync`) | nanoseconds |
+//! | `sync::SyncedLimiter` (`redis`, from `Builder::build_synced`), lease | in process, spending leased units | `r·t + B + r·H + 2·N` (token bucket) | nanoseconds |
+//! | `sync::SyncedLimiter`, reconcile | in process; rounds charge what was admitted | `r·t + x`, `x` adding the overdrafts of one round (see `sync`) | nanoseconds |
 //!
 //! (`r` the rate, `B` the burst, `N` nodes, `H` twice the sync interval.)
 //! The `sync` module documents the protocol, its bounds, and what happens while Redis is

@@ -1,6 +1,8 @@
-//! Background sync (cargo feature `redis`): a local limiter that approximates — or, with
+//! Background sync (cargo feature `redis`): a local limiter, [`SyncedLimiter`] (made by
+//! [`Builder::build_synced`](crate::Builder::build_synced)), that approximates — or, with
 //! [`SyncMode::Lease`], never exceeds — one global limit shared by many nodes through
-//! Redis.
+//! Redis. Its algorithm is the token bucket or the sliding window; its quota is the same
+//! on every node, set when it is built.
 //!
 //! Checks stay local. A synced key holds, on each node, tokens **leased** from the global
 //! state and, in reconcile mode, an **overdraft**; a check spends them by CAS — no await,
