@@ -135,7 +135,6 @@ mod quota;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
-#[cfg(feature = "tokio")]
 mod rng;
 mod store;
 #[cfg(feature = "redis")]

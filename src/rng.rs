@@ -1,5 +1,6 @@
-//! A small xorshift generator (Marsaglia's 13/7/17), for jitter: the waiting API's random
-//! extra wait and the sync's round schedule. Not for anything that must be unpredictable.
+//! A small xorshift generator (Marsaglia's 13/7/17), for jitter (the waiting API's random
+//! extra wait and the sync's round schedule) and the stores' sampled eviction. Not for
+//! anything that must be unpredictable.
 
 use std::time::Duration;
 

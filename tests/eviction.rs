@@ -143,3 +143,41 @@ fn a_flood_of_new_keys_is_contained() {
         assert_eq!(accounted, 10_000_001, "{when_full:?}: {stats:?}");
     }
 }
+
+/// A full limiter whose keys are all active evicts the one whose eviction loses the
+/// least (the fewest units consumed), in both stores, with every key a candidate (fewer
+/// keys than samples): the busier keys keep their state.
+#[test]
+fn a_full_limiter_evicts_the_least_active_key() {
+    for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingLog] {
+        let clock = ManualClock::new();
+        let limiter: RateLimiter<u64, ManualClock> =
+            RateLimiter::builder("10/min".parse().unwrap())
+                .algorithm(algorithm)
+                .clock(clock.clone())
+                .shards(1)
+                .max_keys(4)
+                .when_full(WhenFull::EvictLeastActive)
+                .build()
+                .unwrap();
+        // Key k uses k + 2 units: key 0 is the least active.
+        for key in [3u64, 0, 2, 1] {
+            for _ in 0..key + 2 {
+                assert!(limiter.check(&key).is_allowed());
+            }
+        }
+        assert_eq!(limiter.len(), 4);
+        assert!(limiter.check(&99).is_allowed());
+        assert_eq!(limiter.len(), 4, "{algorithm:?}");
+        assert_eq!(limiter.stats().evicted_active, 1, "{algorithm:?}");
+        // Key 0 starts afresh; the others kept what they used.
+        assert_eq!(limiter.peek(&0).remaining(), 10, "{algorithm:?}");
+        for key in 1..4u64 {
+            assert_eq!(
+                limiter.peek(&key).remaining(),
+                10 - (key + 2),
+                "{algorithm:?} key {key}"
+            );
+        }
+    }
+}

@@ -39,6 +39,7 @@ pub(crate) use word::WordStore;
 
 use crate::algorithm::Policy;
 use crate::error::InsufficientCapacity;
+use crate::rng::XorShift;
 
 /// How many keys the eviction hand visits per inserted key, dropping the untouched
 /// ones: enough to keep pace with inserts, small enough to be O(1) per insert.
@@ -82,12 +83,36 @@ impl Room {
     }
 }
 
-/// The next draw of a xorshift64 generator (for sampling keys to evict).
-fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
+/// Sampled least-active eviction, as both stores run it: of up to [`SAMPLES`]
+/// candidates among `positions` (every position when `every`, else up to `draws` random
+/// ones), the position whose eviction loses the least. `cost_at` gives a position's cost
+/// (units consumed, then ns to reset), or `None` when it holds no candidate.
+fn least_costly(
+    positions: usize,
+    every: bool,
+    draws: usize,
+    rng: &mut XorShift,
+    mut cost_at: impl FnMut(usize) -> Option<(u64, u64)>,
+) -> Option<usize> {
+    let mut victim: Option<((u64, u64), usize)> = None;
+    let mut seen = 0;
+    let draws = if every { positions } else { draws };
+    for draw in 0..draws {
+        if seen == SAMPLES || positions == 0 {
+            break;
+        }
+        let at = if every {
+            draw
+        } else {
+            (rng.next_u64() % positions as u64) as usize
+        };
+        let Some(cost) = cost_at(at) else { continue };
+        seen += 1;
+        if victim.is_none_or(|(best, _)| cost < best) {
+            victim = Some((cost, at));
+        }
+    }
+    victim.map(|(_, at)| at)
 }
 
 /// What a limiter at [`max_keys`](crate::Builder::max_keys) does with a new key once no

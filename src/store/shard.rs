@@ -12,8 +12,9 @@ use std::hash::Hash;
 use super::key_quotas::KeyQuotas;
 use super::state::State;
 use super::table::{Entry, Table};
-use super::{Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, WhenFull, xorshift};
+use super::{Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, WhenFull, least_costly};
 use crate::algorithm::Policy;
+use crate::rng::XorShift;
 
 /// The keys of one shard, under one lock.
 pub(crate) struct Shard<K, S: State> {
@@ -25,7 +26,7 @@ pub(crate) struct Shard<K, S: State> {
     /// The eviction hand: the next entry position the sweep looks at.
     hand: usize,
     /// Xorshift state for sampling.
-    rng: u64,
+    rng: XorShift,
 }
 
 impl<K: Hash + Eq, S: State> Shard<K, S> {
@@ -35,7 +36,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
             policy,
             key_quotas: KeyQuotas::new(),
             hand: 0,
-            rng: seed | 1,
+            rng: XorShift::new(seed),
         }
     }
 
@@ -183,22 +184,19 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         if when_full == WhenFull::DenyNewKeys || before == 0 {
             return Room::none_until(soonest, fallback);
         }
-        let mut victim = None;
         // With no more keys than samples, every key is a candidate: random draws could
         // miss the one that loses least.
         let len = self.table.len();
-        for draw in 0..SAMPLES.min(len) {
-            let at = if len <= SAMPLES {
-                draw
-            } else {
-                (xorshift(&mut self.rng) % len as u64) as usize
-            };
-            if self.table.entry(at).state.evictable() {
-                let candidate = (self.eviction_cost(at, now, rehash), at);
-                victim = Some(victim.map_or(candidate, |v: ((u64, u64), usize)| v.min(candidate)));
-            }
-        }
-        let Some((_, at)) = victim else {
+        let mut rng = self.rng;
+        let victim = least_costly(len, len <= SAMPLES, SAMPLES, &mut rng, |at| {
+            let entry = self.table.entry(at);
+            entry
+                .state
+                .evictable()
+                .then(|| self.eviction_cost(at, now, rehash))
+        });
+        self.rng = rng;
+        let Some(at) = victim else {
             // Nothing sampled can go without losing what it owes: refuse the new key, as
             // `DenyNewKeys` would, until something can.
             return Room::none_until(u64::MAX, fallback);

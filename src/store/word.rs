@@ -33,12 +33,14 @@ use super::epoch_table::{EpochTable, Guard, Slot, Table, Word, Writer, reclaim};
 use super::hash::{KeyHashing, for_table};
 use super::key_quotas::KeyQuotas;
 use super::{
-    Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, WhenFull, fits, xorshift,
+    Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, WhenFull, fits,
+    least_costly,
 };
 use crate::algorithm::{Outcome, Policy, UNTOUCHED, WordPolicy};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
+use crate::rng::XorShift;
 
 /// The smallest table a shard keeps.
 const MIN_CAPACITY: usize = 8;
@@ -90,7 +92,7 @@ struct Hand {
     /// The next slot the eviction hand looks at.
     at: usize,
     /// Xorshift state for sampling.
-    rng: u64,
+    rng: XorShift,
 }
 
 type WordShard<K> = EpochTable<K, Policies<K>, Hand>;
@@ -194,7 +196,7 @@ impl<K: crate::Key> WordStore<K> {
                     let hand = Hand {
                         live: 0,
                         at: 0,
-                        rng: hasher.hash_one(i) | 1,
+                        rng: XorShift::new(hasher.hash_one(i)),
                     };
                     CachePadded::new(EpochTable::new(MIN_CAPACITY, policies(), hand))
                 })
@@ -498,38 +500,24 @@ impl<K: crate::Key> WordStore<K> {
         if self.limits.when_full == WhenFull::DenyNewKeys || writer.state().live == 0 {
             return Room::none_until(soonest, fallback);
         }
-        let capacity = table.capacity();
-        let mut victim: Option<((u64, u64), usize, u64)> = None;
-        let mut seen = 0;
         // With no more live keys than samples, every key is a candidate (the table is
         // then small: it shrinks below a quarter full): random draws could miss the one
         // that loses least.
         let every = writer.state().live <= SAMPLES;
-        let draws = if every { capacity } else { SAMPLES * 8 };
-        for draw in 0..draws {
-            if seen == SAMPLES {
-                break;
-            }
-            let at = if every {
-                draw
-            } else {
-                (xorshift(&mut writer.state().rng) % capacity as u64) as usize
-            };
+        let mut rng = writer.state().rng;
+        let victim = least_costly(table.capacity(), every, SAMPLES * 8, &mut rng, |at| {
             let slot = table.slot(at);
             let Word::Live(state) = slot.load() else {
-                continue;
+                return None;
             };
-            seen += 1;
             let snapshot = self.slot_policy(table, slot).peek(state, now, 0);
-            let cost = (
+            Some((
                 snapshot.limit() - snapshot.remaining(),
                 snapshot.reset_after_ns(),
-            );
-            if victim.is_none_or(|(best, _, _)| cost < best) {
-                victim = Some((cost, at, state));
-            }
-        }
-        let Some((_, at, _)) = victim else {
+            ))
+        });
+        writer.state().rng = rng;
+        let Some(at) = victim else {
             return Room::None {
                 retry_after_ns: fallback,
             };
