@@ -269,9 +269,8 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let common = &self.inner.common;
-        let decision = unit(
-            on_store!(&self.inner.engine, s => s.check(key, || common.clock.now_ns(), 1, u64::MAX)),
-        );
+        let now = || common.clock.now_ns();
+        let decision = unit(on_store!(&self.inner.engine, s => s.check(key, now, 1, u64::MAX)));
         common.record(key, &decision);
         decision
     }
@@ -307,7 +306,8 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let common = &self.inner.common;
-        let decided = on_store!(&self.inner.engine, s => s.check(key, || common.clock.now_ns(), n, max_delay));
+        let now = || common.clock.now_ns();
+        let decided = on_store!(&self.inner.engine, s => s.check(key, now, n, max_delay));
         common.record_n(key, &decided);
         decided
     }

@@ -179,7 +179,8 @@ mod tests {
             let urgency = |key: &usize| need(needs[*key]) as usize;
             prop_assert!(chosen.windows(2).all(|w| urgency(&w[0]) <= urgency(&w[1])));
             let worst_chosen = chosen.iter().map(urgency).max();
-            let mut left_out: Vec<usize> = (0..needs.len()).filter(|k| !chosen.contains(k)).collect();
+            let mut left_out: Vec<usize> =
+                (0..needs.len()).filter(|k| !chosen.contains(k)).collect();
             left_out.sort_by_key(urgency);
             if let (Some(worst), Some(best_left)) = (worst_chosen, left_out.first().map(urgency)) {
                 prop_assert!(worst <= best_left, "a less urgent key went before a more urgent one");

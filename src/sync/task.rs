@@ -1,8 +1,9 @@
 //! The sync task: one per limiter, on tokio. It sleeps until its [`Driver`] wants it,
 //! picks the keys each round sends, talks to Redis, and applies the fail mode when the
 //! driver says the node fell silent. When rounds run, how they back off and when the
-//! node is stale is the driver's (`driver`, run by the simulation too); the arithmetic
-//! of a round is in `node` (this side) and `model` (Redis's side, run by `redis/lua/sync_round.lua`).
+//! node is stale is the driver's (`driver`, run by the simulation too); what a round
+//! carries is `round`'s; the arithmetic of a round is in `node` (this side) and `model`
+//! (Redis's side, run by `redis/lua/sync_round.lua`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Display;
@@ -329,9 +330,9 @@ impl Progress {
     }
 }
 
-/// The arguments of one call of `sync_round.lua`: the node, the registry's TTL, the limit, the
-/// round's parameters and number, then each key's request, in the order the script
-/// reads them.
+/// The arguments of one call of `sync_round.lua`: the node, the registry's TTL, the
+/// limit, the round's parameters and number, then each key's request, in the order the
+/// script reads them.
 pub(crate) fn round_args<'a>(
     params: &Params,
     node: &str,
