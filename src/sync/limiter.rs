@@ -17,8 +17,9 @@ use crate::store::{Store, StoreStats};
 
 /// A keyed limiter that holds one limit across every node sharing a Redis: checks stay
 /// in process (nanoseconds, no I/O), while a background task trades each key's use for
-/// fresh allowance once per sync interval. Made by [`Builder::build_synced`]; see
-/// [the module's docs](crate::sync) for the modes and their bounds.
+/// fresh allowance once per sync interval. Made by
+/// [`Builder::build_synced`](crate::Builder::build_synced); see [the module's
+/// docs](crate::sync) for the modes and their bounds.
 ///
 /// `SyncedLimiter` is `Send + Sync` and cheap to clone; clones share the same state.
 /// Every method works on it: what a synced limiter cannot do (change a quota on one
@@ -63,12 +64,13 @@ impl<K: Key, C> SyncedLimiter<K, C> {
     }
 
     /// This node's counters, as [`RateLimiter::stats`](crate::RateLimiter::stats). The
-    /// sync's own counters are [`SyncHandle::stats`].
+    /// sync's own counters are [`SyncHandle::stats`](super::SyncHandle::stats).
     pub fn stats(&self) -> StoreStats {
         self.inner.common.stats(self.inner.store.stats())
     }
 
-    /// The limiter's name ([`Builder::name`]; `"default"` unless set).
+    /// The limiter's name ([`Builder::name`](crate::Builder::name); `"default"` unless
+    /// set).
     pub fn name(&self) -> &str {
         &self.inner.common.name
     }
