@@ -94,11 +94,14 @@ fn least_costly(
     rng: &mut XorShift,
     mut cost_at: impl FnMut(usize) -> Option<(u64, u64)>,
 ) -> Option<usize> {
+    if positions == 0 {
+        return None;
+    }
     let mut victim: Option<((u64, u64), usize)> = None;
     let mut seen = 0;
     let draws = if every { positions } else { draws };
     for draw in 0..draws {
-        if seen == SAMPLES || positions == 0 {
+        if seen == SAMPLES {
             break;
         }
         let at = if every {
