@@ -612,9 +612,9 @@ mod server_binary {
                     "--redis",
                     "redis://127.0.0.1:1/",
                     "--algorithm",
-                    "fixed-window",
+                    "sliding-log",
                 ][..],
-                "token-bucket and sliding-window",
+                "cannot be leased out",
             ),
         ] {
             let out = Command::new(binary()).args(flags).output().unwrap();

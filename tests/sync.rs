@@ -7,6 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{example_server, excess_over_rate, within_rate};
+use tollgate::clock::Clock;
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
 use tollgate_testing::LocalRedis;
@@ -278,29 +279,39 @@ async fn reconcile_tracks_the_global_limit() {
     stop(nodes).await;
 }
 
-/// The sliding window in reconcile mode at 6× overload stays within its documented
-/// per-window bound and admits most of the limit.
+/// The window counters in reconcile mode at 6× overload stay within their documented
+/// per-window bound and admit most of the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_sliding_windows_stay_bounded() {
     let _serial = SERIAL.lock().await;
     let server = server();
     let quota = Quota::per_second(1000).unwrap();
-    let nodes = nodes(
-        &server,
-        Algorithm::SlidingWindow,
-        quota,
-        SyncMode::Reconcile,
-        "rec-sw",
-        4,
-    );
-    let admitted = drive(&server, &nodes, quota, 6.0, 8).await;
-    let counts = per_window(&admitted, quota.period(), 8);
-    // limit + 2·(limit + limit·H/period + N)
-    let bound = 1000 + 2 * (1000 + 1000 * 2 * INTERVAL.as_millis() as u64 / 1000 + 4);
-    for (w, &c) in counts.iter().enumerate().skip(1) {
-        assert!((900..=bound).contains(&c), "window {w}: {c}: {counts:?}");
+    for algorithm in [Algorithm::SlidingWindow, Algorithm::FixedWindow] {
+        let nodes = nodes(
+            &server,
+            algorithm,
+            quota,
+            SyncMode::Reconcile,
+            &format!("rec-{}", algorithm.name()),
+            4,
+        );
+        let admitted = drive(&server, &nodes, quota, 6.0, 8).await;
+        let counts = per_window(&admitted, quota.period(), 8);
+        // limit + 2·(limit + limit·H/period + N), and for the fixed window the leases
+        // carried from the window before (limit·H/period + 2·N).
+        let held = 1000 * 2 * INTERVAL.as_millis() as u64 / 1000;
+        let mut bound = 1000 + 2 * (1000 + held + 4);
+        if algorithm == Algorithm::FixedWindow {
+            bound += held + 8;
+        }
+        for (w, &c) in counts.iter().enumerate().skip(1) {
+            assert!(
+                (900..=bound).contains(&c),
+                "{algorithm:?} window {w}: {c}: {counts:?}"
+            );
+        }
+        stop(nodes).await;
     }
-    stop(nodes).await;
 }
 
 /// Lease, 4 nodes, saturating skewed load: never more than the documented bound, and at
@@ -309,7 +320,12 @@ async fn reconcile_sliding_windows_stay_bounded() {
 async fn leases_never_exceed_the_global_limit() {
     let _serial = SERIAL.lock().await;
     let server = server();
-    for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindow] {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+    ] {
         let quota = Quota::new(1000, Duration::from_millis(1000)).unwrap();
         let nodes = nodes(
             &server,
@@ -334,7 +350,7 @@ async fn leases_never_exceed_the_global_limit() {
             );
         }
         match algorithm {
-            Algorithm::TokenBucket => {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                 // B + r·H + 2N: the leases held when an interval starts.
                 let rate = 1000.0 / 1_000_000.0;
                 let bound = 1000.0 + rate * 2.0 * INTERVAL.as_micros() as f64 + 8.0;
@@ -691,22 +707,64 @@ async fn a_dropped_handle_leaves_the_sync_running_for_the_limiters_life() {
 }
 
 #[tokio::test]
-async fn unsupported_setups_are_refused() {
-    let quota = Quota::per_second(10).unwrap();
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingLog,
+async fn the_sliding_log_is_refused() {
+    let err = RateLimiter::<String>::builder(Quota::per_second(10).unwrap())
+        .algorithm(Algorithm::SlidingLog)
+        .build_synced(RedisSync::new("redis://127.0.0.1:1/"))
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("sliding log"), "{err}");
+}
+
+/// The leaky bucket, synced: admissions are the token bucket's (checked by
+/// `leases_never_exceed_the_global_limit`), and each node's queue paces them at its
+/// share of the rate, so the fleet's outflow (each admission at its slot) never exceeds
+/// the rate: at most `r·t` plus a token a node in any span `t`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synced_leaky_bucket_paces_the_fleet_at_the_rate() {
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    let quota = Quota::per_second(50).unwrap().with_burst(10).unwrap();
+    let nodes = nodes(
+        &server,
         Algorithm::LeakyBucket,
-    ] {
-        let err = RateLimiter::<String>::builder(quota)
-            .algorithm(algorithm)
-            .build_synced(RedisSync::new("redis://127.0.0.1:1/"))
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("token-bucket and sliding-window"),
-            "{err}"
-        );
+        quota,
+        SyncMode::Lease,
+        "lb-pace",
+        2,
+    );
+    // Each node offers 100/s for 3 s, taking every slot up to 200 ms away.
+    let mut slots: Vec<Vec<u64>> = vec![Vec::new(); 2];
+    let start = Instant::now();
+    let mut ticker = tokio::time::interval(Duration::from_millis(10));
+    while start.elapsed() < Duration::from_secs(3) {
+        ticker.tick().await;
+        for (i, (limiter, _)) in nodes.iter().enumerate() {
+            let now = limiter.clock().now_ns();
+            let d = limiter.check("k");
+            if d.is_allowed() {
+                assert!(d.delay() <= Duration::from_secs(2), "{d:?}");
+                slots[i].push(now + d.delay().as_nanos() as u64);
+            }
+        }
     }
+    let pace = 2 * 20_000_000; // this node's share: 25/s
+    for (i, s) in slots.iter().enumerate() {
+        assert!(s.len() >= 20, "node {i} admitted only {}", s.len());
+        for w in s.windows(2) {
+            assert!(w[1] + 1_000_000 >= w[0] + pace, "node {i}: {w:?}");
+        }
+    }
+    let mut all: Vec<u64> = slots.concat();
+    all.sort_unstable();
+    for (j, &from) in all.iter().enumerate() {
+        let within = all[j..]
+            .iter()
+            .take_while(|&&t| t < from + 1_000_000_000)
+            .count();
+        assert!(within <= 50 + 2, "{within} slots in a second from {from}");
+    }
+    stop(nodes).await;
 }
 
 #[test]

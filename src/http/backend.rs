@@ -107,11 +107,15 @@ in_process!(RateLimiter, |limiter, key, max_delay| {
     }
 });
 
-// A synced limiter's algorithms never delay an admission: `max_delay` has nothing to
-// refuse.
 #[cfg(feature = "redis")]
-in_process!(SyncedLimiter, |limiter, key, _max_delay| {
-    SyncedLimiter::check(limiter, key)
+in_process!(SyncedLimiter, |limiter, key, max_delay| {
+    if max_delay == u64::MAX {
+        SyncedLimiter::check(limiter, key)
+    } else {
+        limiter
+            .check_within(key, 1, max_delay)
+            .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+    }
 });
 
 #[cfg(feature = "redis")]

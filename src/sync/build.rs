@@ -4,6 +4,7 @@ use std::fmt;
 
 use super::cell::SyncPolicy;
 use super::limiter::SyncedLimiter;
+use super::protocol::Shape;
 use super::{RedisSync, SyncHandle};
 use crate::algorithm::{Algorithm, Plan, Policy};
 use crate::clock::Clock;
@@ -19,9 +20,10 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// during outages. Keys are written to Redis with their `Display` form.
     ///
     /// # Errors
-    /// As [`build`](Self::build); also [`ConfigError::Unsupported`] for an algorithm
-    /// other than `TokenBucket` and `SlidingWindow`, [`ConfigError::NoRuntime`] outside
-    /// a tokio runtime, and the Redis tier's quota limits.
+    /// As [`build`](Self::build); also [`ConfigError::Unsupported`] for the sliding log
+    /// (its per-request timestamps cannot be leased out as counts),
+    /// [`ConfigError::NoRuntime`] outside a tokio runtime, and the Redis tier's quota
+    /// limits.
     pub fn build_synced(
         self,
         sync: RedisSync,
@@ -30,11 +32,16 @@ impl<K: Key, C: Clock> Builder<K, C> {
         K: Clone + fmt::Display,
     {
         let (common, limits, quota) = self.into_parts()?;
-        let capacity = supported(common.algorithm, quota)?;
+        let (shape, capacity) = supported(common.algorithm, quota)?;
         // Until the first round tells how many nodes share the limit, a new key waits for
         // its first lease (the sync task sets each key's share of a fresh capacity then).
         let interval_ns = super::driver::nanos(sync.interval);
-        let policy = SyncPolicy::new(quota, capacity, 0, interval_ns);
+        let mut policy = SyncPolicy::new(quota, capacity, 0, interval_ns);
+        if common.algorithm == Algorithm::LeakyBucket {
+            // At the whole rate until the first round tells how many nodes share it
+            // (nothing is admitted before it).
+            policy.pace_ns = shape.ticks_per_token().saturating_mul(1_000);
+        }
         // Synced keys are dropped by the sync task once released; the cap still applies.
         let limits = Limits {
             sweep: false,
@@ -48,16 +55,12 @@ impl<K: Key, C: Clock> Builder<K, C> {
     }
 }
 
-/// The capacity of `quota` under `algorithm`, if the sync can hold it.
-fn supported(algorithm: Algorithm, quota: Quota) -> Result<u64, ConfigError> {
+/// The shape and capacity of `quota` under `algorithm`, if the sync can hold it.
+fn supported(algorithm: Algorithm, quota: Quota) -> Result<(Shape, u64), ConfigError> {
+    let shape = Shape::new(algorithm, quota)?;
     match Plan::new(algorithm, quota)? {
-        Plan::Word(word)
-            if matches!(algorithm, Algorithm::TokenBucket | Algorithm::SlidingWindow) =>
-        {
-            Ok(word.capacity())
-        }
-        _ => Err(ConfigError::Unsupported(
-            "background sync supports token-bucket and sliding-window",
-        )),
+        Plan::Word(word) => Ok((shape, word.capacity())),
+        // Only the sliding log keeps a log, and `Shape::new` refused it.
+        Plan::Log(_) => Err(ConfigError::Unsupported("the sliding log cannot be synced")),
     }
 }

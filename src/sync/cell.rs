@@ -47,18 +47,18 @@ pub(crate) struct Cold {
 impl Cold {
     /// The cold share of a quota of `capacity` at `ticks` µs per token among `nodes`
     /// nodes, vouched for until `until`; `None` when a node's share of the burst is
-    /// under one token. A sliding window's share is half a burst and half the rate, so
+    /// under one token. A window counter's share is half a burst and half the rate, so
     /// that no window of the period admits more than its share.
     pub(crate) fn share(
         capacity: u64,
         ticks: u64,
         nodes: u64,
-        sliding: bool,
+        windowed: bool,
         until: u64,
     ) -> Option<Self> {
         let nodes = nodes.max(1);
-        let burst = capacity / (nodes * if sliding { 2 } else { 1 });
-        let t_ns = Self::t_ns(ticks, nodes, sliding);
+        let burst = capacity / (nodes * if windowed { 2 } else { 1 });
+        let t_ns = Self::t_ns(ticks, nodes, windowed);
         (burst >= 1).then(|| Self {
             t_ns,
             tau_ns: (burst - 1).saturating_mul(t_ns),
@@ -77,11 +77,11 @@ impl Cold {
     };
 
     /// The ns per token of a node's cold share among `nodes` nodes, at `ticks` µs per
-    /// token of the whole rate (half the node's share of the rate for the sliding
-    /// window).
-    pub(crate) fn t_ns(ticks: u64, nodes: u64, sliding: bool) -> u64 {
+    /// token of the whole rate (half the node's share of the rate for the window
+    /// counters).
+    pub(crate) fn t_ns(ticks: u64, nodes: u64, windowed: bool) -> u64 {
         ticks
-            .saturating_mul(if sliding { 2_000 } else { 1_000 })
+            .saturating_mul(if windowed { 2_000 } else { 1_000 })
             .saturating_mul(nodes.max(1))
     }
 
@@ -119,6 +119,10 @@ pub(crate) struct SyncPolicy {
     /// The cold tier's share, while this node may admit on cold keys; a key first seen
     /// while it is `None` starts hot.
     pub(crate) cold: Option<Cold>,
+    /// The leaky bucket's pace on this node (ns per token: its even share of the rate);
+    /// 0 for the other algorithms. Each admission is given the slot at which this node's
+    /// queue reaches it, so the nodes' outflows add up to at most the rate.
+    pub(crate) pace_ns: u64,
 }
 
 impl SyncPolicy {
@@ -130,6 +134,7 @@ impl SyncPolicy {
             interval_ns,
             outage: OutageMode::Normal,
             cold: None,
+            pace_ns: 0,
         }
     }
 }
@@ -170,10 +175,12 @@ pub(crate) struct SyncCell {
     /// Units admitted with no allowance at all, under [`OutageMode::Open`].
     pub(crate) overdrawn: AtomicU64,
     /// The limiter-clock instant (ns) after which the lease is void: the end of Redis's
-    /// window, for a sliding-window lease in lease mode; never otherwise.
+    /// window, for a window counter's lease in lease mode; never otherwise.
     pub(crate) expires: AtomicU64,
     /// A cold key's GCRA (limiter clock, ns); [`HOT`] once the key is synced.
     pub(crate) cold_tat: AtomicU64,
+    /// The leaky bucket: when (limiter clock, ns) this node's queue for the key is empty.
+    pub(crate) drain_at: AtomicU64,
     /// The sync task's books: only the task takes this lock.
     pub(crate) books: Mutex<Books>,
 }
@@ -189,6 +196,7 @@ impl Default for SyncCell {
             overdrawn: AtomicU64::new(0),
             expires: AtomicU64::new(0),
             cold_tat: AtomicU64::new(HOT),
+            drain_at: AtomicU64::new(0),
             books: Mutex::new(Books::default()),
         }
     }
@@ -247,6 +255,7 @@ impl SyncCell {
         mut tat: u64,
         now: u64,
         cost: u64,
+        max_delay: u64,
     ) -> Option<Decision> {
         let Some(cold) = policy.cold.filter(|c| c.until > 0) else {
             return Some(Self::decision(policy, false, 0));
@@ -261,6 +270,16 @@ impl SyncCell {
                 }
                 return Some(Self::decision(policy, false, cold.left(tat, at)));
             }
+            // The leaky bucket: the cold GCRA is this node's queue at its share, and an
+            // admission waits until the queue is empty.
+            let delay = if policy.pace_ns > 0 {
+                tat.saturating_sub(now)
+            } else {
+                0
+            };
+            if delay > max_delay {
+                return Some(Self::late(policy, cold.left(tat, at), delay - max_delay));
+            }
             match self.cold_tat.compare_exchange_weak(
                 tat,
                 next,
@@ -268,16 +287,52 @@ impl SyncCell {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
-                    return Some(Decision::allow(
-                        policy.capacity,
-                        cold.left(next, at),
-                        next.saturating_sub(now),
-                    ));
+                    return Some(
+                        Decision::allow(
+                            policy.capacity,
+                            cold.left(next, at),
+                            next.saturating_sub(now),
+                        )
+                        .with_delay(delay),
+                    );
                 }
                 Err(HOT) => return None,
                 Err(actual) => tat = actual,
             }
         }
+    }
+
+    /// A leaky-bucket admission refused because its slot is `excess` ns later than the
+    /// caller would wait: a deny that consumed nothing.
+    fn late(policy: &SyncPolicy, remaining: u64, excess: u64) -> Decision {
+        Decision::deny(policy.capacity, remaining, excess, excess)
+    }
+
+    /// The leaky bucket: joins this node's queue for `cost` tokens at `now`, returning
+    /// the wait until its slot; `Err(wait)` (and nothing joined) when the wait would be
+    /// longer than `max_delay`.
+    fn join_queue(&self, pace_ns: u64, now: u64, cost: u64, max_delay: u64) -> Result<u64, u64> {
+        let mut wait = 0;
+        self.drain_at
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |empty_at| {
+                wait = empty_at.saturating_sub(now);
+                (wait <= max_delay).then(|| {
+                    empty_at
+                        .max(now)
+                        .saturating_add(cost.saturating_mul(pace_ns))
+                })
+            })
+            .map(|_| wait)
+            .map_err(|_| wait)
+    }
+
+    /// Leaves the queue joined by an admission that was then denied.
+    fn leave_queue(&self, pace_ns: u64, cost: u64) {
+        let _ = self
+            .drain_at
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |empty_at| {
+                Some(empty_at.saturating_sub(cost.saturating_mul(pace_ns)))
+            });
     }
 
     /// Takes `cost` from `pool` if it holds that much.
@@ -287,6 +342,24 @@ impl SyncCell {
         })
         .ok()
         .map(|left| left - cost)
+    }
+}
+
+impl SyncCell {
+    /// Spends `cost` of the lease, else of the overdraft, by one CAS; a deny writes only
+    /// the [`WANTED`] flag, once per round.
+    #[inline]
+    fn spend_lease(&self, policy: &SyncPolicy, now: u64, cost: u64) -> Decision {
+        if now < self.expires.load(Ordering::Acquire) {
+            if let Some(left) = Self::spend(&self.allowance, cost) {
+                return Self::decision(policy, true, left + self.overdraft.load(Ordering::Relaxed));
+            }
+        }
+        if let Some(left) = Self::spend(&self.overdraft, cost) {
+            return Self::decision(policy, true, left);
+        }
+        self.want(now);
+        Self::decision(policy, false, 0)
     }
 }
 
@@ -321,8 +394,12 @@ impl State for SyncCell {
 
     /// Spends `cost` of the lease, else of the overdraft, by one CAS. A deny writes only
     /// the [`WANTED`] flag, once per round.
+    ///
+    /// The leaky bucket first joins this node's queue (refusing, consuming nothing, a
+    /// slot more than `max_delay` away), and leaves it again if the key has nothing to
+    /// spend.
     #[inline]
-    fn check(&self, policy: &SyncPolicy, now: u64, cost: u64, _max_delay: u64) -> Decision {
+    fn check(&self, policy: &SyncPolicy, now: u64, cost: u64, max_delay: u64) -> Decision {
         match policy.outage {
             OutageMode::Open => {
                 self.overdrawn.fetch_add(cost, Ordering::Relaxed);
@@ -333,20 +410,24 @@ impl State for SyncCell {
         }
         let tat = self.cold_tat.load(Ordering::Acquire);
         if tat != HOT {
-            if let Some(decision) = self.check_cold(policy, tat, now, cost) {
+            if let Some(decision) = self.check_cold(policy, tat, now, cost, max_delay) {
                 return decision;
             }
         }
-        if now < self.expires.load(Ordering::Acquire) {
-            if let Some(left) = Self::spend(&self.allowance, cost) {
-                return Self::decision(policy, true, left + self.overdraft.load(Ordering::Relaxed));
-            }
+        if policy.pace_ns == 0 {
+            return self.spend_lease(policy, now, cost);
         }
-        if let Some(left) = Self::spend(&self.overdraft, cost) {
-            return Self::decision(policy, true, left);
+        let delay = match self.join_queue(policy.pace_ns, now, cost, max_delay) {
+            Ok(delay) => delay,
+            Err(wait) => return Self::late(policy, 0, wait - max_delay),
+        };
+        let decision = self.spend_lease(policy, now, cost);
+        if decision.is_allowed() {
+            decision.with_delay(delay)
+        } else {
+            self.leave_queue(policy.pace_ns, cost);
+            decision
         }
-        self.want(now);
-        Self::decision(policy, false, 0)
     }
 
     fn peek(&self, policy: &SyncPolicy, now: u64, cost: u64) -> Decision {
@@ -427,9 +508,9 @@ mod tests {
     const SECOND: u64 = 1_000_000_000;
 
     /// 100/s burst 100 shared by `nodes`, vouched for 10 s.
-    fn policy(nodes: u64, sliding: bool) -> SyncPolicy {
+    fn policy(nodes: u64, windowed: bool) -> SyncPolicy {
         let mut policy = SyncPolicy::new(Quota::per_second(100).unwrap(), 100, 0, SECOND / 20);
-        policy.cold = Cold::share(100, 10_000, nodes, sliding, 10 * SECOND);
+        policy.cold = Cold::share(100, 10_000, nodes, windowed, 10 * SECOND);
         policy
     }
 
@@ -557,5 +638,61 @@ mod tests {
             workers.into_iter().map(|w| w.join().unwrap()).sum()
         });
         assert_eq!(total, 100);
+    }
+
+    /// The leaky bucket, hot: admissions leave this node's queue one pace apart (its
+    /// share of the rate); one whose slot is further than the caller waits is refused and
+    /// consumes nothing, and one the lease cannot cover leaves the queue as it was.
+    #[test]
+    fn a_hot_leaky_bucket_paces_admissions_at_the_nodes_share() {
+        // 100/s among 4 nodes: a token every 40 ms on this node.
+        let mut policy = SyncPolicy::new(Quota::per_second(100).unwrap(), 100, 0, SECOND / 20);
+        policy.pace_ns = Cold::t_ns(10_000, 4, false);
+        assert_eq!(policy.pace_ns, 40_000_000);
+        let cell = SyncCell::default();
+        cell.expires.store(u64::MAX, Ordering::Release);
+        cell.allowance.store(3, Ordering::Release);
+        let now = SECOND;
+        let delays: Vec<u64> = (0..2)
+            .map(|_| cell.check(&policy, now, 1, u64::MAX).delay_ns())
+            .collect();
+        assert_eq!(delays, [0, 40_000_000]);
+        // The next slot is 80 ms away: refused by a caller who waits 50 ms at most, by
+        // the 30 ms it is short, and nothing is spent.
+        let refused = cell.check(&policy, now, 1, 50_000_000);
+        assert!(!refused.is_allowed());
+        assert_eq!(refused.retry_after_ns(), 30_000_000);
+        assert_eq!(cell.allowance.load(Ordering::Acquire), 1);
+        assert_eq!(cell.drain_at.load(Ordering::Acquire), now + 80_000_000);
+        // A cost of 2 the lease cannot cover is denied and leaves the queue as it was.
+        assert!(!cell.check(&policy, now, 2, u64::MAX).is_allowed());
+        assert_eq!(cell.drain_at.load(Ordering::Acquire), now + 80_000_000);
+        assert_eq!(cell.check(&policy, now, 1, u64::MAX).delay_ns(), 80_000_000);
+        // Later the queue has drained: no wait.
+        cell.allowance.store(1, Ordering::Release);
+        assert_eq!(cell.check(&policy, 2 * SECOND, 1, u64::MAX).delay_ns(), 0);
+    }
+
+    /// The leaky bucket, cold: the cold share's GCRA is this node's queue, so each
+    /// admission waits for its slot, one share's pace apart after the share's burst.
+    #[test]
+    fn a_cold_leaky_bucket_waits_for_its_slot() {
+        let mut policy = policy(4, false);
+        policy.pace_ns = Cold::t_ns(10_000, 4, false);
+        let cell = SyncCell::fresh(&policy);
+        let now = SECOND;
+        let delays: Vec<u64> = (0..25)
+            .map(|_| cell.check(&policy, now, 1, u64::MAX))
+            .filter(Decision::is_allowed)
+            .map(|d| d.delay_ns())
+            .collect();
+        // The share's burst (25) at once: the k-th waits k·40 ms.
+        assert_eq!(delays.len(), 25);
+        assert!(
+            delays.windows(2).all(|w| w[1] == w[0] + 40_000_000),
+            "{delays:?}"
+        );
+        assert_eq!(delays[24], 24 * 40_000_000);
+        assert!(!cell.check(&policy, now, 1, u64::MAX).is_allowed());
     }
 }

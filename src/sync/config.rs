@@ -233,7 +233,7 @@ impl RedisSync {
 
     /// Whether keys far from their limit stay **cold**: each node admits on such a key at
     /// its even share of the quota (`⌊burst / N⌋` at once, `rate / N` after; half of
-    /// each for the sliding window), locally, with no Redis traffic at all. A key whose
+    /// each for the window counters), locally, with no Redis traffic at all. A key whose
     /// share runs out on some node turns hot there, is announced to the other nodes
     /// (they turn it hot at their next round) and is synced from then on; it goes back
     /// to cold once it is released everywhere. Sync traffic is then proportional to the

@@ -99,6 +99,10 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
             limit,
             period: s * 1_000_000,
         }),
+        (1u64..10_000, 1u64..4).prop_map(|(limit, s)| Shape::FixedWindow {
+            limit,
+            period: s * 1_000_000,
+        }),
     ];
     (
         shape,
@@ -138,12 +142,9 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
                     (demand, want, anchor_ago, deadline_in, local, beyond),
                 ),
             )| {
-                let window = match shape {
-                    Shape::SlidingWindow { period, .. } => {
-                        (w < 2).then(|| (now / period).saturating_sub(w))
-                    }
-                    Shape::TokenBucket { .. } => None,
-                };
+                let window = shape
+                    .period()
+                    .and_then(|period| (w < 2).then(|| (now / period).saturating_sub(w)));
                 Case {
                     params: Params {
                         shape,
@@ -268,7 +269,7 @@ fn the_script_computes_exactly_what_serve_computes() {
     let mut runner = proptest::test_runner::TestRunner::new(config);
     // What the cases exercised: grants, overdrafts, stale rounds, refunds, late rounds,
     // silent nodes' shares charged, and debts.
-    let seen = std::cell::RefCell::new([0u32; 8]);
+    let seen = std::cell::RefCell::new([0u32; 9]);
     runner
         .run(&case(base_now), |c| {
             let mut con = con.borrow_mut();
@@ -278,7 +279,7 @@ fn the_script_computes_exactly_what_serve_computes() {
             let mut fields: Vec<(String, String)> = Vec::new();
             match c.params.shape {
                 Shape::TokenBucket { .. } => fields.push(("t".into(), c.global.tat.to_string())),
-                Shape::SlidingWindow { .. } => {
+                Shape::SlidingWindow { .. } | Shape::FixedWindow { .. } => {
                     if let Some(w) = c.global.window {
                         fields.push(("w".into(), w.to_string()));
                         fields.push(("p".into(), c.global.prev.to_string()));
@@ -349,6 +350,7 @@ fn the_script_computes_exactly_what_serve_computes() {
                 seen[5] += u32::from(prepaid_after > prepaid_before);
                 seen[6] += u32::from(state.nodes.get(NODES[c.node]).is_some_and(|r| r.owes > 0));
                 seen[7] += u32::from(others_in_fallback && prepaid_after > prepaid_before);
+                seen[8] += u32::from(answer.void > 0);
             }
             prop_assert_eq!(
                 reply_answer,
@@ -360,6 +362,7 @@ fn the_script_computes_exactly_what_serve_computes() {
                     answer.share,
                     answer.until,
                     answer.owes,
+                    answer.void,
                 ][..],
                 "answer differs at {}: {:?}",
                 now,

@@ -80,7 +80,7 @@ impl<K: Key, C> SyncedLimiter<K, C> {
         self.inner.store.default_policy().quota
     }
 
-    /// The algorithm: [`Algorithm::TokenBucket`] or [`Algorithm::SlidingWindow`].
+    /// The algorithm: any but [`Algorithm::SlidingLog`].
     pub fn algorithm(&self) -> Algorithm {
         self.inner.common.algorithm
     }
@@ -154,11 +154,26 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.check_within(key, n, u64::MAX)
+    }
+
+    /// [`check_n`](Self::check_n), refusing (as a deny, consuming nothing) a leaky-bucket
+    /// admission whose slot would be more than `max_delay` ns away.
+    pub(crate) fn check_within<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let common = &self.inner.common;
         let decided = self
             .inner
             .store
-            .check(key, || common.clock.now_ns(), n, u64::MAX);
+            .check(key, || common.clock.now_ns(), n, max_delay);
         common.record_n(key, &decided);
         decided
     }

@@ -1,8 +1,15 @@
 //! Background sync (cargo feature `redis`): a local limiter, [`SyncedLimiter`] (made by
 //! [`Builder::build_synced`](crate::Builder::build_synced)), that approximates — or, with
 //! [`SyncMode::Lease`], never exceeds — one global limit shared by many nodes through
-//! Redis. Its algorithm is the token bucket or the sliding window; its quota is the same
-//! on every node, set when it is built.
+//! Redis. Its algorithm is the token bucket, the leaky bucket, the sliding window or the
+//! fixed window (the sliding log is a build error: its per-request timestamps cannot be
+//! leased out as counts); its quota is the same on every node, set when it is built.
+//!
+//! The leaky bucket admits what the token bucket admits for the same quota (its Redis
+//! state is the token bucket's, under keys of its own), and shapes: each node queues
+//! its admissions at its even share of the rate, so [`Decision::delay`](crate::Decision::delay)
+//! is the wait for the slot, and the fleet's outflow never exceeds the rate. The fixed
+//! window is the sliding window's state with the previous window weighing nothing.
 //!
 //! Checks stay local. A synced key holds, on each node, tokens **leased** from the global
 //! state and, in reconcile mode, an **overdraft**; a check spends them by CAS — no await,
@@ -19,7 +26,7 @@
 //! Most keys are nowhere near their limit and need no coordination. With
 //! [`RedisSync::cold_keys`] (on by default in reconcile mode), a key starts **cold** on
 //! every node: each node admits on it at its even share of the quota, locally — a GCRA of
-//! `⌊B / N⌋` at once and `r / N` after (half of each for the sliding window, so that no
+//! `⌊B / N⌋` at once and `r / N` after (half of each for the window counters, so that no
 //! window admits more than `B / N`) — with no Redis round trip and nothing to report.
 //! The nodes' shares add up to at most the quota, so **while a key is cold everywhere,
 //! the global limit holds exactly**, whatever the number of keys. An idle cold key
@@ -96,8 +103,8 @@
 //!
 //! # Bounds
 //!
-//! Let `B` be the capacity (the burst for the token bucket, the limit for the sliding
-//! window), `r` the rate, `N` the number of nodes, `I` the interval, `H = 2·I` the
+//! Let `B` be the capacity (the burst for the token and leaky buckets, the limit for the
+//! window counters), `r` the rate, `N` the number of nodes, `I` the interval, `H = 2·I` the
 //! holding horizon and `Δ` the round timeout. In any interval of length `t`, all nodes
 //! together admit at most `x + r·t`, with
 //!
@@ -110,10 +117,13 @@
 //! units admitted before the round that charges them). Over the long run the rate is the
 //! limit: the simulation checks it within ±3% over 50 s, plus `N + 2` tokens, against
 //! what one exact limiter admits on the same requests (which is less than `r` only when
-//! the burst is too small to absorb the arrivals' jitter). For the sliding window: at
-//! most the limit per window of Redis's clock in lease mode (a lease is void when the
-//! window it was granted in ends); at most `B + 2·(B + B·H/period + N)` per window in
-//! reconcile mode.
+//! the burst is too small to absorb the arrivals' jitter). The leaky bucket's bounds are
+//! the token bucket's. For the window counters: at most the limit per window of Redis's
+//! clock in lease mode (a lease is void when the window it was granted in ends: what a
+//! node kept of it goes back to that window at its first round in the next, and the node
+//! drops it); at most `B + 2·(B + B·H/period + N)` per window in reconcile mode, plus
+//! `B·H/period + 2·N` for the fixed window (leases carried from the window before, which
+//! weighs nothing).
 //!
 //! A strict lease moves at most the burst per round and node: lease mode admits the full
 //! rate only when `B ≥ r·H + 1`, and rides out a round that times out only when `B ≥

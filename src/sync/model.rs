@@ -12,7 +12,9 @@ impl Shape {
     pub(crate) fn capacity_ticks(self) -> u64 {
         match self {
             Self::TokenBucket { t, tau } => tau + t,
-            Self::SlidingWindow { limit, .. } => limit * self.ticks_per_token(),
+            Self::SlidingWindow { limit, .. } | Self::FixedWindow { limit, .. } => {
+                limit * self.ticks_per_token()
+            }
         }
     }
 }
@@ -183,6 +185,7 @@ fn available(shape: Shape, g: &Global, now: u64, elapsed: u64) -> u64 {
             let weighted = (g.prev * (period - elapsed)).div_ceil(period);
             limit.saturating_sub(g.cur + weighted)
         }
+        Shape::FixedWindow { limit, .. } => limit.saturating_sub(g.cur),
     }
 }
 
@@ -197,6 +200,9 @@ fn room(shape: Shape, g: &Global, now: u64, elapsed: u64, horizon: u64) -> u64 {
         Shape::SlidingWindow { limit, period } => {
             available(shape, g, now, elapsed) + limit * horizon.min(period) / period
         }
+        // The fixed window refills only when the next one starts: nothing is counted
+        // on it.
+        Shape::FixedWindow { .. } => available(shape, g, now, elapsed),
     }
 }
 
@@ -205,7 +211,7 @@ fn room(shape: Shape, g: &Global, now: u64, elapsed: u64, horizon: u64) -> u64 {
 /// The steps, in order (the script follows them one for one):
 /// 1. drop the records of nodes gone for the retention time;
 /// 2. ignore a round at or below the node's last;
-/// 3. (sliding window) roll the windows forward to `now`;
+/// 3. (the windows) roll the windows forward to `now`;
 /// 4. charge the shares reserved for silent nodes, up to `now` (or their end);
 /// 5. charge the floor beyond the node's reservation and what was charged on its behalf
 ///    (its fallback's tokens past its share: to its own debt), or refund what it
@@ -248,7 +254,7 @@ pub(crate) fn serve(
     // 3.
     let mut elapsed = 0;
     let mut window = 0;
-    if let Shape::SlidingWindow { period, .. } = shape {
+    if let Some(period) = shape.period() {
         window = now / period;
         elapsed = now - window * period;
         let g = &mut state.global;
@@ -296,7 +302,7 @@ pub(crate) fn serve(
                 r.landed += g.tat.saturating_sub(before);
                 r.landed_end = g.tat;
             }
-            Shape::SlidingWindow { .. } => {
+            Shape::SlidingWindow { .. } | Shape::FixedWindow { .. } => {
                 g.cur += (r.prepaid + charge) / ticks - r.prepaid / ticks;
             }
         }
@@ -321,11 +327,25 @@ pub(crate) fn serve(
     // rest is charged. A round it gave up on (late: queued in a paused Redis) reports
     // what it had admitted when it was sent, so what is left of the prepaid stays for its
     // later rounds; an on-time round ends the outage, and the rest is dropped.
+    // A window counter's lease (lease mode) is void once its window ends: what the node
+    // kept of a lease reserved in an earlier window goes back to that window (as a
+    // refund), the node drops it (the answer says so), and it may ask for as much anew.
+    let void = if params.overdraft_horizon == 0
+        && shape.period().is_some()
+        && existing.is_some_and(|r| r.window < window)
+    {
+        request.keep
+    } else {
+        0
+    };
+    let floor = request.floor - void;
+    let keep = request.keep - void;
+    let want = request.want + void;
     let g = &mut state.global;
     let late = request.deadline != 0 && now > request.deadline;
     let mut charged = 0;
-    if request.floor > record.reserved {
-        let extra = request.floor - record.reserved;
+    if floor > record.reserved {
+        let extra = floor - record.reserved;
         let prepaid = extra.min(record.prepaid / ticks);
         record.prepaid -= prepaid * ticks;
         let rest = extra - prepaid;
@@ -350,13 +370,13 @@ pub(crate) fn serve(
                     g.tat = g.tat.max(from) + charged * t;
                 }
             }
-            Shape::SlidingWindow { .. } => g.cur += charged,
+            Shape::SlidingWindow { .. } | Shape::FixedWindow { .. } => g.cur += charged,
         }
-    } else if request.floor < record.reserved {
+    } else if floor < record.reserved {
         // What the node gives back of its lease. (What was charged on its behalf and
         // not used is not refunded: it was capacity reserved, and may have served no
         // one since; refunding it now could hand it out twice.)
-        let refund = record.reserved - request.floor;
+        let refund = record.reserved - floor;
         match shape {
             // Into a full bucket a refund has nowhere to go; a past `tat` (room for
             // charges spread back) is left as it is.
@@ -365,7 +385,7 @@ pub(crate) fn serve(
                     g.tat = g.tat.saturating_sub(refund * t).max(now);
                 }
             }
-            Shape::SlidingWindow { .. } => {
+            Shape::SlidingWindow { .. } | Shape::FixedWindow { .. } => {
                 if record.window == window {
                     g.cur = g.cur.saturating_sub(refund);
                 } else if record.window + 1 == window {
@@ -441,7 +461,7 @@ pub(crate) fn serve(
         let g = &mut state.global;
         match shape {
             Shape::TokenBucket { .. } => g.tat = g.tat.max(now) + repaid,
-            Shape::SlidingWindow { .. } => g.cur += tokens,
+            Shape::SlidingWindow { .. } | Shape::FixedWindow { .. } => g.cur += tokens,
         }
     }
     // 7. Under contention (another node wants tokens and has credit for one) a node
@@ -473,18 +493,16 @@ pub(crate) fn serve(
     let grant = if late {
         0
     } else {
-        request
-            .want
-            .min(avail)
+        want.min(avail)
             .min(by_credit)
-            .min(hold_cap.saturating_sub(request.keep))
+            .min(hold_cap.saturating_sub(keep))
     };
     record.credit = record.credit.saturating_sub(grant * ticks);
-    record.unmet = request.want - grant;
+    record.unmet = want - grant;
     if grant > 0 {
         match shape {
             Shape::TokenBucket { t, .. } => g.tat = g.tat.max(now) + grant * t,
-            Shape::SlidingWindow { .. } => g.cur += grant,
+            Shape::SlidingWindow { .. } | Shape::FixedWindow { .. } => g.cur += grant,
         }
     }
     // 8.
@@ -507,7 +525,7 @@ pub(crate) fn serve(
     // 9. The reservation is an even split of the rate among the registry's nodes, out
     // of what the others' unexpired reservations leave: reservations never add up past
     // the rate, so what silent nodes admit on theirs never adds up past it either.
-    let holds = request.demand > 0 || request.keep > 0 || grant > 0;
+    let holds = request.demand > 0 || keep > 0 || grant > 0;
     // A node in its fallback goes by the share and end of the last answer it received:
     // its reservation is neither renewed nor changed until a round reports no fallback.
     let fallback = request.local > 0 && existing.is_some();
@@ -533,7 +551,7 @@ pub(crate) fn serve(
     }
     record.overdraft = overdraft;
     record.seq = request.seq;
-    record.reserved = request.floor + grant;
+    record.reserved = floor + grant;
     record.window = window;
     state.nodes.insert(node.to_owned(), record);
     Answer {
@@ -544,6 +562,7 @@ pub(crate) fn serve(
         share: record.share,
         until: record.until,
         owes: record.owes.div_ceil(ticks),
+        void,
     }
 }
 

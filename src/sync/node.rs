@@ -347,6 +347,15 @@ pub(crate) fn settle(
     // What the round reported is accounted for (charged, or forgiven); what the
     // fallback handed out after its collection goes into the next floor.
     books.beyond = books.beyond.saturating_sub(request.beyond);
+    if answer.void > 0 {
+        // Redis gave the lease kept back to the window it was reserved in (it ended):
+        // what is left of it is void here too. What was spent of it meanwhile goes into
+        // the next floor, charged to the new window.
+        let left = cell.allowance.swap(0, Ordering::AcqRel);
+        books.lease_base = books.lease_base.saturating_sub(left);
+        books.local = books.local.saturating_sub(left);
+        books.beyond = books.beyond.min(books.local);
+    }
     cell.expires.store(expires, Ordering::Release);
     cell.allowance.fetch_add(answer.grant, Ordering::AcqRel);
     books.lease_base += answer.grant;

@@ -57,6 +57,12 @@
 // runs its Lua twin, and `serve` is its specification, run by the simulation and the
 // differential test. This file holds what the node side and the task use in production.
 
+use crate::algorithm::Algorithm;
+use crate::error::ConfigError;
+use crate::quota::Quota;
+use crate::redis::RedisError;
+use crate::redis::rule::script_args;
+
 /// The whole rate, as a weight: a node's demand and share are fractions of it.
 pub(crate) const WEIGHT_ONE: u64 = 1 << 20;
 /// The largest demand a node may report (16 times the rate).
@@ -64,7 +70,8 @@ pub(crate) const MAX_DEMAND: u64 = 1 << 24;
 /// The global limit a synced key shares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Shape {
-    /// GCRA: `t` µs per token, tolerance `tau = t·(burst − 1)`.
+    /// GCRA: `t` µs per token, tolerance `tau = t·(burst − 1)`. The leaky bucket's
+    /// admissions are the token bucket's for the same quota, so it shares this shape.
     TokenBucket {
         /// µs per token.
         t: u64,
@@ -78,17 +85,78 @@ pub(crate) enum Shape {
         /// The window, in µs.
         period: u64,
     },
+    /// The fixed window: `limit` per aligned window of `period` µs (the sliding window's
+    /// state, with the previous window weighing nothing).
+    FixedWindow {
+        /// Units per window.
+        limit: u64,
+        /// The window, in µs.
+        period: u64,
+    },
 }
 
 impl Shape {
+    /// The shape of `quota` under `algorithm`, in Redis's units (the Redis tier's own
+    /// arguments: the same precision limits apply).
+    ///
+    /// # Errors
+    /// [`ConfigError::Unsupported`] for the sliding log, whose per-request timestamps
+    /// cannot be leased out as counts; the Redis tier's quota errors otherwise.
+    pub(crate) fn new(algorithm: Algorithm, quota: Quota) -> Result<Self, ConfigError> {
+        let script = match algorithm {
+            Algorithm::LeakyBucket => Algorithm::TokenBucket,
+            Algorithm::SlidingLog => return Err(ConfigError::Unsupported(SLIDING_LOG)),
+            other => other,
+        };
+        let [a, b, _] = script_args(script, quota).map_err(|e| match e {
+            RedisError::Config(e) => e,
+            _ => ConfigError::Unsupported(SLIDING_LOG),
+        })?;
+        Ok(match script {
+            Algorithm::TokenBucket => Self::TokenBucket { t: a, tau: b },
+            Algorithm::SlidingWindow => Self::SlidingWindow {
+                limit: a,
+                period: b,
+            },
+            _ => Self::FixedWindow {
+                limit: a,
+                period: b,
+            },
+        })
+    }
+
     /// Ticks (µs of refill) one token costs.
     pub(crate) fn ticks_per_token(self) -> u64 {
         match self {
             Self::TokenBucket { t, .. } => t,
-            Self::SlidingWindow { limit, period } => (period / limit).max(1),
+            Self::SlidingWindow { limit, period } | Self::FixedWindow { limit, period } => {
+                (period / limit).max(1)
+            }
+        }
+    }
+
+    /// The window's length (µs), for the two window counters.
+    pub(crate) fn period(self) -> Option<u64> {
+        match self {
+            Self::TokenBucket { .. } => None,
+            Self::SlidingWindow { period, .. } | Self::FixedWindow { period, .. } => Some(period),
+        }
+    }
+
+    /// The script's name for the shape and its two numbers.
+    pub(crate) fn script_args(self) -> (&'static str, u64, u64) {
+        match self {
+            Self::TokenBucket { t, tau } => ("tb", t, tau),
+            Self::SlidingWindow { limit, period } => ("sw", limit, period),
+            Self::FixedWindow { limit, period } => ("fw", limit, period),
         }
     }
 }
+
+/// Why the sliding log cannot be synced.
+const SLIDING_LOG: &str = "background sync supports token-bucket, leaky-bucket, \
+     sliding-window and fixed-window; a sliding log's per-request timestamps cannot be \
+     leased out as counts (use sliding-window)";
 
 /// What every round of a limiter shares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,6 +237,10 @@ pub(crate) struct Answer {
     /// Tokens the node still owes for what its fallback admitted beyond its reserved
     /// share (rounded up): until it is repaid, its fallback gets no new budget.
     pub(crate) owes: u64,
+    /// Of the lease the node kept, tokens Redis gave back to the earlier window they
+    /// were reserved in (a window counter's lease in lease mode, at the first round of a
+    /// new window): the node drops what is left of its lease.
+    pub(crate) void: u64,
 }
 
 /// `⌊x · weight / WEIGHT_ONE⌋`, exact for any `x` below 2^52 (the script computes it in

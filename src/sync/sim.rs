@@ -20,7 +20,6 @@ use super::protocol::{Answer, Request, Shape};
 use super::{RedisSync, SyncMode};
 use crate::algorithm::Algorithm;
 use crate::quota::Quota;
-use crate::redis::rule::script_args;
 use crate::store::state::State;
 
 /// Milliseconds simulated.
@@ -124,7 +123,8 @@ pub(super) struct Scenario {
     pub(super) burst: u64,
     pub(super) interval_ms: u64,
     pub(super) reconcile: bool,
-    pub(super) sliding: bool,
+    /// The token bucket, or one of the window counters.
+    pub(super) algorithm: Algorithm,
     pub(super) arrivals: Vec<Arrivals>,
     /// Message latency in µs is drawn up to this.
     pub(super) max_latency_us: u64,
@@ -231,20 +231,13 @@ struct SimNode {
 impl Scenario {
     /// The global limit as the sync task computes it (the Redis tier's arguments).
     pub(super) fn shape(&self) -> Shape {
-        let algorithm = if self.sliding {
-            Algorithm::SlidingWindow
-        } else {
-            Algorithm::TokenBucket
-        };
-        let [a, b, _] = script_args(algorithm, self.quota()).expect("a representable quota");
-        if self.sliding {
-            Shape::SlidingWindow {
-                limit: a,
-                period: b,
-            }
-        } else {
-            Shape::TokenBucket { t: a, tau: b }
-        }
+        Shape::new(self.algorithm, self.quota()).expect("a representable quota")
+    }
+
+    /// Whether the algorithm is a window counter (its cold share is halved, and its
+    /// leases expire with Redis's window in lease mode).
+    pub(super) fn windowed(&self) -> bool {
+        self.shape().period().is_some()
     }
 
     pub(super) fn quota(&self) -> Quota {
@@ -255,7 +248,11 @@ impl Scenario {
 
     /// The capacity: the burst, or the window's limit.
     pub(super) fn capacity(&self) -> u64 {
-        if self.sliding { self.rate } else { self.burst }
+        if self.windowed() {
+            self.rate
+        } else {
+            self.burst
+        }
     }
 
     /// The rate as units per µs (the token bucket's is `1 / T`).
@@ -316,7 +313,7 @@ impl Scenario {
                 self.capacity(),
                 shape.ticks_per_token(),
                 nodes,
-                self.sliding,
+                self.windowed(),
                 until_us * 1_000,
             )
         };
@@ -423,11 +420,11 @@ impl Scenario {
                     if let Some((at, answer, ran_at)) = f.reply {
                         if at <= now {
                             if let Some(request) = &f.request {
-                                // A sliding-window lease (lease mode) is void when
+                                // A window counter's lease (lease mode) is void when
                                 // Redis's window it was granted in ends, less a round
                                 // trip, as the task sets it.
-                                let expires = match shape {
-                                    Shape::SlidingWindow { period, .. } if !self.reconcile => {
+                                let expires = match shape.period() {
+                                    Some(period) if !self.reconcile => {
                                         ((ran_at / period + 1) * period)
                                             .saturating_sub(now - ran_at)
                                             * 1_000
@@ -483,8 +480,11 @@ impl Scenario {
                         // turned hot, turns hot at the round (as the task's `choose`).
                         let wants_hot = node.cell.flags.load(Ordering::Acquire) & WANT_HOT != 0;
                         if node::is_cold(&node.cell) && (wants_hot || node.knows_hot) {
-                            let t_ns =
-                                Cold::t_ns(shape.ticks_per_token(), node.cold_nodes, self.sliding);
+                            let t_ns = Cold::t_ns(
+                                shape.ticks_per_token(),
+                                node.cold_nodes,
+                                self.windowed(),
+                            );
                             node::turn_hot(&node.cell, &mut node.cell.books.lock(), t_ns, now_ns);
                             node.announce = true;
                         }
@@ -726,18 +726,26 @@ pub(super) fn bound(s: &Scenario) -> f64 {
     }
 }
 
-/// The most admitted in one aligned window of the sliding window: the limit in lease
+/// The most admitted in one aligned window of a window counter: the limit in lease
 /// mode; in reconcile mode, plus the overdrafts handed out in the window (at most the
 /// limit, a holding horizon's share of it and a token a node) and those of the window
-/// before, spent in this one.
+/// before, spent in this one. The fixed window's previous window weighs nothing, so
+/// the leases still held from it (a holding horizon's worth and two tokens a node)
+/// come on top.
 pub(super) fn window_bound(s: &Scenario) -> f64 {
     let limit = s.rate as f64;
-    if s.reconcile {
-        let overdrafts = limit + limit * s.hold_us() as f64 / 1e6 + s.nodes() as f64;
-        limit + 2.0 * overdrafts
-    } else {
-        limit
+    let n = s.nodes() as f64;
+    let held = limit * s.hold_us() as f64 / 1e6 + 2.0 * n;
+    if !s.reconcile {
+        return limit;
     }
+    let overdrafts = limit + limit * s.hold_us() as f64 / 1e6 + n;
+    let carried = if s.algorithm == Algorithm::FixedWindow {
+        held
+    } else {
+        0.0
+    };
+    limit + 2.0 * overdrafts + carried
 }
 
 /// Worst figures seen over all scenarios of a property, printed at its end.
@@ -810,7 +818,7 @@ fn rate_per_s() -> impl Strategy<Value = u64> {
         .prop_filter("representable in whole microseconds", |&rate| {
             Quota::per_second(rate)
                 .ok()
-                .is_some_and(|q| script_args(Algorithm::TokenBucket, q).is_ok())
+                .is_some_and(|q| Shape::new(Algorithm::TokenBucket, q).is_ok())
         })
 }
 
@@ -846,7 +854,7 @@ mod properties {
             burst,
             interval_ms,
             reconcile,
-            sliding: false,
+            algorithm: Algorithm::TokenBucket,
             arrivals: Vec::new(),
             max_latency_us: 5_000,
             lost_per_mille: 0,
@@ -1079,8 +1087,8 @@ mod properties {
             prop_assert!(worst >= 0.95, "{worst}: {:?} of {:?}: {s:?}", out.later_admitted, out.later_offered);
         }
 
-        /// The sliding window: at most the limit per aligned window in lease mode, and the
-        /// documented bound per window in reconcile mode.
+        /// The window counters: at most the limit per aligned window in lease mode, and
+        /// the documented bound per window in reconcile mode.
         #[test]
         fn sliding_windows_hold(
             rate in rate_per_s(),
@@ -1088,11 +1096,12 @@ mod properties {
             load in 1.0f64..10.0,
             weights in prop::collection::vec(0u32..100, 1..=16),
             reconcile: bool,
+            fixed: bool,
             seed: u64,
         ) {
             prop_assume!(weights.iter().any(|&w| w > 0));
             let mut s = base(rate, rate, interval_ms, reconcile, seed);
-            s.sliding = true;
+            s.algorithm = if fixed { Algorithm::FixedWindow } else { Algorithm::SlidingWindow };
             s.arrivals = saturating(rate, load, &weights);
             let out = s.run();
             let worst = out
@@ -1102,9 +1111,10 @@ mod properties {
                 .max()
                 .unwrap_or(0);
             let limit = window_bound(&s);
-            record("sliding", |w| w.excess = w.excess.max(worst as f64 / limit));
+            let name = if fixed { "fixed" } else { "sliding" };
+            record(name, |w| w.excess = w.excess.max(worst as f64 / limit));
             if census() {
-                println!("CENSUS sliding rec={reconcile} ratio={:.3}", worst as f64 / limit);
+                println!("CENSUS {name} rec={reconcile} ratio={:.3}", worst as f64 / limit);
                 return Ok(());
             }
             prop_assert!(worst as f64 <= limit, "{worst} in a window > {limit}: {s:?}");
@@ -1403,6 +1413,7 @@ mod properties {
         report("lossy");
         report("sparse");
         report("sliding");
+        report("fixed");
         report("cold");
     }
 }

@@ -28,7 +28,6 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::redis::connection::{Connection, Link};
 use crate::redis::keys::write_key;
-use crate::redis::rule::script_args;
 use crate::redis::scripts::{SYNC_HOT_KEYS as HOT_KEYS, SYNC_ROUND as ROUND};
 use crate::store::Store;
 
@@ -112,8 +111,8 @@ struct ColdTier {
     /// How long (ns) after it last read the announcements a node may admit on its cold
     /// keys: `share_ttl` (at least the staleness), as its reserved share in the fallback.
     valid_ns: u64,
-    /// The sliding window's cold share is half a burst and half the rate.
-    sliding: bool,
+    /// A window counter's cold share is half a burst and half the rate.
+    windowed: bool,
 }
 
 /// What this node knows of the keys turned hot, and of its cold tier.
@@ -151,30 +150,11 @@ where
     let algorithm = limiter.algorithm();
     let quota = limiter.quota();
     let settings = config.validate(quota.period_ns())?;
-    let args = script_args(algorithm, quota).map_err(|e| match e {
-        crate::redis::RedisError::Config(e) => e,
-        _ => ConfigError::Unsupported("this quota cannot run on Redis"),
-    })?;
-    let (shape, tag) = match algorithm {
-        Algorithm::TokenBucket => (
-            Shape::TokenBucket {
-                t: args[0],
-                tau: args[1],
-            },
-            "tb",
-        ),
-        Algorithm::SlidingWindow => (
-            Shape::SlidingWindow {
-                limit: args[0],
-                period: args[1],
-            },
-            "sw",
-        ),
-        _ => {
-            return Err(ConfigError::Unsupported(
-                "background sync supports token-bucket and sliding-window",
-            ));
-        }
+    let shape = Shape::new(algorithm, quota)?;
+    // The leaky bucket's global state is the token bucket's, under keys of its own.
+    let tag = match algorithm {
+        Algorithm::LeakyBucket => "lb",
+        _ => shape.script_args().0,
     };
     let guard = PrefixGuard::claim(
         format!(
@@ -218,7 +198,7 @@ where
             script: redis::Script::new(HOT_KEYS),
             lifetime_ms: plan.cold_lifetime_ms,
             valid_ns: plan.cold_valid_ns,
-            sliding: matches!(shape, Shape::SlidingWindow { .. }),
+            windowed: shape.period().is_some(),
         });
     let task = Task {
         name: Arc::from(limiter.name()),
@@ -341,10 +321,7 @@ pub(crate) fn round_args<'a>(
     seq: u64,
     requests: impl IntoIterator<Item = &'a Request>,
 ) -> Vec<String> {
-    let (tag, a, b) = match params.shape {
-        Shape::TokenBucket { t, tau } => ("tb", t, tau),
-        Shape::SlidingWindow { limit, period } => ("sw", limit, period),
-    };
+    let (tag, a, b) = params.shape.script_args();
     let mut args = vec![node.to_owned(), registry_ttl_ms.to_string(), tag.to_owned()];
     args.extend(
         [
@@ -375,8 +352,8 @@ pub(crate) fn round_args<'a>(
 }
 
 /// Numbers per key in a round's reply: grant, overdraft, reserved, stale, share, until,
-/// owes.
-const ANSWER_LEN: usize = 7;
+/// owes, void.
+const ANSWER_LEN: usize = 8;
 
 fn unexpected_reply() -> redis::RedisError {
     redis::RedisError::from((redis::ErrorKind::Parse, "sync round: unexpected reply"))
@@ -567,7 +544,7 @@ impl Task {
                 super::observe::sync_round(&self.name, true, started.elapsed(), false, round.nodes);
                 if round.nodes != p.nodes {
                     p.nodes = round.nodes;
-                    self.set_fresh(store, p.nodes);
+                    self.set_shares(store, p.nodes);
                 }
                 if p.driver.on_success(p.now()) == Health::Recovered {
                     self.set_outage(store, OutageMode::Normal);
@@ -701,8 +678,8 @@ impl Task {
 
     /// The cold share's ns per token among `nodes` nodes (the rate's, when unknown).
     fn cold_t_ns(&self, nodes: u64) -> u64 {
-        let sliding = self.cold.as_ref().is_some_and(|c| c.sliding);
-        Cold::t_ns(self.node_params.ticks, nodes, sliding)
+        let windowed = self.cold.as_ref().is_some_and(|c| c.windowed);
+        Cold::t_ns(self.node_params.ticks, nodes, windowed)
     }
 
     /// Keeps the limiter's cold share in step with what this node knows: on once a read
@@ -729,7 +706,7 @@ impl Task {
                     self.node_params.capacity,
                     self.node_params.ticks,
                     h.nodes,
-                    tier.sliding,
+                    tier.windowed,
                     until,
                 )
                 .map(|c| Cold {
@@ -993,6 +970,7 @@ impl Task {
                         share: a[4],
                         until: a[5],
                         owes: a[6],
+                        void: a[7],
                     };
                     answers[i] = Some((answer, *t));
                 }
@@ -1152,7 +1130,7 @@ impl Task {
     }
 
     /// Until when (limiter clock, ns) what a round leases may be spent: for ever, but in
-    /// lease mode for the sliding window only until Redis's current window ends, brought
+    /// lease mode for the window counters only until Redis's current window ends, brought
     /// forward by a whole round trip so that the clock offset's error cannot carry a
     /// token into the next window; and how long from now the round that renews leases
     /// just after the next window starts is due.
@@ -1162,7 +1140,7 @@ impl Task {
         round_trip: Duration,
         local_now: u64,
     ) -> (u64, Option<Duration>) {
-        let Shape::SlidingWindow { period, .. } = self.params.shape else {
+        let Some(period) = self.params.shape.period() else {
             return (u64::MAX, None);
         };
         if self.params.overdraft_horizon > 0 {
@@ -1174,14 +1152,28 @@ impl Task {
         (end.saturating_sub(margin), Some(to_end + round_trip / 2))
     }
 
-    /// A key first seen on this node may overdraft its share of the capacity until its
-    /// first round (reconcile mode); in lease mode it waits for a lease.
-    fn set_fresh<K: Hash + Eq>(&self, store: &Store<K, SyncCell>, nodes: u64) {
+    /// What this node's share among `nodes` sets: a key first seen on this node may
+    /// overdraft its share of the capacity until its first round (reconcile mode; in
+    /// lease mode it waits for a lease), and the leaky bucket paces its queue at its share
+    /// of the rate.
+    fn set_shares<K: Hash + Eq>(&self, store: &Store<K, SyncCell>, nodes: u64) {
         let policy = store.default_policy();
         let fresh =
             node::fresh_overdraft(self.node_params.capacity, nodes, self.node_params.reconcile);
-        if policy.fresh != fresh {
-            store.set_policy(SyncPolicy { fresh, ..policy }, 0);
+        let pace_ns = if policy.pace_ns == 0 {
+            0
+        } else {
+            Cold::t_ns(self.node_params.ticks, nodes, false)
+        };
+        if policy.fresh != fresh || policy.pace_ns != pace_ns {
+            store.set_policy(
+                SyncPolicy {
+                    fresh,
+                    pace_ns,
+                    ..policy
+                },
+                0,
+            );
         }
     }
 

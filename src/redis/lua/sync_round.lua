@@ -8,15 +8,15 @@
 -- KEYS[1]: the node registry (a sorted set), then the limiter keys (hashes); with a
 --   registry TTL of 0, no registry (Redis Cluster: a call's keys share one slot, so the
 --   heartbeat is a call of its own) and every key is a limiter key.
--- ARGV: node id, registry TTL (ms; 0: none), shape ('tb' or 'sw'), a, b (tb: T, tau; sw: limit,
---   period), overdraft horizon (µs; 0 in lease mode), hold (µs), demand TTL (µs),
+-- ARGV: node id, registry TTL (ms; 0: none), shape ('tb', 'sw' or 'fw'), a, b (tb: T, tau; sw,
+--   fw: limit, period), overdraft horizon (µs; 0 in lease mode), hold (µs), demand TTL (µs),
 --   retain (ms), share TTL (µs), silent after (µs), the registry as the node last read
 --   it ("id:ms,id:ms…": each node's last heartbeat), round number,
 --   then per limiter key: epoch, floor, keep, known, demand, want, anchor, deadline, local,
 --   beyond.
 -- Returns {nodes alive (0 without a registry), server time (µs), k, then k nodes of the
 --   registry as (the high and low 32 bits of the id as a number, last heartbeat ms), then
---   per key: grant, overdraft, reserved, stale, share, until, owes (whole tokens)}.
+--   per key: grant, overdraft, reserved, stale, share, until, owes (whole tokens), void}.
 local WEIGHT_ONE, MAX_DEMAND, MAX_ELAPSED = 1048576, 16777216, 4294967296
 
 local function idiv(a, b)
@@ -40,12 +40,12 @@ local heard = {}
 for id, ms in string.gmatch(ARGV[12], '([^:,]+):(%d+)') do heard[id] = tonumber(ms) end
 if not (whole(ttl) and whole(a) and whole(b) and a >= 1 and whole(horizon) and whole(hold) and whole(demand_ttl)
     and whole(retain_ms) and whole(share_ttl) and whole(silent_after) and whole(seq)
-    and (shape == 'tb' or (shape == 'sw' and b >= 1))
+    and (shape == 'tb' or ((shape == 'sw' or shape == 'fw') and b >= 1))
     and #KEYS >= 1 and #ARGV == 13 + 10 * (#KEYS - first + 1)) then
   return redis.error_reply('TOLLGATE invalid sync arguments')
 end
 local ticks = a
-if shape == 'sw' then ticks = math.max(1, idiv(b, a)) end
+if shape ~= 'tb' then ticks = math.max(1, idiv(b, a)) end
 
 local time = redis.call('TIME')
 local now = time[1] * 1000000 + time[2]
@@ -100,7 +100,7 @@ local function scale(x, weight)
 end
 
 local capacity_ticks = b + a
-if shape == 'sw' then capacity_ticks = a * ticks end
+if shape ~= 'tb' then capacity_ticks = a * ticks end
 
 local function credit_cap(weight)
   return math.max(ticks, scale(math.max(capacity_ticks, hold), weight))
@@ -149,13 +149,13 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
   end
   local stored = records[node]
   if stored and seq <= stored.seq then
-    return 0, 0, stored.reserved, 1, 0, 0, 0
+    return 0, 0, stored.reserved, 1, 0, 0, 0, 0
   end
   local existing = nil
   if stored and stored.epoch == epoch then existing = stored end
 
   local elapsed, window = 0, 0
-  if shape == 'sw' then
+  if shape ~= 'tb' then
     window = idiv(now, b)
     elapsed = now - window * b
     if gw == window then
@@ -208,6 +208,11 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
   -- meanwhile.
   local returning = existing ~= nil and existing.charged_to > existing.demand_at
 
+  -- A window counter's lease (lease mode) is void once its window ends: what the node
+  -- kept of one reserved in an earlier window goes back to that window.
+  local void = 0
+  if horizon == 0 and shape ~= 'tb' and existing and existing.window < window then void = keep end
+  floor, keep, want = floor - void, keep - void, want + void
   local late = deadline ~= 0 and now > deadline
   local charged = 0
   if floor > rec.reserved then
@@ -290,9 +295,11 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
     local t = math.max(tat, now)
     local left = b + a
     if t - now < left then avail = idiv(left - (t - now), a) end
-  else
+  elseif shape == 'sw' then
     local weighted = idiv(prev * (b - elapsed) + b - 1, b)
     avail = math.max(0, a - (cur + weighted))
+  else
+    avail = math.max(0, a - cur)
   end
   local hold_cap = 2 + idiv(scale(hold, weight), ticks)
   local by_credit = avail
@@ -321,9 +328,11 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
     local room
     if shape == 'tb' then
       room = idiv(math.max(0, b + a + horizon - (math.max(tat, now) - now)), a)
-    else
+    elseif shape == 'sw' then
       local weighted = idiv(prev * (b - elapsed) + b - 1, b)
       room = math.max(0, a - (cur + weighted)) + idiv(a * math.min(horizon, b), b)
+    else
+      room = math.max(0, a - cur)
     end
     if contended then
       overdraft = math.min(room, idiv(rec.credit + scale(horizon, weight), ticks))
@@ -357,7 +366,7 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
   for _, id in ipairs(changed) do redis.call('HSET', key, id, encode(records[id])) end
   redis.call('HSET', key, node, encode(rec))
   redis.call('PEXPIRE', key, num(ttl_ms + retain_ms))
-  return grant, overdraft, rec.reserved, 0, rec.share, rec.till, idiv(rec.owes + ticks - 1, ticks)
+  return grant, overdraft, rec.reserved, 0, rec.share, rec.till, idiv(rec.owes + ticks - 1, ticks), void
 end
 
 for i = first, #KEYS do
@@ -372,7 +381,7 @@ for i = first, #KEYS do
       and keep <= floor) then
     return redis.error_reply('TOLLGATE invalid sync counts')
   end
-  local grant, overdraft, reserved, stale, share, till, owes =
+  local grant, overdraft, reserved, stale, share, till, owes, void =
     serve(KEYS[i], epoch, floor, keep, known, demand, want, anchor, deadline, loc, beyond)
   out[#out + 1] = grant
   out[#out + 1] = overdraft
@@ -381,5 +390,6 @@ for i = first, #KEYS do
   out[#out + 1] = share
   out[#out + 1] = till
   out[#out + 1] = owes
+  out[#out + 1] = void
 end
 return out
