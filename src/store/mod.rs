@@ -83,6 +83,57 @@ impl Room {
     }
 }
 
+/// One pass of an eviction hand, as both stores run it: each key visited is dropped if
+/// it is back to untouched (which changes no decision) — with `grace`, only if untouched
+/// for at least one period of its quota, so that keys that come back soon are not
+/// dropped and re-inserted over and over.
+struct Sweep {
+    now: u64,
+    grace: bool,
+    dropped: usize,
+    /// The soonest time (ns from now) at which a visited survivor will be droppable.
+    soonest: u64,
+}
+
+impl Sweep {
+    fn new(now: u64, grace: bool) -> Self {
+        Self {
+            now,
+            grace,
+            dropped: 0,
+            soonest: u64::MAX,
+        }
+    }
+
+    /// When a key of a quota of `period_ns` must have been untouched since to go.
+    fn since(&self, period_ns: u64) -> u64 {
+        if self.grace {
+            // Untouched at `now − period` means untouched ever since.
+            self.now.saturating_sub(period_ns)
+        } else {
+            self.now
+        }
+    }
+
+    /// A visited key, droppable in `wait` ns (judged at [`since`](Self::since)):
+    /// dropped by `drop` now if 0 (which may refuse: a check changed it meanwhile).
+    /// Returns whether it was dropped.
+    fn visit(&mut self, wait: u64, drop: impl FnOnce() -> bool) -> bool {
+        if wait > 0 {
+            self.soonest = self.soonest.min(wait);
+            return false;
+        }
+        let dropped = drop();
+        self.dropped += usize::from(dropped);
+        dropped
+    }
+
+    /// How many keys were dropped, and the soonest a survivor will be droppable.
+    fn finish(self) -> (usize, u64) {
+        (self.dropped, self.soonest)
+    }
+}
+
 /// Sampled least-active eviction, as both stores run it: of up to [`SAMPLES`]
 /// candidates among `positions` (every position when `every`, else up to `draws` random
 /// ones), the position whose eviction loses the least. `cost_at` gives a position's cost

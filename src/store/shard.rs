@@ -12,7 +12,7 @@ use std::hash::Hash;
 use super::key_quotas::KeyQuotas;
 use super::state::State;
 use super::table::{Entry, Table};
-use super::{Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, WhenFull, least_costly};
+use super::{Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, Sweep, WhenFull, least_costly};
 use crate::algorithm::Policy;
 use crate::rng::XorShift;
 
@@ -121,11 +121,9 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         (state.limit() - state.remaining(), state.reset_after_ns())
     }
 
-    /// Moves the eviction hand over up to `steps` entries, dropping those that are back
-    /// to untouched (which changes no decision) — with `grace`, only those untouched for
-    /// at least one period of their quota, so that keys that come back soon are not
-    /// dropped and re-inserted over and over. Returns how many were dropped and the
-    /// soonest time, in ns, at which a visited survivor will be droppable.
+    /// Moves the eviction hand over up to `steps` entries (see [`Sweep`]). Returns how
+    /// many were dropped and the soonest time, in ns, at which a visited survivor will
+    /// be droppable.
     pub(crate) fn sweep(
         &mut self,
         now: u64,
@@ -133,32 +131,26 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         grace: bool,
         rehash: &impl Fn(&K) -> u64,
     ) -> (usize, u64) {
-        let mut dropped = 0;
-        let mut soonest = u64::MAX;
+        let mut sweep = Sweep::new(now, grace);
         for _ in 0..steps.min(self.table.len()) {
             if self.hand >= self.table.len() {
                 self.hand = 0;
             }
-            let since = if grace {
-                // Untouched at `now − period` means untouched ever since.
-                now.saturating_sub(self.entry_policy(self.hand, rehash).quota().period_ns())
-            } else {
-                now
-            };
+            let since = sweep.since(self.entry_policy(self.hand, rehash).quota().period_ns());
             let wait = self.reset_after(self.hand, since, rehash);
-            if wait == 0 {
-                // The last entry moves into this position: look at it next.
-                self.table.remove_position(self.hand, rehash);
-                dropped += 1;
-                if self.table.len() == 0 {
-                    break;
-                }
-            } else {
-                soonest = soonest.min(wait);
+            let hand = self.hand;
+            let table = &mut self.table;
+            // A dropped entry's place takes the last entry: the hand looks at it next.
+            if !sweep.visit(wait, || {
+                table.remove_position(hand, rehash);
+                true
+            }) {
                 self.hand += 1;
+            } else if self.table.len() == 0 {
+                break;
             }
         }
-        (dropped, soonest)
+        sweep.finish()
     }
 
     /// The amortised lossless sweep run on every insert.

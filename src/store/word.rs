@@ -33,7 +33,7 @@ use super::epoch_table::{EpochTable, Guard, Slot, Table, Word, Writer, reclaim};
 use super::hash::{KeyHashing, for_table};
 use super::key_quotas::KeyQuotas;
 use super::{
-    Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, WhenFull, fits,
+    Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, Sweep, WhenFull, fits,
     least_costly,
 };
 use crate::algorithm::{Outcome, Policy, UNTOUCHED, WordPolicy};
@@ -428,11 +428,9 @@ impl<K: crate::Key> WordStore<K> {
             .unwrap_or(&table.meta.default)
     }
 
-    /// Moves the eviction hand over up to `steps` live keys, removing those back to
-    /// untouched (which changes no decision) — with `grace`, only those untouched for at
-    /// least one period of their quota, so keys that come back soon are not dropped and
-    /// re-inserted over and over. Returns how many were removed and the soonest time, in
-    /// ns, at which a visited survivor will be droppable.
+    /// Moves the eviction hand over up to `steps` live keys (see [`Sweep`]). Returns how
+    /// many were removed and the soonest time, in ns, at which a visited survivor will be
+    /// droppable.
     fn sweep(
         &self,
         writer: &mut Writer<'_, K, Policies<K>, Hand>,
@@ -443,8 +441,7 @@ impl<K: crate::Key> WordStore<K> {
     ) -> (usize, u64) {
         let table = writer.table(guard);
         let capacity = table.capacity();
-        let mut dropped = 0;
-        let mut soonest = u64::MAX;
+        let mut sweep = Sweep::new(now, grace);
         let mut visited = 0;
         // Live slots are at least a quarter of the table (it shrinks below that), so
         // 8 slots per step find the steps' keys.
@@ -460,22 +457,13 @@ impl<K: crate::Key> WordStore<K> {
             };
             visited += 1;
             let policy = self.slot_policy(table, slot);
-            let since = if grace {
-                now.saturating_sub(policy.quota().period_ns())
-            } else {
-                now
-            };
-            let wait = policy.reset_after_ns(state, since);
-            if wait == 0 {
-                // A check that changed the state meanwhile keeps the key.
-                if writer.remove_unchanged(slot, state) {
-                    writer.state().live -= 1;
-                    dropped += 1;
-                }
-            } else {
-                soonest = soonest.min(wait);
+            let wait = policy.reset_after_ns(state, sweep.since(policy.quota().period_ns()));
+            // A check that changed the state meanwhile keeps the key.
+            if sweep.visit(wait, || writer.remove_unchanged(slot, state)) {
+                writer.state().live -= 1;
             }
         }
+        let (dropped, soonest) = sweep.finish();
         if dropped > 0 {
             self.shrink_if_sparse(writer, guard);
         }
