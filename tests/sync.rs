@@ -733,16 +733,19 @@ async fn a_synced_leaky_bucket_paces_the_fleet_at_the_rate() {
         "lb-pace",
         2,
     );
-    // Each node offers 100/s for 3 s, taking every slot up to 200 ms away.
+    // Each node offers 100/s for 3 s. A node paces at its share among the nodes it knows
+    // of: the slots are measured once both have heard of each other (after their first
+    // rounds).
     let mut slots: Vec<Vec<u64>> = vec![Vec::new(); 2];
     let start = Instant::now();
     let mut ticker = tokio::time::interval(Duration::from_millis(10));
     while start.elapsed() < Duration::from_secs(3) {
         ticker.tick().await;
+        let measured = start.elapsed() >= Duration::from_millis(500);
         for (i, (limiter, _)) in nodes.iter().enumerate() {
             let now = limiter.clock().now_ns();
             let d = limiter.check("k");
-            if d.is_allowed() {
+            if d.is_allowed() && measured {
                 assert!(d.delay() <= Duration::from_secs(2), "{d:?}");
                 slots[i].push(now + d.delay().as_nanos() as u64);
             }
@@ -750,7 +753,7 @@ async fn a_synced_leaky_bucket_paces_the_fleet_at_the_rate() {
     }
     let pace = 2 * 20_000_000; // this node's share: 25/s
     for (i, s) in slots.iter().enumerate() {
-        assert!(s.len() >= 20, "node {i} admitted only {}", s.len());
+        assert!(s.len() >= 15, "node {i} admitted only {}", s.len());
         for w in s.windows(2) {
             assert!(w[1] + 1_000_000 >= w[0] + pace, "node {i}: {w:?}");
         }
@@ -764,6 +767,133 @@ async fn a_synced_leaky_bucket_paces_the_fleet_at_the_rate() {
             .count();
         assert!(within <= 50 + 2, "{within} slots in a second from {from}");
     }
+    stop(nodes).await;
+}
+
+/// Saturates `key` on every node for `length`, one tick every 5 ms; returns the
+/// admissions.
+async fn saturate(
+    nodes: &[(SyncedLimiter<String>, SyncHandle)],
+    key: &str,
+    length: Duration,
+) -> u64 {
+    let mut admitted = 0;
+    let start = Instant::now();
+    let mut ticker = tokio::time::interval(Duration::from_millis(5));
+    while start.elapsed() < length {
+        ticker.tick().await;
+        for (limiter, _) in nodes {
+            for _ in 0..20 {
+                admitted += u64::from(limiter.check(key).is_allowed());
+            }
+        }
+    }
+    admitted
+}
+
+/// Waits until every node limits `key` by `quota` (learned from a round's answer).
+async fn until_every_node_has(
+    nodes: &[(SyncedLimiter<String>, SyncHandle)],
+    key: &str,
+    quota: Quota,
+) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nodes.iter().any(|(l, _)| l.quota_for(key) != quota) {
+        assert!(
+            Instant::now() < deadline,
+            "the quota never reached every node"
+        );
+        for (limiter, _) in nodes {
+            limiter.check(key);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A key's own quota, set on one node, reaches Redis with that node's round and every
+/// other node with its answers: two nodes saturating the key together stay within the
+/// key's quota (10/s), not the default (1,000/s). Set later on the other node, the later
+/// quota wins on both; removed, the key goes back to the default on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_quota_set_on_one_node_holds_on_every_node() {
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    let default = Quota::per_second(1000).unwrap();
+    let nodes = nodes(
+        &server,
+        Algorithm::TokenBucket,
+        default,
+        SyncMode::Lease,
+        "key-quota",
+        2,
+    );
+    let ten = Quota::per_second(10).unwrap();
+    nodes[0].0.set_quota("k", ten).unwrap();
+    assert_eq!(nodes[0].0.quota_for("k"), ten);
+    assert_eq!(nodes[1].0.quota_for("k"), default);
+    let admitted = saturate(&nodes, "k", Duration::from_secs(3)).await;
+    // The lease bound at 10/s over 3 s: B + r·t + r·H + 2·N.
+    let bound = 10 + 30 + 1 + 4;
+    assert!(
+        (25..=bound).contains(&admitted),
+        "{admitted} admitted at 10/s over 3 s"
+    );
+    assert_eq!(nodes[1].0.quota_for("k"), ten);
+    // Set later on the other node: that one wins everywhere.
+    let twenty = Quota::per_second(20).unwrap();
+    nodes[1].0.set_quota("k", twenty).unwrap();
+    until_every_node_has(&nodes, "k", twenty).await;
+    // Removed on the first node: the default again everywhere.
+    nodes[0].0.remove_quota("k");
+    assert_eq!(nodes[0].0.quota_for("k"), default);
+    until_every_node_has(&nodes, "k", default).await;
+    // The sliding log's quota is not the question: a key's quota of another shape than
+    // the script can hold exactly is refused, typed.
+    let err = nodes[0]
+        .0
+        .set_quota(
+            "k",
+            Quota::new(1, Duration::from_secs(10_000_000_000)).unwrap(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::ExceedsRedisPrecision(_)),
+        "{err}"
+    );
+    stop(nodes).await;
+}
+
+/// Changing a key's quota hands out no fresh burst: with the default burst of 100 spent,
+/// Redis's state after the change (to twice the rate and twice the burst) has the 100
+/// more of the new burst: not 200 (a fresh burst), nor 0 (the old state read in the new
+/// units).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_quota_change_hands_out_no_fresh_burst() {
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    let default = Quota::per_second(10).unwrap().with_burst(100).unwrap();
+    let nodes = nodes(
+        &server,
+        Algorithm::TokenBucket,
+        default,
+        SyncMode::Reconcile,
+        "key-quota-burst",
+        1,
+    );
+    let redis_key = "key-quota-burst:sync:tb:{j}";
+    saturate(&nodes, "j", Duration::from_secs(1)).await;
+    assert!(tokens_left(&server, redis_key, default).await <= 5);
+    let raised = Quota::per_second(20).unwrap().with_burst(200).unwrap();
+    nodes[0].0.set_quota("j", raised).unwrap();
+    // One round carries the change (the key still wants tokens: it ran out).
+    nodes[0].0.check("j");
+    tokio::time::sleep(INTERVAL * 4).await;
+    let left = tokens_left(&server, redis_key, raised).await;
+    // 100 more, less what the rounds since leased; a fresh state would hold 200.
+    assert!(
+        (80..=110).contains(&left),
+        "{left} tokens left after the change"
+    );
     stop(nodes).await;
 }
 

@@ -134,6 +134,11 @@ pub(crate) trait Policy: Copy + Send + Sync + 'static {
     fn with_quota(&self, quota: Quota) -> Result<Self, ConfigError>;
     /// The largest cost a single request may ever have.
     fn capacity(&self) -> u64;
+    /// A key's own policy once the default became `default`: unchanged, unless the
+    /// policy carries settings that follow the default's (a synced limiter's).
+    fn rebase(&self, _default: &Self) -> Self {
+        *self
+    }
 }
 
 /// The word algorithms with their constants.

@@ -7,6 +7,7 @@ use hashbrown::HashTable;
 
 use super::hash::spread;
 use super::{FILTER_WORDS, filter_bit};
+use crate::algorithm::Policy;
 
 /// A key (or the `Arc` that shares it) and its own policy.
 #[derive(Clone)]
@@ -46,6 +47,16 @@ impl<H, P> KeyQuotas<H, P> {
         self.map
             .find(spread(hash), |o| is_key(&o.key))
             .map(|o| &o.policy)
+    }
+
+    /// Follows a change of the default policy to `default` (see [`Policy::rebase`]).
+    pub(crate) fn rebase(&mut self, default: &P)
+    where
+        P: Policy,
+    {
+        for o in self.map.iter_mut() {
+            o.policy = o.policy.rebase(default);
+        }
     }
 
     /// Gives `key` (whose hash is `hash`) its own `policy`, or takes it away (`None`).

@@ -343,18 +343,37 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        self.with_state_policy(key, |state, _| f(state))
+    }
+
+    #[cfg(feature = "redis")]
+    /// Runs `f` on `key`'s state and policy (its own, or the default), if it holds any.
+    ///
+    /// Takes the key's shard read lock.
+    pub(crate) fn with_state_policy<Q, R>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(&S, &S::Policy) -> R,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash).read();
-        shard.find(hash, key).map(|entry| f(&entry.state))
+        shard
+            .find(hash, key)
+            .map(|entry| f(&entry.state, shard.policy_for(hash, key)))
     }
 
     #[cfg(feature = "redis")]
     /// Calls `f` on every key and its state, one shard at a time under its read lock
     /// (checks go on; only inserts into that shard wait).
-    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &S)) {
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &S, &S::Policy)) {
+        let rehash = self.rehash();
         for lock in self.shards.iter() {
             let shard = lock.read();
-            shard.for_each(&mut f);
+            shard.for_each(&mut f, &rehash);
         }
     }
 

@@ -81,9 +81,18 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
 
     /// Calls `f` on every key and its state.
     #[cfg(feature = "redis")]
-    pub(crate) fn for_each(&self, f: &mut impl FnMut(&K, &S)) {
+    pub(crate) fn for_each(
+        &self,
+        f: &mut impl FnMut(&K, &S, &S::Policy),
+        rehash: &impl Fn(&K) -> u64,
+    ) {
         for entry in self.table.iter() {
-            f(&entry.key, &entry.state);
+            let policy = if self.key_quotas.is_empty() {
+                &self.policy
+            } else {
+                self.policy_for(rehash(&entry.key), &entry.key)
+            };
+            f(&entry.key, &entry.state, policy);
         }
     }
 
@@ -207,6 +216,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         now: u64,
         rehash: impl Fn(&K) -> u64,
     ) {
+        let policy = policy.map(|p| p.rebase(&self.policy));
         let old = *self.policy_for(hash, &key);
         let new = policy.unwrap_or(self.policy);
         if let Some(entry) = self.find(hash, &key) {
@@ -230,5 +240,6 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
             }
         }
         self.policy = policy;
+        self.key_quotas.rebase(&policy);
     }
 }

@@ -37,6 +37,7 @@ impl<K: Key, C: Clock> Builder<K, C> {
         // its first lease (the sync task sets each key's share of a fresh capacity then).
         let interval_ns = super::driver::nanos(sync.interval);
         let mut policy = SyncPolicy::new(quota, capacity, 0, interval_ns);
+        policy.ticks = shape.ticks_per_token();
         if common.algorithm == Algorithm::LeakyBucket {
             // At the whole rate until the first round tells how many nodes share it
             // (nothing is admitted before it).
@@ -56,7 +57,7 @@ impl<K: Key, C: Clock> Builder<K, C> {
 }
 
 /// The shape and capacity of `quota` under `algorithm`, if the sync can hold it.
-fn supported(algorithm: Algorithm, quota: Quota) -> Result<(Shape, u64), ConfigError> {
+pub(super) fn supported(algorithm: Algorithm, quota: Quota) -> Result<(Shape, u64), ConfigError> {
     let shape = Shape::new(algorithm, quota)?;
     match Plan::new(algorithm, quota)? {
         Plan::Word(word) => Ok((shape, word.capacity())),

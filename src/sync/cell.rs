@@ -12,6 +12,7 @@ use crate::quota::Quota;
 use crate::store::state::State;
 
 use super::books::Books;
+use super::protocol::SharedQuota;
 use parking_lot::Mutex;
 
 /// Set in [`SyncCell::flags`] by a denied check: the key ran out.
@@ -123,6 +124,13 @@ pub(crate) struct SyncPolicy {
     /// 0 for the other algorithms. Each admission is given the slot at which this node's
     /// queue reaches it, so the nodes' outflows add up to at most the rate.
     pub(crate) pace_ns: u64,
+    /// µs of refill one token of this quota costs (see `protocol::Shape`).
+    pub(crate) ticks: u64,
+    /// How many nodes share the limit, as the last round told (1 until then).
+    pub(crate) nodes: u64,
+    /// The key's own quota as it travels with its rounds (the default's, version 0, for
+    /// the limiter's policy).
+    pub(crate) shared: SharedQuota,
 }
 
 impl SyncPolicy {
@@ -135,7 +143,35 @@ impl SyncPolicy {
             outage: OutageMode::Normal,
             cold: None,
             pace_ns: 0,
+            ticks: 1,
+            nodes: 1,
+            shared: SharedQuota::default(),
         }
+    }
+
+    /// A key's own policy under this default: `quota` (of `capacity`, `ticks` µs per
+    /// token) as `shared`.
+    pub(crate) fn for_key(
+        &self,
+        quota: Quota,
+        capacity: u64,
+        ticks: u64,
+        shared: SharedQuota,
+    ) -> Self {
+        Self {
+            quota,
+            capacity,
+            ticks,
+            shared,
+            ..*self
+        }
+        .rebase(self)
+    }
+
+    /// Whether a key first seen under this policy starts cold: not one with a quota of
+    /// its own (nor one just returned to the default), whose rounds carry its quota.
+    fn starts_cold(&self) -> bool {
+        self.shared.version == 0 && self.cold.is_some_and(|c| c.new_keys)
     }
 }
 
@@ -155,6 +191,34 @@ impl Policy for SyncPolicy {
 
     fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// A key's own policy keeps its quota and takes everything else from the default: the
+    /// outage mode, the interval and the cold tier as they are, and the fresh overdraft
+    /// and the leaky bucket's pace for its own quota among the default's node count.
+    fn rebase(&self, default: &Self) -> Self {
+        if self.shared.version == 0 {
+            return *default;
+        }
+        let fresh = if default.fresh == 0 {
+            0
+        } else {
+            self.capacity / default.nodes.max(1)
+        };
+        let pace_ns = if default.pace_ns == 0 {
+            0
+        } else {
+            Cold::t_ns(self.ticks, default.nodes, false)
+        };
+        Self {
+            quota: self.quota,
+            capacity: self.capacity,
+            ticks: self.ticks,
+            shared: self.shared,
+            fresh,
+            pace_ns,
+            ..*default
+        }
     }
 }
 
@@ -237,7 +301,7 @@ impl SyncCell {
     }
 
     /// Marks a cold key as wanting to turn hot, at `now` (once).
-    fn want_hot(&self, now: u64) {
+    pub(crate) fn want_hot(&self, now: u64) {
         if self.flags.load(Ordering::Relaxed) & WANT_HOT == 0 {
             self.ran_out_at.store(now, Ordering::Relaxed);
             self.flags.fetch_or(WANT_HOT, Ordering::Release);
@@ -372,7 +436,7 @@ impl State for SyncCell {
     /// A key first seen on this node may overdraft `fresh` (its share of a fresh key's
     /// capacity in reconcile mode, nothing in lease mode) until its first round.
     fn fresh(policy: &SyncPolicy) -> Self {
-        if policy.cold.is_some_and(|c| c.new_keys) {
+        if policy.starts_cold() {
             return Self {
                 expires: AtomicU64::new(u64::MAX),
                 cold_tat: AtomicU64::new(0),
@@ -452,8 +516,8 @@ impl State for SyncCell {
 
     fn peek_vacant(policy: &SyncPolicy, now: u64, cost: u64) -> Decision {
         let left = match policy.cold {
-            Some(cold) if cold.new_keys && now < cold.until => cold.left(0, now),
-            Some(cold) if cold.new_keys => 0,
+            Some(cold) if policy.starts_cold() && now < cold.until => cold.left(0, now),
+            Some(_) if policy.starts_cold() => 0,
             _ => policy.fresh,
         };
         let allowed = policy.outage == OutageMode::Open
@@ -694,5 +758,33 @@ mod tests {
         );
         assert_eq!(delays[24], 24 * 40_000_000);
         assert!(!cell.check(&policy, now, 1, u64::MAX).is_allowed());
+    }
+
+    /// A key's own policy keeps its quota and follows the default for the rest: the
+    /// outage mode and the cold tier as they are, the fresh overdraft and the leaky
+    /// bucket's pace for its own quota; and its keys start hot.
+    #[test]
+    fn a_keys_own_policy_follows_the_default() {
+        let mut default = policy(4, false);
+        default.nodes = 4;
+        default.fresh = 25;
+        default.pace_ns = Cold::t_ns(10_000, 4, false);
+        let ten = Quota::per_second(10).unwrap();
+        let shared = SharedQuota::new(7, ten);
+        let own = default.for_key(ten, 10, 100_000, shared);
+        assert_eq!((own.quota, own.capacity, own.shared), (ten, 10, shared));
+        assert_eq!((own.fresh, own.pace_ns), (10 / 4, 400_000_000));
+        assert!(!SyncCell::fresh(&own).books.lock().released);
+        assert!(!node::is_cold(&SyncCell::fresh(&own)));
+        assert!(node::is_cold(&SyncCell::fresh(&default)));
+        let closed = SyncPolicy {
+            outage: OutageMode::Closed,
+            ..default
+        };
+        let rebased = own.rebase(&closed);
+        assert_eq!(rebased.outage, OutageMode::Closed);
+        assert_eq!((rebased.quota, rebased.shared), (ten, shared));
+        // The default's own policy is the default.
+        assert_eq!(default.rebase(&closed), closed);
     }
 }

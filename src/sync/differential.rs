@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use redis::Commands;
 
 use super::model::{self, Global, KeyState, Record};
-use super::protocol::{Params, Request, Shape};
+use super::protocol::{Params, Request, Shape, SharedQuota};
 use super::task::round_args;
 use tollgate_testing::LocalRedis;
 
@@ -92,6 +92,30 @@ struct Case {
     heard_ago: Vec<Option<u64>>,
 }
 
+/// A key's quota from generated numbers: the default (never changed, or changed back at a
+/// version: half the cases), or one of the shape's kind; versions are few, so that ties
+/// happen.
+fn key_quota((kind, version, x, y): (u64, u64, u64, u64), shape: Shape) -> SharedQuota {
+    let quota = match (kind, shape) {
+        (0..=2, _) => return SharedQuota::default(),
+        (3, _) => return SharedQuota::default_at(version),
+        (_, Shape::TokenBucket { .. }) => SharedQuota {
+            version,
+            limit: y + 1,
+            period: (y + 1) * x * 20 + y,
+            burst: x % 100 + 1,
+        },
+        _ => SharedQuota {
+            version,
+            limit: x,
+            period: (y % 3 + 1) * 1_000_000,
+            burst: x,
+        },
+    };
+    assert!(quota.fits(shape));
+    quota
+}
+
 fn case(now: u64) -> impl Strategy<Value = Case> {
     let shape = prop_oneof![
         (1u64..200_000, 0u64..100).prop_map(|(t, burst)| Shape::TokenBucket { t, tau: t * burst }),
@@ -129,6 +153,10 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
                 0u64..20,
             ),
         ),
+        (
+            (0u64..6, 1u64..4, 1u64..10_000, 0u64..4),
+            (0u64..6, 1u64..4, 1u64..10_000, 0u64..4),
+        ),
     )
         .prop_map(
             move |(
@@ -141,6 +169,7 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
                     (seq, epoch, floor, keep, known),
                     (demand, want, anchor_ago, deadline_in, local, beyond),
                 ),
+                (stored_quota, node_quota),
             )| {
                 let window = shape
                     .period()
@@ -160,6 +189,7 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
                         window,
                         prev,
                         cur,
+                        quota: key_quota(stored_quota, shape),
                     },
                     records,
                     node,
@@ -184,6 +214,7 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
                         },
                         local,
                         beyond: beyond.min(local),
+                        quota: key_quota(node_quota, shape),
                     },
                 }
             },
@@ -269,7 +300,7 @@ fn the_script_computes_exactly_what_serve_computes() {
     let mut runner = proptest::test_runner::TestRunner::new(config);
     // What the cases exercised: grants, overdrafts, stale rounds, refunds, late rounds,
     // silent nodes' shares charged, and debts.
-    let seen = std::cell::RefCell::new([0u32; 9]);
+    let seen = std::cell::RefCell::new([0u32; 10]);
     runner
         .run(&case(base_now), |c| {
             let mut con = con.borrow_mut();
@@ -286,6 +317,13 @@ fn the_script_computes_exactly_what_serve_computes() {
                         fields.push(("c".into(), c.global.cur.to_string()));
                     }
                 }
+            }
+            let q = c.global.quota;
+            if q.version > 0 {
+                fields.push((
+                    "q".into(),
+                    format!("{}:{}:{}:{}", q.version, q.limit, q.period, q.burst),
+                ));
             }
             let mut state = KeyState {
                 global: c.global,
@@ -351,6 +389,10 @@ fn the_script_computes_exactly_what_serve_computes() {
                 seen[6] += u32::from(state.nodes.get(NODES[c.node]).is_some_and(|r| r.owes > 0));
                 seen[7] += u32::from(others_in_fallback && prepaid_after > prepaid_before);
                 seen[8] += u32::from(answer.void > 0);
+                seen[9] += u32::from(
+                    c.global.quota.shape(c.params.shape) != answer.quota.shape(c.params.shape)
+                        && !answer.stale,
+                );
             }
             prop_assert_eq!(
                 reply_answer,
@@ -363,6 +405,10 @@ fn the_script_computes_exactly_what_serve_computes() {
                     answer.until,
                     answer.owes,
                     answer.void,
+                    answer.quota.version,
+                    answer.quota.limit,
+                    answer.quota.period,
+                    answer.quota.burst,
                 ][..],
                 "answer differs at {}: {:?}",
                 now,
@@ -377,6 +423,15 @@ fn the_script_computes_exactly_what_serve_computes() {
                     "w" => left.global.window = Some(v.parse().expect("w")),
                     "p" => left.global.prev = v.parse().expect("p"),
                     "c" => left.global.cur = v.parse().expect("c"),
+                    "q" => {
+                        let n: Vec<u64> = v.split(':').map(|x| x.parse().expect("q")).collect();
+                        left.global.quota = SharedQuota {
+                            version: n[0],
+                            limit: n[1],
+                            period: n[2],
+                            burst: n[3],
+                        };
+                    }
                     _ => {
                         left.nodes.insert(f, decode(&v));
                     }

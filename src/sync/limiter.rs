@@ -6,11 +6,15 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use super::cell::SyncCell;
+use super::protocol::SharedQuota;
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
-use crate::error::InsufficientCapacity;
+use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::{Common, Key};
 use crate::quota::Quota;
 use crate::store::{Store, StoreStats};
@@ -22,8 +26,8 @@ use crate::store::{Store, StoreStats};
 /// docs](crate::sync) for the modes and their bounds.
 ///
 /// `SyncedLimiter` is `Send + Sync` and cheap to clone; clones share the same state.
-/// Every method works on it: what a synced limiter cannot do (change a quota on one
-/// node only) it does not offer.
+/// Every method works on it. A key's own quota ([`set_quota`](Self::set_quota)) is set
+/// on every node at once: it travels with the key's rounds.
 pub struct SyncedLimiter<K, C = MonotonicClock> {
     inner: Arc<Inner<K, C>>,
 }
@@ -31,6 +35,8 @@ pub struct SyncedLimiter<K, C = MonotonicClock> {
 struct Inner<K, C> {
     store: Store<K, SyncCell>,
     common: Common<C>,
+    /// The last version this node gave a key's quota (see [`SharedQuota`]).
+    version: AtomicU64,
 }
 
 impl<K, C> Clone for SyncedLimiter<K, C> {
@@ -104,7 +110,11 @@ impl<K: Key, C> SyncedLimiter<K, C> {
     /// A limiter of `store`, whose sync task is not started yet.
     pub(super) fn new(store: Store<K, SyncCell>, common: Common<C>) -> Self {
         Self {
-            inner: Arc::new(Inner { store, common }),
+            inner: Arc::new(Inner {
+                store,
+                common,
+                version: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -176,6 +186,117 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
             .check(key, || common.clock.now_ns(), n, max_delay);
         common.record_n(key, &decided);
         decided
+    }
+
+    /// Gives `key` a quota of its own, on every node: the quota travels with the key's
+    /// next round to Redis, which converts the key's global state (what was used of the
+    /// old quota stays used: a change never hands out a fresh burst), and from there
+    /// with each round's answer to every other node. When two nodes set a key's quota,
+    /// the later call wins everywhere (by this node's wall clock, in µs). Until the round,
+    /// this node's leases stand. The quota has the limiter's algorithm.
+    ///
+    /// With the cold tier ([`RedisSync::cold_keys`](super::RedisSync::cold_keys)), a key
+    /// with a quota of its own starts hot on every node that knows the quota, and is
+    /// announced hot while it is in use there, so the other nodes sync it and learn the
+    /// quota at their next round. A node that has not learned it yet admits on a cold
+    /// key at its cold share of the default quota until then (a key in use on no node
+    /// that knows its quota stays cold: at most that share per such node).
+    ///
+    /// # Errors
+    /// As [`build_synced`](crate::Builder::build_synced) for the quota, and
+    /// [`ConfigError::ExceedsRedisPrecision`] for a quota whose conversion would not be
+    /// exact in the round script.
+    ///
+    /// # Locking behaviour
+    /// The write lock of the key's shard.
+    pub fn set_quota<Q>(&self, key: &Q, quota: Quota) -> Result<(), ConfigError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let algorithm = self.inner.common.algorithm;
+        let (shape, capacity) = super::build::supported(algorithm, quota)?;
+        let default = self.inner.store.default_policy();
+        let shared = SharedQuota::new(self.next_version(), quota);
+        if !shared.fits(shape) {
+            return Err(ConfigError::ExceedsRedisPrecision(
+                "a key's quota: period (µs) × burst must stay below 2^52 (token bucket), \
+                 limit × period below 2^53 (windows)",
+            ));
+        }
+        let policy = default.for_key(quota, capacity, shape.ticks_per_token(), shared);
+        self.set_key_policy(key, Some(policy));
+        Ok(())
+    }
+
+    /// Returns `key` to the default quota on every node, as
+    /// [`set_quota`](Self::set_quota) sets one (the change travels with the key's
+    /// rounds, and hands out no fresh burst). Nothing happens for a key without a quota
+    /// of its own on this node.
+    ///
+    /// # Locking behaviour
+    /// The write lock of the key's shard.
+    pub fn remove_quota<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let store = &self.inner.store;
+        if store.policy_of(key).shared.is_default() {
+            return;
+        }
+        // Until Redis has it, the key keeps a mark: the default, at this version.
+        let default = store.default_policy();
+        let shared = SharedQuota::default_at(self.next_version());
+        let mark = default.for_key(default.quota, default.capacity, default.ticks, shared);
+        self.set_key_policy(key, Some(mark));
+    }
+
+    /// The quota `key` is limited by on this node: its own (set here, or learned from a
+    /// round), or the default.
+    ///
+    /// # Locking behaviour
+    /// The read lock of the key's shard.
+    pub fn quota_for<Q>(&self, key: &Q) -> Quota
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.inner.store.policy_of(key).quota
+    }
+
+    /// Sets `key`'s own policy; a cold key turns hot at the next round (meanwhile it
+    /// admits at its cold share).
+    pub(super) fn set_key_policy<Q>(&self, key: &Q, policy: Option<super::cell::SyncPolicy>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.inner.common.clock.now_ns();
+        let store = &self.inner.store;
+        store.set_key_quota(key.to_owned(), policy, now);
+        store.with_state(key, |cell| {
+            if super::node::is_cold(cell) {
+                cell.want_hot(now);
+            }
+        });
+    }
+
+    /// A version for a key's quota set now: this node's wall clock in µs, above every
+    /// version it gave before.
+    fn next_version(&self) -> u64 {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let mut next = 0;
+        let _ = self
+            .inner
+            .version
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
+                next = wall.max(last + 1);
+                Some(next)
+            });
+        next
     }
 
     /// The decision a unit request for `key` would get now on this node, consuming

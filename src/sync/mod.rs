@@ -3,7 +3,11 @@
 //! [`SyncMode::Lease`], never exceeds — one global limit shared by many nodes through
 //! Redis. Its algorithm is the token bucket, the leaky bucket, the sliding window or the
 //! fixed window (the sliding log is a build error: its per-request timestamps cannot be
-//! leased out as counts); its quota is the same on every node, set when it is built.
+//! leased out as counts); its default quota is the same on every node, set when it is
+//! built. A key's own quota ([`SyncedLimiter::set_quota`]) is set on one node and
+//! travels with the key's rounds: Redis adopts the latest (by the setting node's clock),
+//! converting the key's state so that what was used stays used (a change never hands
+//! out a fresh burst), and every other node learns it from its next answer on the key.
 //!
 //! The leaky bucket admits what the token bucket admits for the same quota (its Redis
 //! state is the token bucket's, under keys of its own), and shapes: each node queues

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::protocol::{Answer, MAX_DEMAND, Params, Request, Shape, WEIGHT_ONE, scale};
+use super::protocol::{Answer, MAX_DEMAND, Params, Request, Shape, SharedQuota, WEIGHT_ONE, scale};
 
 impl Shape {
     /// What the global state holds at most, in ticks.
@@ -35,6 +35,8 @@ pub(crate) struct Global {
     pub(crate) window: Option<u64>,
     pub(crate) prev: u64,
     pub(crate) cur: u64,
+    /// The key's own quota (the default's, version 0, unless one was set).
+    pub(crate) quota: SharedQuota,
 }
 
 /// What Redis keeps for one node of one key.
@@ -235,8 +237,6 @@ pub(crate) fn serve(
     now: u64,
     heard: &BTreeMap<String, u64>,
 ) -> Answer {
-    let shape = params.shape;
-    let ticks = shape.ticks_per_token();
     // 1.
     prune(state, now.saturating_sub(params.retain_ms * 1_000));
     // 2.
@@ -250,6 +250,16 @@ pub(crate) fn serve(
             };
         }
     }
+    // The key's quota: the higher of Redis's and the node's.
+    let quota = state.global.quota.max(request.quota);
+    if quota != state.global.quota {
+        let from = state.global.quota.shape(params.shape);
+        convert(state, from, quota.shape(params.shape), params.hold, now);
+        state.global.quota = quota;
+    }
+    let shape = quota.shape(params.shape);
+    let ticks = shape.ticks_per_token();
+    let stored = state.nodes.get(node).copied();
     let existing = stored.filter(|r| r.epoch == request.epoch);
     // 3.
     let mut elapsed = 0;
@@ -563,6 +573,43 @@ pub(crate) fn serve(
         until: record.until,
         owes: record.owes.div_ceil(ticks),
         void,
+        quota,
+    }
+}
+
+/// Converts a key's state from quota `from` to quota `to` at `now`, never handing out
+/// capacity: the token bucket keeps the whole tokens it had in use (up to one past the
+/// new burst: at most empty); a window counter keeps its counts, and when the period
+/// changes counts both windows' in the current one (renumbered). The records' credit
+/// is kept in whole tokens (rounded down), their debt too (rounded up), and what was
+/// prepaid on their behalf is dropped (what they admitted meanwhile is charged again).
+fn convert(state: &mut KeyState, from: Shape, to: Shape, hold: u64, now: u64) {
+    if from == to {
+        return;
+    }
+    let g = &mut state.global;
+    if let (Shape::TokenBucket { t, .. }, Shape::TokenBucket { t: t2, tau: tau2 }) = (from, to) {
+        if g.tat > now {
+            g.tat = now + (g.tat - now).div_ceil(t).min(tau2 / t2 + 2) * t2;
+        }
+    }
+    let renumbered = from.period() != to.period();
+    if let (true, Some(period), Some(_)) = (renumbered, to.period(), g.window) {
+        g.window = Some(now / period);
+        g.cur += g.prev;
+        g.prev = 0;
+    }
+    let (old, new) = (from.ticks_per_token(), to.ticks_per_token());
+    let most = to.capacity_ticks().max(hold) / new;
+    for r in state.nodes.values_mut() {
+        if renumbered {
+            r.window = g.window.unwrap_or(0);
+        }
+        r.credit = (r.credit / old).min(most) * new;
+        r.owes = r.owes.div_ceil(old).min(most) * new;
+        r.prepaid = 0;
+        r.landed = 0;
+        r.landed_end = 0;
     }
 }
 
@@ -625,6 +672,76 @@ mod tests {
         // Everything fits: the spare is split evenly on top of each demand.
         assert_eq!(share(&[light, light], light), light + (one - 2 * light) / 2);
         assert_eq!(share(&[0], 0), one);
+    }
+
+    /// A key's quota set on one node reaches Redis with its round and every other node
+    /// with its answer, and a change hands out no fresh burst: what was used of the old
+    /// burst stays used under the new one. A lower version never wins back.
+    #[test]
+    fn a_key_quota_travels_with_its_rounds_and_hands_out_no_fresh_burst() {
+        let p = Params {
+            hold: 10_000_000,
+            ..params(false)
+        };
+        let mut state = KeyState::default();
+        let now = 1_000_000_000;
+        // Node a takes 60 of the default burst of 100.
+        let a = serve(&p, &mut state, "a", &request(1, 0, 0, 60), now);
+        assert_eq!(a.grant, 60);
+        assert_eq!(a.quota, SharedQuota::default());
+        // Node b sets the key's quota to a burst of 80 at the same rate: 20 are left, not
+        // 80.
+        let eighty = SharedQuota {
+            version: 7,
+            limit: 100,
+            period: 1_000_000,
+            burst: 80,
+        };
+        let b = serve(
+            &p,
+            &mut state,
+            "b",
+            &Request {
+                quota: eighty,
+                ..request(1, 0, 0, 1_000)
+            },
+            now,
+        );
+        assert_eq!((b.grant, b.quota), (20, eighty));
+        // Node a, which does not know it yet, is told.
+        let a = serve(&p, &mut state, "a", &request(2, 60, 60, 1_000), now);
+        assert_eq!((a.grant, a.quota), (0, eighty));
+        // An older version (a node that set another quota earlier) does not win back.
+        let older = SharedQuota {
+            version: 3,
+            limit: 1_000,
+            period: 1_000_000,
+            burst: 1_000,
+        };
+        let c = serve(
+            &p,
+            &mut state,
+            "c",
+            &Request {
+                quota: older,
+                ..request(1, 0, 0, 1_000)
+            },
+            now,
+        );
+        assert_eq!((c.grant, c.quota), (0, eighty));
+        // Back to the default, at a later version: the 80 in use stay in use.
+        let back = SharedQuota::default_at(9);
+        let c = serve(
+            &p,
+            &mut state,
+            "c",
+            &Request {
+                quota: back,
+                ..request(2, 0, 0, 1_000)
+            },
+            now,
+        );
+        assert_eq!((c.grant, c.quota), (20, back));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 
 use super::books::Books;
 use super::cell::{HOT, NEW, SyncCell, WANT_HOT, WANTED};
-use super::protocol::{Answer, MAX_DEMAND, Request, WEIGHT_ONE, scale};
+use super::protocol::{Answer, MAX_DEMAND, Request, SharedQuota, WEIGHT_ONE, scale};
 
 /// What the node side of every key's round shares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -320,6 +320,8 @@ pub(crate) fn collect(
         deadline,
         local: books.local,
         beyond: books.beyond,
+        // The caller sets the key's quota.
+        quota: SharedQuota::default(),
     }
 }
 

@@ -153,6 +153,95 @@ impl Shape {
     }
 }
 
+/// A key's own quota, as it travels with the key's rounds: the highest one (by version,
+/// then by its numbers) wins everywhere. Redis adopts a higher one than it holds,
+/// converting the key's state (never handing out capacity: what was used stays used),
+/// and answers with the one it holds, which a node that sent a lower one adopts. So
+/// Redis and every node agree, whichever node set it. Version 0 is the limiter's
+/// default quota; a later version whose limit is 0 returns the key to the default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct SharedQuota {
+    /// When (µs of the setting node's wall clock, made unique per node) it was set.
+    pub(crate) version: u64,
+    /// The quota: `limit` per `period` µs, `burst` at once (0, 0, 0: the default).
+    pub(crate) limit: u64,
+    pub(crate) period: u64,
+    pub(crate) burst: u64,
+}
+
+impl SharedQuota {
+    /// `quota` as a key's own, set at `version`. The quota must have passed
+    /// [`Shape::new`] for the limiter's algorithm.
+    pub(crate) fn new(version: u64, quota: Quota) -> Self {
+        Self {
+            version,
+            limit: quota.limit(),
+            period: quota.period_ns() / 1_000,
+            burst: quota.burst(),
+        }
+    }
+
+    /// The default quota, set at `version` (0: never changed).
+    pub(crate) fn default_at(version: u64) -> Self {
+        Self {
+            version,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the round script takes this quota for a limiter of `shape` (the
+    /// script's own check, which refuses the whole call otherwise): its numbers stay
+    /// exact in the script's doubles, whatever it converts.
+    pub(crate) fn fits(self, shape: Shape) -> bool {
+        const EXACT: u64 = 1 << 53;
+        let (limit, period, burst) = (self.limit, self.period, self.burst);
+        limit == 0
+            || (burst >= 1
+                && period >= 1
+                && match shape {
+                    Shape::TokenBucket { .. } => {
+                        period >= limit && period.checked_mul(burst).is_some_and(|x| x < EXACT / 2)
+                    }
+                    _ => limit.checked_mul(period).is_some_and(|x| x < EXACT),
+                })
+    }
+
+    /// Whether this is the limiter's default quota.
+    pub(crate) fn is_default(self) -> bool {
+        self.limit == 0
+    }
+
+    /// The quota, unless it is the default.
+    pub(crate) fn quota(self) -> Option<Quota> {
+        if self.is_default() {
+            return None;
+        }
+        Quota::new(self.limit, std::time::Duration::from_micros(self.period))
+            .and_then(|q| q.with_burst(self.burst))
+            .ok()
+    }
+
+    /// The shape of a key with this quota in a limiter whose default shape is `default`
+    /// (the algorithm is the limiter's), as the script computes it.
+    pub(crate) fn shape(self, default: Shape) -> Shape {
+        if self.is_default() {
+            return default;
+        }
+        let (limit, period) = (self.limit, self.period);
+        match default {
+            Shape::TokenBucket { .. } => {
+                let t = period / limit;
+                Shape::TokenBucket {
+                    t,
+                    tau: t * (self.burst - 1),
+                }
+            }
+            Shape::SlidingWindow { .. } => Shape::SlidingWindow { limit, period },
+            Shape::FixedWindow { .. } => Shape::FixedWindow { limit, period },
+        }
+    }
+}
+
 /// Why the sliding log cannot be synced.
 const SLIDING_LOG: &str = "background sync supports token-bucket, leaky-bucket, \
      sliding-window and fixed-window; a sliding log's per-request timestamps cannot be \
@@ -217,6 +306,8 @@ pub(crate) struct Request {
     /// one-time budget): what of them exceeds what was charged on its behalf is its own
     /// debt, not the global state's.
     pub(crate) beyond: u64,
+    /// The key's quota as the node knows it.
+    pub(crate) quota: SharedQuota,
 }
 
 /// The answer for one key.
@@ -241,6 +332,8 @@ pub(crate) struct Answer {
     /// were reserved in (a window counter's lease in lease mode, at the first round of a
     /// new window): the node drops what is left of its lease.
     pub(crate) void: u64,
+    /// The key's quota as Redis holds it (the node adopts it if higher than its own).
+    pub(crate) quota: SharedQuota,
 }
 
 /// `⌊x · weight / WEIGHT_ONE⌋`, exact for any `x` below 2^52 (the script computes it in

@@ -16,7 +16,7 @@ use super::cell::{Cold, SyncCell, SyncPolicy, WANT_HOT};
 use super::driver::{self, Driver, plan};
 use super::model::{self, KeyState};
 use super::node::{self, NodeParams};
-use super::protocol::{Answer, Request, Shape};
+use super::protocol::{Answer, Request, Shape, SharedQuota};
 use super::{RedisSync, SyncMode};
 use crate::algorithm::Algorithm;
 use crate::quota::Quota;
@@ -83,6 +83,23 @@ impl Cut {
     }
 }
 
+/// A node sets the key's own quota at `at_ms`: `rate` per second, `burst` at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct QuotaChange {
+    pub(super) at_ms: u64,
+    pub(super) node: usize,
+    pub(super) rate: u64,
+    pub(super) burst: u64,
+}
+
+impl QuotaChange {
+    fn quota(&self) -> Quota {
+        Quota::per_second(self.rate)
+            .and_then(|q| q.with_burst(self.burst))
+            .expect("valid quota")
+    }
+}
+
 /// How requests reach a node.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Arrivals {
@@ -135,6 +152,8 @@ pub(super) struct Scenario {
     pub(super) outage: Outage,
     /// A partial partition: some nodes cut off from Redis, the others not.
     pub(super) cut: Option<Cut>,
+    /// A node gives the key a quota of its own at some point.
+    pub(super) change: Option<QuotaChange>,
     /// How long Redis keeps a silent node's share reserved (ms; the task's default is
     /// 10 s).
     pub(super) share_ttl_ms: u64,
@@ -159,6 +178,9 @@ pub(super) struct Outcome {
     pub(super) later_admitted: Vec<u64>,
     /// When Redis answered again after the outage (ms).
     pub(super) resumed_ms: Option<u64>,
+    /// Each node's quota for the key at the end, and Redis's.
+    pub(super) quotas: Vec<SharedQuota>,
+    pub(super) redis_quota: SharedQuota,
 }
 
 struct Rng(u64);
@@ -226,6 +248,8 @@ struct SimNode {
     cold_nodes_at: u64,
     knows_hot: bool,
     announce: bool,
+    /// The key's quota as this node knows it.
+    shared: SharedQuota,
 }
 
 impl Scenario {
@@ -302,6 +326,18 @@ impl Scenario {
         );
         let params = plan.params;
         let node_params = plan.node_params;
+        // The node side's parameters for a key of quota `q` (as the task's `key_params`).
+        let windowed = self.windowed();
+        let key_params = |q: SharedQuota| {
+            if q.is_default() {
+                return node_params;
+            }
+            NodeParams {
+                ticks: q.shape(shape).ticks_per_token(),
+                capacity: if windowed { q.limit } else { q.burst },
+                ..node_params
+            }
+        };
         let node_ttl_us = u64::try_from(settings.node_ttl.as_micros()).expect("an hour at most");
         let n = self.nodes();
         let mut rng = Rng(self.seed | 1);
@@ -339,6 +375,7 @@ impl Scenario {
                     cold_nodes_at: 0,
                     knows_hot: false,
                     announce: false,
+                    shared: SharedQuota::default(),
                 }
             })
             .collect();
@@ -354,6 +391,8 @@ impl Scenario {
             later_offered: vec![0; n],
             later_admitted: vec![0; n],
             resumed_ms: None,
+            quotas: Vec::new(),
+            redis_quota: SharedQuota::default(),
         };
         let mut seen_first = vec![false; n];
         // Redis is unreachable during [down_from, down_until) (µs); a restart also wipes
@@ -415,6 +454,10 @@ impl Scenario {
             }
             for (i, node) in nodes.iter_mut().enumerate() {
                 let now_ns = now * 1_000;
+                if let Some(c) = self.change.filter(|c| c.at_ms == ms && c.node == i) {
+                    node.shared = SharedQuota::new(1, c.quota());
+                    node.params = key_params(node.shared);
+                }
                 // Answers and timeouts.
                 if let Some(f) = &node.flight {
                     if let Some((at, answer, ran_at)) = f.reply {
@@ -423,7 +466,7 @@ impl Scenario {
                                 // A window counter's lease (lease mode) is void when
                                 // Redis's window it was granted in ends, less a round
                                 // trip, as the task sets it.
-                                let expires = match shape.period() {
+                                let expires = match answer.quota.shape(shape).period() {
                                     Some(period) if !self.reconcile => {
                                         ((ran_at / period + 1) * period)
                                             .saturating_sub(now - ran_at)
@@ -435,7 +478,7 @@ impl Scenario {
                                 // sets it; Redis's clock is the simulation's).
                                 let share_until = (answer.until * 1_000)
                                     .saturating_sub((now - f.sent_at) * 1_000);
-                                node::settle(
+                                let settled = node::settle(
                                     &node.cell,
                                     &mut node.cell.books.lock(),
                                     &node.params,
@@ -444,6 +487,12 @@ impl Scenario {
                                     expires,
                                     share_until,
                                 );
+                                // A higher quota than its own is the key's here too (as
+                                // the task's `adopt_quota`).
+                                if settled && answer.quota > node.shared {
+                                    node.shared = answer.quota;
+                                    node.params = key_params(answer.quota);
+                                }
                             }
                             if let Some(registry) = f.registry.clone() {
                                 node.heard = registry;
@@ -490,8 +539,9 @@ impl Scenario {
                         }
                         let need =
                             node::need(&node.cell, &node.cell.books.lock(), &node.params, now_ns);
-                        let request = need.map(|_| {
-                            node::collect(
+                        let request = need.map(|_| Request {
+                            quota: node.shared,
+                            ..node::collect(
                                 &node.cell,
                                 &mut node.cell.books.lock(),
                                 &node.params,
@@ -583,6 +633,8 @@ impl Scenario {
                 }
             }
         }
+        out.quotas = nodes.iter().map(|n| n.shared).collect();
+        out.redis_quota = redis.global.quota;
         out
     }
 }
@@ -861,6 +913,7 @@ mod properties {
             late_per_mille: 0,
             outage: Outage::None,
             cut: None,
+            change: None,
             share_ttl_ms: 10_000,
             cold: false,
             seed,
@@ -1085,6 +1138,79 @@ mod properties {
             }
             record("sparse", |w| w.light = w.light.min(worst));
             prop_assert!(worst >= 0.95, "{worst}: {:?} of {:?}: {s:?}", out.later_admitted, out.later_offered);
+        }
+
+        /// A key's own quota, set on one node mid-run (a quarter to four times the rate
+        /// and the burst): Redis and every node take it up; from two seconds after on,
+        /// the documented bound of the new quota holds and the rate is at most the new
+        /// one (+3%, plus the span's slack); and in lease mode the change hands out no
+        /// fresh burst: over those two seconds, at most what the new burst adds to the
+        /// old, the new rate, and the leases held under either quota.
+        #[test]
+        fn a_key_quota_set_mid_run_holds_everywhere(
+            (rate, burst) in quota(),
+            factor in 0usize..4,
+            interval_ms in 10u64..=200,
+            load in 1.5f64..6.0,
+            weights in prop::collection::vec(1u32..100, 1..=16),
+            reconcile: bool,
+            who: usize,
+            seed: u64,
+        ) {
+            let scale = |x: u64| match factor {
+                0 => x / 4,
+                1 => x / 2,
+                2 => x * 2,
+                _ => x * 4,
+            }
+            .max(1);
+            let (new_rate, new_burst) = (scale(rate), scale(burst));
+            let new_quota = Quota::per_second(new_rate).and_then(|q| q.with_burst(new_burst));
+            prop_assume!(new_quota.is_ok_and(|q| Shape::new(Algorithm::TokenBucket, q).is_ok()));
+            let mut s = base(rate, burst, interval_ms, reconcile, seed);
+            s.arrivals = saturating(rate.max(new_rate), load, &weights);
+            let at_ms = 20_000;
+            s.change = Some(QuotaChange {
+                at_ms,
+                node: who % weights.len(),
+                rate: new_rate,
+                burst: new_burst,
+            });
+            let out = s.run();
+            let set = SharedQuota::new(1, s.change.map(|c| c.quota()).expect("a change"));
+            prop_assert_eq!(out.redis_quota, set);
+            prop_assert!(out.quotas.iter().all(|&q| q == set), "{:?}", out.quotas);
+            let after = Scenario {
+                rate: new_rate,
+                burst: new_burst,
+                change: None,
+                ..s.clone()
+            };
+            let settled = (at_ms + 2_000) as usize;
+            let excess = excess(&out.per_ms[settled..], after.rate_per_us());
+            let limit = bound(&after);
+            record("quota", |w| w.excess = w.excess.max(excess / limit));
+            prop_assert!(excess <= limit, "excess {excess} > {limit}: {s:?}");
+            let long_run = per_second(&out.per_ms, at_ms + 5_000, RUN_MS) / new_rate as f64;
+            let span = (RUN_MS - at_ms - 5_000) as f64 / 1_000.0;
+            let slack = (s.nodes() as f64 + 2.0) / span / new_rate as f64;
+            prop_assert!(long_run <= 1.03 + slack, "rate {long_run} of the new limit: {s:?}");
+            if !reconcile {
+                let n = s.nodes() as f64;
+                let held = |r: f64| r * s.hold_us() as f64 / 1e6 + 2.0 * n;
+                let most = new_burst.saturating_sub(burst) as f64
+                    + new_rate as f64 * 2.0
+                    + held(rate as f64)
+                    + held(new_rate as f64);
+                let two_seconds: u64 = out.per_ms[at_ms as usize..settled]
+                    .iter()
+                    .map(|&c| u64::from(c))
+                    .sum();
+                prop_assert!(
+                    two_seconds as f64 <= most,
+                    "{two_seconds} admitted in the 2 s after the change > {most}: {s:?}"
+                );
+            }
         }
 
         /// The window counters: at most the limit per aligned window in lease mode, and
@@ -1414,6 +1540,7 @@ mod properties {
         report("sparse");
         report("sliding");
         report("fixed");
+        report("quota");
         report("cold");
     }
 }

@@ -20,7 +20,7 @@ use super::config::Settings;
 use super::driver::{self, Driver, Health, Timing, nanos};
 use super::limiter::SyncedLimiter;
 use super::node::{self, Need, NodeParams};
-use super::protocol::{Answer, Params, Request, Shape};
+use super::protocol::{Answer, Params, Request, Shape, SharedQuota};
 use super::round::{self, Call, Selection};
 use super::{FailMode, RedisSync, Shared, SyncHandle, SyncMode};
 use crate::algorithm::Algorithm;
@@ -78,6 +78,8 @@ impl Drop for AbortOnDrop {
 
 /// Everything the task needs, besides the limiter's store.
 struct Task {
+    /// The limiter's algorithm (a key's own quota is for it).
+    algorithm: Algorithm,
     config: RedisSync,
     settings: Settings,
     params: Params,
@@ -201,6 +203,7 @@ where
             windowed: shape.period().is_some(),
         });
     let task = Task {
+        algorithm,
         name: Arc::from(limiter.name()),
         params: plan.params,
         node_params: plan.node_params,
@@ -342,8 +345,20 @@ pub(crate) fn round_args<'a>(
     for r in requests {
         args.extend(
             [
-                r.epoch, r.floor, r.keep, r.known, r.demand, r.want, r.anchor, r.deadline, r.local,
+                r.epoch,
+                r.floor,
+                r.keep,
+                r.known,
+                r.demand,
+                r.want,
+                r.anchor,
+                r.deadline,
+                r.local,
                 r.beyond,
+                r.quota.version,
+                r.quota.limit,
+                r.quota.period,
+                r.quota.burst,
             ]
             .map(|n| n.to_string()),
         );
@@ -352,8 +367,8 @@ pub(crate) fn round_args<'a>(
 }
 
 /// Numbers per key in a round's reply: grant, overdraft, reserved, stale, share, until,
-/// owes, void.
-const ANSWER_LEN: usize = 8;
+/// owes, void, and the key's quota (version, limit, period, burst).
+const ANSWER_LEN: usize = 12;
 
 fn unexpected_reply() -> redis::RedisError {
     redis::RedisError::from((redis::ErrorKind::Parse, "sync round: unexpected reply"))
@@ -608,7 +623,7 @@ impl Task {
         let rescan = std::mem::take(&mut hot.rescan);
         let cold_t_ns = self.cold_t_ns(hot.nodes);
         let cold_idle_ns = nanos(COLD_IDLE);
-        store.for_each(|key, cell| {
+        store.for_each(|key, cell, policy| {
             if node::is_cold(cell) {
                 let flags = cell.flags.load(Ordering::Acquire);
                 let idle = || {
@@ -645,7 +660,7 @@ impl Task {
             let need = if stopping && !books.released {
                 Some(Need::Release)
             } else {
-                node::need(cell, &books, &self.node_params, now)
+                node::need(cell, &books, &self.key_params(policy), now)
             };
             let Some(need) = need else { return };
             if let Err(key) = selection.offer(key.clone(), need) {
@@ -839,7 +854,8 @@ impl Task {
             self.shared.stats.lock().stats.keys_released += released_locally;
         }
         p.seq += 1;
-        let mut items: Vec<(K, Request)> = Vec::with_capacity(chosen.len());
+        // Each key with its request, and the node side's parameters for its quota.
+        let mut items: Vec<(K, Request, NodeParams)> = Vec::with_capacity(chosen.len());
         // Keys whose announcement as hot this node makes or renews (see the cold tier):
         // made before the key's first round, so that every node that reads it later
         // turns the key hot while the others' cold shares are still accounted for.
@@ -849,28 +865,32 @@ impl Task {
             .saturating_add(self.cold.as_ref().map_or(0, |tier| tier.lifetime_ms / 2));
         let mut announce = Vec::new();
         for key in chosen {
-            let request = store.with_state(&key, |cell| {
+            let request = store.with_state_policy(&key, |cell, policy| {
+                let params = self.key_params(policy);
                 let mut books = cell.books.lock();
-                let request = node::collect(
-                    cell,
-                    &mut books,
-                    &self.node_params,
-                    p.seq,
-                    now,
-                    stopping,
-                    p.redis_offset_ns,
-                );
+                let request = Request {
+                    quota: policy.shared,
+                    ..node::collect(
+                        cell,
+                        &mut books,
+                        &params,
+                        p.seq,
+                        now,
+                        stopping,
+                        p.redis_offset_ns,
+                    )
+                };
                 let holds = request.demand > 0 || request.keep > 0 || request.want > 0;
-                (request, holds && books.announced_until <= renew_by)
+                (request, params, holds && books.announced_until <= renew_by)
             });
-            if let Some((request, renew)) = request {
+            if let Some((request, params, renew)) = request {
                 if renew && self.cold.is_some() && !stopping {
                     announce.push(items.len());
                 }
-                items.push((key, request));
+                items.push((key, request, params));
             }
         }
-        let keys: Vec<Vec<u8>> = items.iter().map(|(key, _)| self.redis_key(key)).collect();
+        let keys: Vec<Vec<u8>> = items.iter().map(|(key, ..)| self.redis_key(key)).collect();
         let announced: Vec<Vec<u8>> = announce.iter().map(|&i| keys[i].clone()).collect();
         let hot_sent = (self.now)();
         // With announcements, they go before the rounds; otherwise the read goes along.
@@ -971,6 +991,12 @@ impl Task {
                         until: a[5],
                         owes: a[6],
                         void: a[7],
+                        quota: SharedQuota {
+                            version: a[8],
+                            limit: a[9],
+                            period: a[10],
+                            burst: a[11],
+                        },
                     };
                     answers[i] = Some((answer, *t));
                 }
@@ -984,7 +1010,10 @@ impl Task {
             }
             // Every round that heartbeats schedules the renewal round of the next window,
             // whether or not it carried keys.
-            if let (_, Some(renew_in)) = self.lease_deadline(server_now, round_trip, local_now) {
+            let period = self.params.shape.period();
+            if let (_, Some(renew_in)) =
+                self.lease_deadline(period, server_now, round_trip, local_now)
+            {
                 p.window_in = Some(renew_in);
             }
         }
@@ -992,12 +1021,14 @@ impl Task {
         // master in failover): its key's books then match Redis's.
         let mut stale = 0;
         let mut released = 0;
-        for ((key, request), answer) in items.iter().zip(&answers) {
+        for ((key, request, params), answer) in items.iter().zip(&answers) {
             let Some((answer, server_now)) = answer else {
                 continue;
             };
-            // A key's lease ends with the window of the clock of the server that holds it.
-            let (expires, _) = self.lease_deadline(*server_now, round_trip, local_now);
+            // A key's lease ends with the window (of its own quota) of the clock of the
+            // server that holds it.
+            let period = answer.quota.shape(self.params.shape).period();
+            let (expires, _) = self.lease_deadline(period, *server_now, round_trip, local_now);
             // Its share stays reserved until `until` of that server's clock: here, a
             // whole round trip earlier, so that the offset's error cannot carry a local
             // admission past it.
@@ -1014,7 +1045,7 @@ impl Task {
                 let ok = node::settle(
                     cell,
                     &mut books,
-                    &self.node_params,
+                    params,
                     request,
                     answer,
                     expires,
@@ -1022,6 +1053,9 @@ impl Task {
                 );
                 (ok, books.released)
             });
+            if done.is_some_and(|(ok, _)| ok) {
+                self.adopt_quota(store, key, answer.quota);
+            }
             match done {
                 Some((false, _)) => stale += 1,
                 Some((true, true)) if store.remove_if(key, SyncCell::is_released) => {
@@ -1074,7 +1108,7 @@ impl Task {
         &self,
         mut connection: Connection,
         calls: &[Call],
-        items: &[(K, Request)],
+        items: &[(K, Request, NodeParams)],
         keys: &[Vec<u8>],
         heard: &BTreeMap<String, u64>,
         seq: u64,
@@ -1136,11 +1170,12 @@ impl Task {
     /// just after the next window starts is due.
     fn lease_deadline(
         &self,
+        period: Option<u64>,
         server_now_us: u64,
         round_trip: Duration,
         local_now: u64,
     ) -> (u64, Option<Duration>) {
-        let Some(period) = self.params.shape.period() else {
+        let Some(period) = period else {
             return (u64::MAX, None);
         };
         if self.params.overdraft_horizon > 0 {
@@ -1150,6 +1185,46 @@ impl Task {
         let margin = nanos(round_trip);
         let end = local_now.saturating_add(u64::try_from(to_end.as_nanos()).unwrap_or(u64::MAX));
         (end.saturating_sub(margin), Some(to_end + round_trip / 2))
+    }
+
+    /// The node side's parameters for a key of `policy`: its own quota's, if it has one.
+    fn key_params(&self, policy: &SyncPolicy) -> NodeParams {
+        if policy.shared.is_default() {
+            return self.node_params;
+        }
+        NodeParams {
+            ticks: policy.ticks,
+            capacity: policy.capacity,
+            ..self.node_params
+        }
+    }
+
+    /// Takes in the quota Redis holds for `key` (see [`SharedQuota`]): a higher one than
+    /// this node's becomes the key's own here (or returns it to the default); a return to
+    /// the default that Redis has taken needs no mark any more.
+    fn adopt_quota<K>(&self, store: &Store<K, SyncCell>, key: &K, held: SharedQuota)
+    where
+        K: Hash + Eq + Clone,
+    {
+        let mine = store.policy_of(key);
+        if held > mine.shared {
+            let policy = if held.is_default() {
+                None
+            } else {
+                let Some(quota) = held.quota() else { return };
+                let Ok((shape, capacity)) = super::build::supported(self.algorithm, quota) else {
+                    return;
+                };
+                let default = store.default_policy();
+                Some(default.for_key(quota, capacity, shape.ticks_per_token(), held))
+            };
+            store.set_key_quota(key.clone(), policy, (self.now)());
+        } else if mine.shared.is_default()
+            && mine.shared.version > 0
+            && held.version >= mine.shared.version
+        {
+            store.set_key_quota(key.clone(), None, (self.now)());
+        }
     }
 
     /// What this node's share among `nodes` sets: a key first seen on this node may
@@ -1163,13 +1238,15 @@ impl Task {
         let pace_ns = if policy.pace_ns == 0 {
             0
         } else {
-            Cold::t_ns(self.node_params.ticks, nodes, false)
+            Cold::t_ns(policy.ticks, nodes, false)
         };
-        if policy.fresh != fresh || policy.pace_ns != pace_ns {
+        let nodes = nodes.max(1);
+        if policy.fresh != fresh || policy.pace_ns != pace_ns || policy.nodes != nodes {
             store.set_policy(
                 SyncPolicy {
                     fresh,
                     pace_ns,
+                    nodes,
                     ..policy
                 },
                 0,
@@ -1205,7 +1282,7 @@ impl Task {
         let now = (self.now)();
         let t_ns = self.cold_t_ns(nodes);
         let mut budgets = 0;
-        store.for_each(|_, cell| {
+        store.for_each(|_, cell, policy| {
             if node::is_cold(cell) && !never_read {
                 return;
             }
@@ -1214,7 +1291,7 @@ impl Task {
             budgets += u64::from(node::refill_locally(
                 cell,
                 &mut books,
-                &self.node_params,
+                &self.key_params(policy),
                 nodes,
                 now,
             ));

@@ -13,10 +13,12 @@
 --   retain (ms), share TTL (µs), silent after (µs), the registry as the node last read
 --   it ("id:ms,id:ms…": each node's last heartbeat), round number,
 --   then per limiter key: epoch, floor, keep, known, demand, want, anchor, deadline, local,
---   beyond.
+--   beyond, and the key's quota as the node knows it: version, limit, period (µs), burst
+--   (0, 0, 0, 0: the default; a version with limit 0: back to the default).
 -- Returns {nodes alive (0 without a registry), server time (µs), k, then k nodes of the
 --   registry as (the high and low 32 bits of the id as a number, last heartbeat ms), then
---   per key: grant, overdraft, reserved, stale, share, until, owes (whole tokens), void}.
+--   per key: grant, overdraft, reserved, stale, share, until, owes (whole tokens), void,
+--   and the key's quota as Redis holds it: version, limit, period, burst}.
 local WEIGHT_ONE, MAX_DEMAND, MAX_ELAPSED = 1048576, 16777216, 4294967296
 
 local function idiv(a, b)
@@ -41,11 +43,24 @@ for id, ms in string.gmatch(ARGV[12], '([^:,]+):(%d+)') do heard[id] = tonumber(
 if not (whole(ttl) and whole(a) and whole(b) and a >= 1 and whole(horizon) and whole(hold) and whole(demand_ttl)
     and whole(retain_ms) and whole(share_ttl) and whole(silent_after) and whole(seq)
     and (shape == 'tb' or ((shape == 'sw' or shape == 'fw') and b >= 1))
-    and #KEYS >= 1 and #ARGV == 13 + 10 * (#KEYS - first + 1)) then
+    and #KEYS >= 1 and #ARGV == 13 + 14 * (#KEYS - first + 1)) then
   return redis.error_reply('TOLLGATE invalid sync arguments')
 end
-local ticks = a
-if shape ~= 'tb' then ticks = math.max(1, idiv(b, a)) end
+-- The default quota's numbers; a key with its own quota serves with its own (see `use`).
+local default_a, default_b = a, b
+local ticks, capacity_ticks
+-- Serves the next key with the quota (a, b).
+local function use(qa, qb)
+  a, b = qa, qb
+  if shape == 'tb' then
+    ticks = a
+    capacity_ticks = b + a
+  else
+    ticks = math.max(1, idiv(b, a))
+    capacity_ticks = a * ticks
+  end
+end
+use(a, b)
 
 local time = redis.call('TIME')
 local now = time[1] * 1000000 + time[2]
@@ -99,8 +114,6 @@ local function scale(x, weight)
   return high * weight + math.floor((x - high * WEIGHT_ONE) * weight / WEIGHT_ONE)
 end
 
-local capacity_ticks = b + a
-if shape ~= 'tb' then capacity_ticks = a * ticks end
 
 local function credit_cap(weight)
   return math.max(ticks, scale(math.max(capacity_ticks, hold), weight))
@@ -119,9 +132,30 @@ local function encode(r)
     .. ':' .. num(r.owes) .. ':' .. num(r.fallback)
 end
 
-local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadline, loc, beyond)
+-- Whether quota q is above quota r ({version, limit, period, burst}), as the
+-- specification orders them.
+local function above(q, r)
+  for j = 1, 4 do
+    if q[j] ~= r[j] then return q[j] > r[j] end
+  end
+  return false
+end
+
+-- The script's numbers (a, b) of quota q: the default's for limit 0.
+local function numbers(q)
+  if q[2] == 0 then return default_a, default_b end
+  if shape == 'tb' then
+    local t = idiv(q[3], q[2])
+    return t, t * (q[4] - 1)
+  end
+  return q[2], q[3]
+end
+
+local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadline, loc, beyond,
+    quota)
   local raw = redis.call('HGETALL', key)
   local tat, gw, prev, cur = 0, nil, 0, 0
+  local held = {0, 0, 0, 0}
   local records = {}
   for j = 1, #raw, 2 do
     local f, v = raw[j], raw[j + 1]
@@ -129,6 +163,10 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
     elseif f == 'w' then gw = tonumber(v)
     elseif f == 'p' then prev = tonumber(v)
     elseif f == 'c' then cur = tonumber(v)
+    elseif f == 'q' then
+      local n = {}
+      for x in string.gmatch(v, '[^:]+') do n[#n + 1] = tonumber(x) end
+      if #n == 4 then held = n end
     else
       local n = {}
       for x in string.gmatch(v, '[^:]+') do n[#n + 1] = tonumber(x) end
@@ -149,7 +187,39 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
   end
   local stored = records[node]
   if stored and seq <= stored.seq then
-    return 0, 0, stored.reserved, 1, 0, 0, 0, 0
+    return 0, 0, stored.reserved, 1, 0, 0, 0, 0, {0, 0, 0, 0}
+  end
+  -- The key's quota: the higher of Redis's and the node's; a change converts the state
+  -- (see `convert` in model.rs).
+  use(numbers(held))
+  if above(quota, held) then
+    local fa, fb, ft = a, b, ticks
+    local ta, tb_ = numbers(quota)
+    if fa ~= ta or fb ~= tb_ then
+      use(ta, tb_)
+      if shape == 'tb' then
+        if tat > now then tat = now + math.min(idiv(tat - now + fa - 1, fa), idiv(b, a) + 2) * a end
+      end
+      local renumbered = shape ~= 'tb' and fb ~= b
+      if renumbered and gw ~= nil then
+        gw = idiv(now, b)
+        cur = cur + prev
+        prev = 0
+      end
+      local most = idiv(math.max(capacity_ticks, hold), ticks)
+      for _, r in pairs(records) do
+        if renumbered then r.window = gw or 0 end
+        r.credit = math.min(idiv(r.credit, ft), most) * ticks
+        r.owes = math.min(idiv(r.owes + ft - 1, ft), most) * ticks
+        r.prepaid, r.landed, r.landed_end = 0, 0, 0
+      end
+      for id, _ in pairs(records) do
+        if id ~= node then redis.call('HSET', key, id, encode(records[id])) end
+      end
+    end
+    held = quota
+    redis.call('HSET', key, 'q', num(held[1]) .. ':' .. num(held[2]) .. ':' .. num(held[3]) .. ':'
+      .. num(held[4]))
   end
   local existing = nil
   if stored and stored.epoch == epoch then existing = stored end
@@ -366,23 +436,30 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
   for _, id in ipairs(changed) do redis.call('HSET', key, id, encode(records[id])) end
   redis.call('HSET', key, node, encode(rec))
   redis.call('PEXPIRE', key, num(ttl_ms + retain_ms))
-  return grant, overdraft, rec.reserved, 0, rec.share, rec.till, idiv(rec.owes + ticks - 1, ticks), void
+  return grant, overdraft, rec.reserved, 0, rec.share, rec.till, idiv(rec.owes + ticks - 1, ticks), void,
+    held
 end
 
 for i = first, #KEYS do
-  local base = 13 + 10 * (i - first)
+  local base = 13 + 14 * (i - first)
   local epoch, floor, keep = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local known, demand = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
   local want, anchor = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
   local deadline, loc = tonumber(ARGV[base + 8]), tonumber(ARGV[base + 9])
   local beyond = tonumber(ARGV[base + 10])
+  local quota = {tonumber(ARGV[base + 11]), tonumber(ARGV[base + 12]), tonumber(ARGV[base + 13]),
+    tonumber(ARGV[base + 14])}
+  local qv, ql, qp, qb = quota[1], quota[2], quota[3], quota[4]
   if not (whole(epoch) and whole(floor) and whole(keep) and whole(known) and whole(demand)
       and whole(want) and whole(anchor) and whole(deadline) and whole(loc) and whole(beyond)
-      and keep <= floor) then
+      and keep <= floor and whole(qv) and whole(ql) and whole(qp) and whole(qb)
+      and (qv > 0 or ql + qp + qb == 0)
+      and (ql == 0 or (qb >= 1 and qp >= 1 and ((shape == 'tb' and qp >= ql
+        and qp * qb < 4503599627370496) or (shape ~= 'tb' and ql * qp < 9007199254740992))))) then
     return redis.error_reply('TOLLGATE invalid sync counts')
   end
-  local grant, overdraft, reserved, stale, share, till, owes, void =
-    serve(KEYS[i], epoch, floor, keep, known, demand, want, anchor, deadline, loc, beyond)
+  local grant, overdraft, reserved, stale, share, till, owes, void, held =
+    serve(KEYS[i], epoch, floor, keep, known, demand, want, anchor, deadline, loc, beyond, quota)
   out[#out + 1] = grant
   out[#out + 1] = overdraft
   out[#out + 1] = reserved
@@ -391,5 +468,6 @@ for i = first, #KEYS do
   out[#out + 1] = till
   out[#out + 1] = owes
   out[#out + 1] = void
+  for j = 1, 4 do out[#out + 1] = held[j] end
 end
 return out
