@@ -847,8 +847,16 @@ async fn a_key_quota_set_on_one_node_holds_on_every_node() {
     nodes[0].0.remove_quota("k");
     assert_eq!(nodes[0].0.quota_for("k"), default);
     until_every_node_has(&nodes, "k", default).await;
-    // The sliding log's quota is not the question: a key's quota of another shape than
-    // the script can hold exactly is refused, typed.
+    // Set on a node that never checks the key (an admin node): its next round carries
+    // the change all the same, and a node that serves the key learns it.
+    nodes[1].0.set_quota("served-elsewhere", ten).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nodes[0].0.quota_for("served-elsewhere") != ten {
+        assert!(Instant::now() < deadline, "the quota never left the node that set it");
+        nodes[0].0.check("served-elsewhere");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A quota the round script cannot hold exactly is refused, typed.
     let err = nodes[0]
         .0
         .set_quota(

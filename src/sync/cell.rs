@@ -23,6 +23,10 @@ pub(crate) const WANT_HOT: u64 = 2;
 /// Set in [`SyncCell::flags`] for a cold key the sync task has not looked at yet (it
 /// checks the key against the keys hot elsewhere).
 pub(crate) const NEW: u64 = 4;
+/// Set in [`SyncCell::flags`] when the key's quota changed on this node: its next round
+/// carries the change, whether or not the key is in use here (cleared once a round is
+/// answered).
+pub(crate) const QUOTA: u64 = 8;
 /// [`SyncCell::cold_tat`] of a hot key: coordinated through Redis.
 pub(crate) const HOT: u64 = u64::MAX;
 
@@ -274,7 +278,7 @@ impl SyncCell {
             && self.allowance.load(Ordering::Acquire) == 0
             && self.overdraft.load(Ordering::Acquire) == 0
             && self.overdrawn.load(Ordering::Acquire) == 0
-            && self.flags.load(Ordering::Acquire) & WANTED == 0
+            && self.flags.load(Ordering::Acquire) & (WANTED | QUOTA) == 0
             && self.books.try_lock().is_some_and(|b| b.released)
     }
 

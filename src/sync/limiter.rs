@@ -265,8 +265,9 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         self.inner.store.policy_of(key).quota
     }
 
-    /// Sets `key`'s own policy; a cold key turns hot at the next round (meanwhile it
-    /// admits at its cold share).
+    /// Sets `key`'s own policy, and makes sure the key's next round carries it, whether
+    /// or not the key is in use on this node (a cold key turns hot at that round;
+    /// meanwhile it admits at its cold share).
     pub(super) fn set_key_policy<Q>(&self, key: &Q, policy: Option<super::cell::SyncPolicy>)
     where
         K: Borrow<Q>,
@@ -275,10 +276,13 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         let now = self.inner.common.clock.now_ns();
         let store = &self.inner.store;
         store.set_key_quota(key.to_owned(), policy, now);
-        store.with_state(key, |cell| {
+        // (A store full of keys that cannot go refuses the cell: the change then goes
+        // with the key's first round.)
+        store.upsert(key, now, |cell| {
             if super::node::is_cold(cell) {
                 cell.want_hot(now);
             }
+            cell.flags.fetch_or(super::cell::QUOTA, Ordering::AcqRel);
         });
     }
 

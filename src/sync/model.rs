@@ -22,6 +22,8 @@ impl Shape {
 /// A node's own debt is repaid at `1 / REPAY_PACE` of its share's pace: the rest of its
 /// share it still leases, so that the rate after a partition heals stays near the limit.
 const REPAY_PACE: u64 = 8;
+/// The most a quota change carries over, in µs of the new quota (71 years).
+const AHEAD: u64 = 1 << 51;
 /// Credit accrues over at most this many µs (the cap is reached long before).
 const MAX_ELAPSED: u64 = 1 << 32;
 
@@ -578,19 +580,22 @@ pub(crate) fn serve(
 }
 
 /// Converts a key's state from quota `from` to quota `to` at `now`, never handing out
-/// capacity: the token bucket keeps the whole tokens it had in use (up to one past the
-/// new burst: at most empty); a window counter keeps its counts, and when the period
-/// changes counts both windows' in the current one (renumbered). The records' credit
-/// is kept in whole tokens (rounded down), their debt too (rounded up), and what was
+/// capacity: the token bucket keeps the whole tokens it had in use (rounded up; they
+/// include the leases the nodes hold, which stay spendable); a window counter keeps its
+/// counts, and when the period changes counts both windows' in the current one
+/// (renumbered). The records' debt is kept in whole tokens (rounded up), their credit
+/// too (rounded down, at most the new capacity or holding horizon), and what was
 /// prepaid on their behalf is dropped (what they admitted meanwhile is charged again).
+/// Whole tokens are capped at [`AHEAD`] µs of the new quota, so that the script's
+/// doubles stay exact.
 fn convert(state: &mut KeyState, from: Shape, to: Shape, hold: u64, now: u64) {
     if from == to {
         return;
     }
     let g = &mut state.global;
-    if let (Shape::TokenBucket { t, .. }, Shape::TokenBucket { t: t2, tau: tau2 }) = (from, to) {
+    if let (Shape::TokenBucket { t, .. }, Shape::TokenBucket { t: t2, .. }) = (from, to) {
         if g.tat > now {
-            g.tat = now + (g.tat - now).div_ceil(t).min(tau2 / t2 + 2) * t2;
+            g.tat = now + (g.tat - now).div_ceil(t).min(AHEAD / t2) * t2;
         }
     }
     let renumbered = from.period() != to.period();
@@ -606,7 +611,7 @@ fn convert(state: &mut KeyState, from: Shape, to: Shape, hold: u64, now: u64) {
             r.window = g.window.unwrap_or(0);
         }
         r.credit = (r.credit / old).min(most) * new;
-        r.owes = r.owes.div_ceil(old).min(most) * new;
+        r.owes = r.owes.div_ceil(old).min(AHEAD / new) * new;
         r.prepaid = 0;
         r.landed = 0;
         r.landed_end = 0;

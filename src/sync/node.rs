@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering;
 
 use super::books::Books;
-use super::cell::{HOT, NEW, SyncCell, WANT_HOT, WANTED};
+use super::cell::{HOT, NEW, QUOTA, SyncCell, WANT_HOT, WANTED};
 use super::protocol::{Answer, MAX_DEMAND, Request, SharedQuota, WEIGHT_ONE, scale};
 
 /// What the node side of every key's round shares.
@@ -162,10 +162,13 @@ pub(crate) fn need(cell: &SyncCell, books: &Books, p: &NodeParams, now: u64) -> 
     if is_cold(cell) {
         return None;
     }
-    let ran_out = cell.flags.load(Ordering::Acquire) & WANTED != 0;
+    let flags = cell.flags.load(Ordering::Acquire);
     let used = used(cell, books);
-    if ran_out {
+    if flags & WANTED != 0 {
         return Some(Need::Lease);
+    }
+    if flags & QUOTA != 0 {
+        return Some(Need::Report);
     }
     let idle = now.saturating_sub(books.last_active) >= p.idle_ns;
     let left = if now < cell.expires.load(Ordering::Acquire) {
@@ -230,7 +233,9 @@ pub(crate) fn collect(
     redis_offset_ns: Option<i64>,
 ) -> Request {
     let timeout_ns = p.timeout_ns;
-    let ran_out = cell.flags.fetch_and(!WANTED, Ordering::AcqRel) & WANTED != 0;
+    // The round carries the key's quota (a round that fails stays pending: the next
+    // one carries it again).
+    let ran_out = cell.flags.fetch_and(!(WANTED | QUOTA), Ordering::AcqRel) & WANTED != 0;
     if books.epoch == 0 {
         books.epoch = seq;
     }
@@ -443,7 +448,7 @@ pub(crate) fn refill_locally(
 }
 
 fn cell_wants(cell: &SyncCell) -> bool {
-    cell.flags.load(Ordering::Acquire) & WANTED != 0
+    cell.flags.load(Ordering::Acquire) & (WANTED | QUOTA) != 0
 }
 
 #[cfg(test)]

@@ -20,6 +20,8 @@
 --   per key: grant, overdraft, reserved, stale, share, until, owes (whole tokens), void,
 --   and the key's quota as Redis holds it: version, limit, period, burst}.
 local WEIGHT_ONE, MAX_DEMAND, MAX_ELAPSED = 1048576, 16777216, 4294967296
+-- The most a quota change carries over, in µs of the new quota (`AHEAD` in model.rs).
+local AHEAD = 2251799813685248
 
 local function idiv(a, b)
   local q = math.floor(a / b)
@@ -198,7 +200,7 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
     if fa ~= ta or fb ~= tb_ then
       use(ta, tb_)
       if shape == 'tb' then
-        if tat > now then tat = now + math.min(idiv(tat - now + fa - 1, fa), idiv(b, a) + 2) * a end
+        if tat > now then tat = now + math.min(idiv(tat - now + fa - 1, fa), idiv(AHEAD, a)) * a end
       end
       local renumbered = shape ~= 'tb' and fb ~= b
       if renumbered and gw ~= nil then
@@ -210,7 +212,7 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
       for _, r in pairs(records) do
         if renumbered then r.window = gw or 0 end
         r.credit = math.min(idiv(r.credit, ft), most) * ticks
-        r.owes = math.min(idiv(r.owes + ft - 1, ft), most) * ticks
+        r.owes = math.min(idiv(r.owes + ft - 1, ft), idiv(AHEAD, ticks)) * ticks
         r.prepaid, r.landed, r.landed_end = 0, 0, 0
       end
       for id, _ in pairs(records) do
