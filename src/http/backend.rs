@@ -63,10 +63,10 @@ pub(crate) trait LocalLimiter<Q: ?Sized>: Send + Sync {
     fn check(&self, key: &Q, max_delay: u64) -> Decision;
 }
 
-/// Makes an in-process limiter type (`name`, `quota`, `capacity`) a [`LayerLimiter`]
-/// whose requests `check` decides.
+/// Makes an in-process limiter type (`name`, `quota`, `capacity`, `check` and
+/// `check_within`) a [`LayerLimiter`] whose requests it decides.
 macro_rules! in_process {
-    ($limiter:ident, |$this:ident, $key:ident, $max_delay:ident| $check:expr) => {
+    ($limiter:ident) => {
         impl<K: crate::Key, C: Clock> LayerLimiter<K> for $limiter<K, C> {
             fn into_backing<Q>(self) -> Backing<Q>
             where
@@ -89,34 +89,21 @@ macro_rules! in_process {
             C: Clock,
         {
             #[inline]
-            fn check(&self, $key: &Q, $max_delay: u64) -> Decision {
-                let $this = self;
-                $check
+            fn check(&self, key: &Q, max_delay: u64) -> Decision {
+                if max_delay == u64::MAX {
+                    $limiter::check(self, key)
+                } else {
+                    self.check_within(key, 1, max_delay)
+                        .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+                }
             }
         }
     };
 }
 
-in_process!(RateLimiter, |limiter, key, max_delay| {
-    if max_delay == u64::MAX {
-        RateLimiter::check(limiter, key)
-    } else {
-        limiter
-            .check_within(key, 1, max_delay)
-            .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
-    }
-});
-
+in_process!(RateLimiter);
 #[cfg(feature = "redis")]
-in_process!(SyncedLimiter, |limiter, key, max_delay| {
-    if max_delay == u64::MAX {
-        SyncedLimiter::check(limiter, key)
-    } else {
-        limiter
-            .check_within(key, 1, max_delay)
-            .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
-    }
-});
+in_process!(SyncedLimiter);
 
 #[cfg(feature = "redis")]
 mod redis {
