@@ -852,7 +852,10 @@ async fn a_key_quota_set_on_one_node_holds_on_every_node() {
     nodes[1].0.set_quota("served-elsewhere", ten).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while nodes[0].0.quota_for("served-elsewhere") != ten {
-        assert!(Instant::now() < deadline, "the quota never left the node that set it");
+        assert!(
+            Instant::now() < deadline,
+            "the quota never left the node that set it"
+        );
         nodes[0].0.check("served-elsewhere");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -6,11 +6,10 @@ use super::cell::SyncPolicy;
 use super::limiter::SyncedLimiter;
 use super::protocol::Shape;
 use super::{RedisSync, SyncHandle};
-use crate::algorithm::{Algorithm, Plan, Policy};
+use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::limiter::{Builder, Key};
-use crate::quota::Quota;
 use crate::store::{Limits, Store};
 
 impl<K: Key, C: Clock> Builder<K, C> {
@@ -32,7 +31,7 @@ impl<K: Key, C: Clock> Builder<K, C> {
         K: Clone + fmt::Display,
     {
         let (common, limits, quota) = self.into_parts()?;
-        let (shape, capacity) = supported(common.algorithm, quota)?;
+        let (shape, capacity) = Shape::with_capacity(common.algorithm, quota)?;
         // Until the first round tells how many nodes share the limit, a new key waits for
         // its first lease (the sync task sets each key's share of a fresh capacity then).
         let interval_ns = super::driver::nanos(sync.interval);
@@ -53,15 +52,5 @@ impl<K: Key, C: Clock> Builder<K, C> {
         limiter.publish_every_second();
         let handle = super::task::start(limiter.clone(), sync)?;
         Ok((limiter, handle))
-    }
-}
-
-/// The shape and capacity of `quota` under `algorithm`, if the sync can hold it.
-pub(super) fn supported(algorithm: Algorithm, quota: Quota) -> Result<(Shape, u64), ConfigError> {
-    let shape = Shape::new(algorithm, quota)?;
-    match Plan::new(algorithm, quota)? {
-        Plan::Word(word) => Ok((shape, word.capacity())),
-        // Only the sliding log keeps a log, and `Shape::new` refused it.
-        Plan::Log(_) => Err(ConfigError::Unsupported("the sliding log cannot be synced")),
     }
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::cell::SyncCell;
-use super::protocol::SharedQuota;
+use super::protocol::{Shape, SharedQuota};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
@@ -215,7 +215,7 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let algorithm = self.inner.common.algorithm;
-        let (shape, capacity) = super::build::supported(algorithm, quota)?;
+        let (shape, capacity) = Shape::with_capacity(algorithm, quota)?;
         let default = self.inner.store.default_policy();
         let shared = SharedQuota::new(self.next_version(), quota);
         if !shared.fits(shape) {

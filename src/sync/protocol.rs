@@ -57,7 +57,7 @@
 // runs its Lua twin, and `serve` is its specification, run by the simulation and the
 // differential test. This file holds what the node side and the task use in production.
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Plan, Policy};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 use crate::redis::RedisError;
@@ -123,6 +123,23 @@ impl Shape {
                 period: b,
             },
         })
+    }
+
+    /// [`new`](Self::new), and the quota's capacity under `algorithm` (the most one
+    /// request may cost).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new), and the core's quota errors.
+    pub(crate) fn with_capacity(
+        algorithm: Algorithm,
+        quota: Quota,
+    ) -> Result<(Self, u64), ConfigError> {
+        let shape = Self::new(algorithm, quota)?;
+        match Plan::new(algorithm, quota)? {
+            Plan::Word(word) => Ok((shape, word.capacity())),
+            // Only the sliding log keeps a log, and `new` refused it.
+            Plan::Log(_) => Err(ConfigError::Unsupported(SLIDING_LOG)),
+        }
     }
 
     /// Ticks (µs of refill) one token costs.

@@ -1212,7 +1212,7 @@ impl Task {
                 None
             } else {
                 let Some(quota) = held.quota() else { return };
-                let Ok((shape, capacity)) = super::build::supported(self.algorithm, quota) else {
+                let Ok((shape, capacity)) = Shape::with_capacity(self.algorithm, quota) else {
                     return;
                 };
                 let default = store.default_policy();
