@@ -734,14 +734,15 @@ async fn a_synced_leaky_bucket_paces_the_fleet_at_the_rate() {
         2,
     );
     // Each node offers 100/s for 3 s. A node paces at its share among the nodes it knows
-    // of: the slots are measured once both have heard of each other (after their first
-    // rounds).
+    // of: the slots are measured once both have heard of each other (their rounds
+    // counted two nodes).
     let mut slots: Vec<Vec<u64>> = vec![Vec::new(); 2];
     let start = Instant::now();
     let mut ticker = tokio::time::interval(Duration::from_millis(10));
+    let mut measured = false;
     while start.elapsed() < Duration::from_secs(3) {
         ticker.tick().await;
-        let measured = start.elapsed() >= Duration::from_millis(500);
+        measured = measured || nodes.iter().all(|(_, h)| h.stats().nodes == 2);
         for (i, (limiter, _)) in nodes.iter().enumerate() {
             let now = limiter.clock().now_ns();
             let d = limiter.check("k");
@@ -896,9 +897,23 @@ async fn a_key_quota_change_hands_out_no_fresh_burst() {
     assert!(tokens_left(&server, redis_key, default).await <= 5);
     let raised = Quota::per_second(20).unwrap().with_burst(200).unwrap();
     nodes[0].0.set_quota("j", raised).unwrap();
-    // One round carries the change (the key still wants tokens: it ran out).
-    nodes[0].0.check("j");
-    tokio::time::sleep(INTERVAL * 4).await;
+    // The key's next round carries the change: wait until Redis holds it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut con = server.connection().await.unwrap();
+    loop {
+        let held: Option<String> = redis::cmd("HGET")
+            .arg(redis_key)
+            .arg("q")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if held.is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the change never reached Redis");
+        // Waits for the sync task's round (a real process's I/O).
+        tokio::time::sleep(INTERVAL / 5).await;
+    }
     let left = tokens_left(&server, redis_key, raised).await;
     // 100 more, less what the rounds since leased; a fresh state would hold 200.
     assert!(

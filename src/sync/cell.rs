@@ -12,7 +12,8 @@ use crate::quota::Quota;
 use crate::store::state::State;
 
 use super::books::Books;
-use super::protocol::SharedQuota;
+use super::protocol::{Shape, SharedQuota};
+use crate::algorithm::Algorithm;
 use parking_lot::Mutex;
 
 /// Set in [`SyncCell::flags`] by a denied check: the key ran out.
@@ -153,15 +154,41 @@ impl SyncPolicy {
         }
     }
 
-    /// A key's own policy under this default: `quota` (of `capacity`, `ticks` µs per
-    /// token) as `shared`.
+    /// A key's own policy under this default: `quota` for a limiter of `algorithm`, as
+    /// set at `version` (see [`SharedQuota`]).
+    ///
+    /// # Errors
+    /// As [`Shape::with_capacity`], and [`ConfigError::ExceedsRedisPrecision`] for a
+    /// quota whose conversion would not be exact in the round script.
     pub(crate) fn for_key(
         &self,
+        algorithm: Algorithm,
         quota: Quota,
-        capacity: u64,
-        ticks: u64,
-        shared: SharedQuota,
-    ) -> Self {
+        version: u64,
+    ) -> Result<Self, ConfigError> {
+        let (shape, capacity) = Shape::with_capacity(algorithm, quota)?;
+        let shared = SharedQuota::new(version, quota);
+        if !shared.fits(shape) {
+            return Err(ConfigError::ExceedsRedisPrecision(
+                "a key's quota: period (µs) × burst must stay below 2^52 (token bucket), \
+                 limit × period below 2^53 (windows)",
+            ));
+        }
+        Ok(self.with_shared(quota, capacity, shape.ticks_per_token(), shared))
+    }
+
+    /// A key's mark under this default: back to the default quota at `version`, kept
+    /// until Redis has it.
+    pub(crate) fn back_to_default(&self, version: u64) -> Self {
+        self.with_shared(
+            self.quota,
+            self.capacity,
+            self.ticks,
+            SharedQuota::default_at(version),
+        )
+    }
+
+    fn with_shared(&self, quota: Quota, capacity: u64, ticks: u64, shared: SharedQuota) -> Self {
         Self {
             quota,
             capacity,
@@ -775,7 +802,7 @@ mod tests {
         default.pace_ns = Cold::t_ns(10_000, 4, false);
         let ten = Quota::per_second(10).unwrap();
         let shared = SharedQuota::new(7, ten);
-        let own = default.for_key(ten, 10, 100_000, shared);
+        let own = default.for_key(Algorithm::TokenBucket, ten, 7).unwrap();
         assert_eq!((own.quota, own.capacity, own.shared), (ten, 10, shared));
         assert_eq!((own.fresh, own.pace_ns), (10 / 4, 400_000_000));
         assert!(!SyncCell::fresh(&own).books.lock().released);

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::cell::SyncCell;
-use super::protocol::{Shape, SharedQuota};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
@@ -214,17 +213,8 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let algorithm = self.inner.common.algorithm;
-        let (shape, capacity) = Shape::with_capacity(algorithm, quota)?;
         let default = self.inner.store.default_policy();
-        let shared = SharedQuota::new(self.next_version(), quota);
-        if !shared.fits(shape) {
-            return Err(ConfigError::ExceedsRedisPrecision(
-                "a key's quota: period (µs) × burst must stay below 2^52 (token bucket), \
-                 limit × period below 2^53 (windows)",
-            ));
-        }
-        let policy = default.for_key(quota, capacity, shape.ticks_per_token(), shared);
+        let policy = default.for_key(self.inner.common.algorithm, quota, self.next_version())?;
         self.set_key_policy(key, Some(policy));
         Ok(())
     }
@@ -246,9 +236,7 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
             return;
         }
         // Until Redis has it, the key keeps a mark: the default, at this version.
-        let default = store.default_policy();
-        let shared = SharedQuota::default_at(self.next_version());
-        let mark = default.for_key(default.quota, default.capacity, default.ticks, shared);
+        let mark = store.default_policy().back_to_default(self.next_version());
         self.set_key_policy(key, Some(mark));
     }
 

@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering;
 
 use super::books::Books;
-use super::cell::{HOT, NEW, QUOTA, SyncCell, WANT_HOT, WANTED};
+use super::cell::{HOT, NEW, QUOTA, SyncCell, SyncPolicy, WANT_HOT, WANTED};
 use super::protocol::{Answer, MAX_DEMAND, Request, SharedQuota, WEIGHT_ONE, scale};
 
 /// What the node side of every key's round shares.
@@ -33,6 +33,19 @@ pub(crate) struct NodeParams {
     pub(crate) demand_tau_us: u64,
     /// How long a round waits for its answer (ns; 0: for ever).
     pub(crate) timeout_ns: u64,
+}
+
+/// The node side's parameters for a key of `policy`: `p`, with the key's own quota's
+/// rate and capacity if it has one.
+pub(crate) fn key_params(p: &NodeParams, policy: &SyncPolicy) -> NodeParams {
+    if policy.shared.is_default() {
+        return *p;
+    }
+    NodeParams {
+        ticks: policy.ticks,
+        capacity: policy.capacity,
+        ..*p
+    }
 }
 
 /// The hash by which nodes name a hot key to each other: of its Redis key (which is

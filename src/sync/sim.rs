@@ -250,8 +250,6 @@ struct SimNode {
     cold_nodes_at: u64,
     knows_hot: bool,
     announce: bool,
-    /// The key's quota as this node knows it.
-    shared: SharedQuota,
 }
 
 impl Scenario {
@@ -328,18 +326,8 @@ impl Scenario {
         );
         let params = plan.params;
         let node_params = plan.node_params;
-        // The node side's parameters for a key of quota `q` (as the task's `key_params`).
         let windowed = self.windowed();
-        let key_params = |q: SharedQuota| {
-            if q.is_default() {
-                return node_params;
-            }
-            NodeParams {
-                ticks: q.shape(shape).ticks_per_token(),
-                capacity: if windowed { q.limit } else { q.burst },
-                ..node_params
-            }
-        };
+        let capacity = self.capacity();
         let node_ttl_us = u64::try_from(settings.node_ttl.as_micros()).expect("an hour at most");
         let n = self.nodes();
         let mut rng = Rng(self.seed | 1);
@@ -348,17 +336,18 @@ impl Scenario {
         let valid_us = plan.cold_valid_ns / 1_000;
         let cold_share = |nodes: u64, until_us: u64| {
             Cold::share(
-                self.capacity(),
+                capacity,
                 shape.ticks_per_token(),
                 nodes,
-                self.windowed(),
+                windowed,
                 until_us * 1_000,
             )
         };
         let mut hot_since: Option<u64> = None;
         let mut nodes: Vec<SimNode> = (0..n)
             .map(|i| {
-                let mut policy = SyncPolicy::new(quota, self.capacity(), 0, interval_us * 1_000);
+                let mut policy = SyncPolicy::new(quota, capacity, 0, interval_us * 1_000);
+                policy.ticks = shape.ticks_per_token();
                 if self.cold {
                     policy.cold = cold_share(n as u64, valid_us);
                 }
@@ -377,7 +366,6 @@ impl Scenario {
                     cold_nodes_at: 0,
                     knows_hot: false,
                     announce: false,
-                    shared: SharedQuota::default(),
                 }
             })
             .collect();
@@ -465,8 +453,11 @@ impl Scenario {
             for (i, node) in nodes.iter_mut().enumerate() {
                 let now_ns = now * 1_000;
                 if let Some(c) = self.change.filter(|c| c.at_ms == ms && c.node == i) {
-                    node.shared = SharedQuota::new(1, c.quota());
-                    node.params = key_params(node.shared);
+                    node.policy = node
+                        .policy
+                        .for_key(self.algorithm, c.quota(), 1)
+                        .expect("a quota the sync holds");
+                    node.params = node::key_params(&node_params, &node.policy);
                     // As `SyncedLimiter::set_quota`: the next round carries it.
                     node.cell.flags.fetch_or(QUOTA, Ordering::AcqRel);
                 }
@@ -501,9 +492,21 @@ impl Scenario {
                                 );
                                 // A higher quota than its own is the key's here too (as
                                 // the task's `adopt_quota`).
-                                if settled && answer.quota > node.shared {
-                                    node.shared = answer.quota;
-                                    node.params = key_params(answer.quota);
+                                if settled && answer.quota > node.policy.shared {
+                                    node.policy = match answer.quota.quota() {
+                                        Some(q) => node
+                                            .policy
+                                            .for_key(self.algorithm, q, answer.quota.version)
+                                            .expect("a quota the sync holds"),
+                                        None => SyncPolicy {
+                                            quota,
+                                            capacity,
+                                            ticks: shape.ticks_per_token(),
+                                            shared: SharedQuota::default(),
+                                            ..node.policy
+                                        },
+                                    };
+                                    node.params = node::key_params(&node_params, &node.policy);
                                 }
                             }
                             if let Some(registry) = f.registry.clone() {
@@ -524,8 +527,11 @@ impl Scenario {
                             }
                             node.flight = None;
                             node.driver.on_success(now_ns);
-                            node.policy.fresh =
-                                node::fresh_overdraft(self.capacity(), node.nodes, self.reconcile);
+                            node.policy.fresh = node::fresh_overdraft(
+                                node.policy.capacity,
+                                node.nodes,
+                                self.reconcile,
+                            );
                         }
                     } else if now >= f.timeout_at {
                         node.flight = None;
@@ -541,18 +547,15 @@ impl Scenario {
                         // turned hot, turns hot at the round (as the task's `choose`).
                         let wants_hot = node.cell.flags.load(Ordering::Acquire) & WANT_HOT != 0;
                         if node::is_cold(&node.cell) && (wants_hot || node.knows_hot) {
-                            let t_ns = Cold::t_ns(
-                                shape.ticks_per_token(),
-                                node.cold_nodes,
-                                self.windowed(),
-                            );
+                            let t_ns =
+                                Cold::t_ns(shape.ticks_per_token(), node.cold_nodes, windowed);
                             node::turn_hot(&node.cell, &mut node.cell.books.lock(), t_ns, now_ns);
                             node.announce = true;
                         }
                         let need =
                             node::need(&node.cell, &node.cell.books.lock(), &node.params, now_ns);
                         let request = need.map(|_| Request {
-                            quota: node.shared,
+                            quota: node.policy.shared,
                             ..node::collect(
                                 &node.cell,
                                 &mut node.cell.books.lock(),
@@ -645,7 +648,7 @@ impl Scenario {
                 }
             }
         }
-        out.quotas = nodes.iter().map(|n| n.shared).collect();
+        out.quotas = nodes.iter().map(|n| n.policy.shared).collect();
         out.redis_quota = redis.global.quota;
         out
     }

@@ -660,7 +660,12 @@ impl Task {
             let need = if stopping && !books.released {
                 Some(Need::Release)
             } else {
-                node::need(cell, &books, &self.key_params(policy), now)
+                node::need(
+                    cell,
+                    &books,
+                    &node::key_params(&self.node_params, policy),
+                    now,
+                )
             };
             let Some(need) = need else { return };
             if let Err(key) = selection.offer(key.clone(), need) {
@@ -866,7 +871,7 @@ impl Task {
         let mut announce = Vec::new();
         for key in chosen {
             let request = store.with_state_policy(&key, |cell, policy| {
-                let params = self.key_params(policy);
+                let params = node::key_params(&self.node_params, policy);
                 let mut books = cell.books.lock();
                 let request = Request {
                     quota: policy.shared,
@@ -1187,18 +1192,6 @@ impl Task {
         (end.saturating_sub(margin), Some(to_end + round_trip / 2))
     }
 
-    /// The node side's parameters for a key of `policy`: its own quota's, if it has one.
-    fn key_params(&self, policy: &SyncPolicy) -> NodeParams {
-        if policy.shared.is_default() {
-            return self.node_params;
-        }
-        NodeParams {
-            ticks: policy.ticks,
-            capacity: policy.capacity,
-            ..self.node_params
-        }
-    }
-
     /// Takes in the quota Redis holds for `key` (see [`SharedQuota`]): a higher one than
     /// this node's becomes the key's own here (or returns it to the default); a return to
     /// the default that Redis has taken needs no mark any more.
@@ -1211,12 +1204,13 @@ impl Task {
             let policy = if held.is_default() {
                 None
             } else {
+                // (Redis holds only what a node's `set_quota` accepted.)
                 let Some(quota) = held.quota() else { return };
-                let Ok((shape, capacity)) = Shape::with_capacity(self.algorithm, quota) else {
+                let default = store.default_policy();
+                let Ok(policy) = default.for_key(self.algorithm, quota, held.version) else {
                     return;
                 };
-                let default = store.default_policy();
-                Some(default.for_key(quota, capacity, shape.ticks_per_token(), held))
+                Some(policy)
             };
             store.set_key_quota(key.clone(), policy, (self.now)());
         } else if mine.shared.is_default()
@@ -1291,7 +1285,7 @@ impl Task {
             budgets += u64::from(node::refill_locally(
                 cell,
                 &mut books,
-                &self.key_params(policy),
+                &node::key_params(&self.node_params, policy),
                 nodes,
                 now,
             ));
