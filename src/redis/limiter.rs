@@ -95,37 +95,13 @@ impl RedisBuilder {
         self
     }
 
-    /// The prefix of every Redis key this limiter writes; `"tollgate"` by default. Keys
-    /// are `<prefix>:<algorithm>:{<key>}`.
-    pub fn prefix(mut self, prefix: &str) -> Self {
-        self.options = self.options.prefix(prefix);
-        self
-    }
-
-    /// How long a check may take before it fails with [`RedisError::Timeout`] (from 1 ms
-    /// to 1 h; 50 ms by default): a deadline from the moment `check` is called, waiting
-    /// for another request's call, reconnection and retries included. It also bounds the
-    /// first connection.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.options = self.options.timeout(timeout);
-        self
-    }
-
-    /// Store a keyed hash of each key instead of the key itself: the Redis key becomes
-    /// `<prefix>:<algorithm>:{h:<32 hex digits>}`, as [`RedisOptions::hash_keys`]
-    /// describes.
-    pub fn hash_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.options = self.options.hash_keys(secret);
-        self
-    }
-
-    /// Trust this CA certificate (PEM) for `rediss://` URLs, instead of the system's
-    /// roots (cargo feature `tls`).
-    #[cfg(feature = "tls")]
-    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.options = self.options.tls_root_cert(pem);
-        self
-    }
+    super::options::option_setters!(
+        keys: "<prefix>:<algorithm>:{<key>}",
+        timeout: "How long a check may take before it fails with [`RedisError::Timeout`] \
+                  (from 1 ms to 1 h; 50 ms by default): a deadline from the moment `check` \
+                  is called, waiting for another request's call, reconnection and retries \
+                  included. It also bounds the first connection."
+    );
 
     /// Take "now" from the caller's `clock` (truncated to microseconds) instead of the
     /// Redis server's `TIME`. Tests use this with a `ManualClock` for determinism; in

@@ -132,21 +132,74 @@ impl RedisOptions {
     }
 }
 
+/// The builder methods that set a tier's [`RedisOptions`] (`prefix`, `timeout`,
+/// `hash_keys` and, with `tls`, `tls_root_cert`), written once for both tiers' builders,
+/// which keep theirs in a field named `options`. `keys` is the shape of the tier's Redis
+/// keys; `timeout` documents what the tier's timeout bounds and its default.
+macro_rules! option_setters {
+    (keys: $keys:literal, timeout: $timeout:literal) => {
+        /// The prefix of every Redis key; `"tollgate"` by default. It may not contain
+        /// `{` or `}` (the key's hash tag stands in braces).
+        #[doc = concat!("Keys are `", $keys, "`.")]
+        pub fn prefix(mut self, prefix: &str) -> Self {
+            self.options = self.options.prefix(prefix);
+            self
+        }
+
+        #[doc = $timeout]
+        pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+            self.options = self.options.timeout(timeout);
+            self
+        }
+
+        /// Store a keyed hash of each key instead of the key itself, as
+        /// [`RedisOptions::hash_keys`](crate::redis::RedisOptions::hash_keys) describes:
+        /// `{h:<32 hex digits>}` stands in the key's place. Every node that shares a
+        /// limit must use the same secret.
+        pub fn hash_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
+            self.options = self.options.hash_keys(secret);
+            self
+        }
+
+        /// Trust this CA certificate (PEM) for `rediss://` URLs, instead of the system's
+        /// roots (cargo feature `tls`).
+        #[cfg(feature = "tls")]
+        pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+            self.options = self.options.tls_root_cert(pem);
+            self
+        }
+    };
+}
+pub(crate) use option_setters;
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn debug_masks_the_password_and_the_secret() {
-        for options in [
-            RedisOptions::new("redis://u:hunter2@h/"),
-            RedisOptions::cluster(&["redis://u:hunter2@h:1/", "redis://u:hunter2@h:2/"]),
-        ] {
-            let debug = format!("{:?}", options.hash_keys("s3cret-key"));
-            assert!(!debug.contains("hunter2"), "{debug}");
-            assert!(!debug.contains("s3cret-key"), "{debug}");
-            assert!(debug.contains("u:***@h"), "{debug}");
-            assert!(debug.contains("hash_keys: true"), "{debug}");
+        let single = RedisOptions::new("redis://u:hunter2@h/");
+        let cluster = RedisOptions::cluster(&["redis://u:hunter2@h:1/", "redis://u:hunter2@h:2/"]);
+        let quota = crate::Quota::per_second(1).unwrap();
+        for options in [single, cluster] {
+            let options = options.hash_keys("s3cret-key");
+            // The options alone, and inside each tier's builder.
+            for debug in [
+                format!("{options:?}"),
+                format!(
+                    "{:?}",
+                    super::super::RedisLimiter::builder_with(options.clone(), quota)
+                ),
+                format!(
+                    "{:?}",
+                    crate::sync::RedisSync::with_options(options.clone())
+                ),
+            ] {
+                assert!(!debug.contains("hunter2"), "{debug}");
+                assert!(!debug.contains("s3cret-key"), "{debug}");
+                assert!(debug.contains("u:***@h"), "{debug}");
+                assert!(debug.contains("hash_keys: true"), "{debug}");
+            }
         }
     }
 

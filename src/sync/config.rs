@@ -174,12 +174,10 @@ impl RedisSync {
         self
     }
 
-    /// The prefix of the Redis keys; `"tollgate"` by default. It may not contain `{` or
-    /// `}`.
-    pub fn prefix(mut self, prefix: &str) -> Self {
-        self.options = self.options.prefix(prefix);
-        self
-    }
+    crate::redis::options::option_setters!(
+        keys: "<prefix>:sync:<algorithm>:{<key>}",
+        timeout: "How long one round may wait for Redis; 200 ms by default (1 ms to 1 h)."
+    );
 
     /// What checks do once Redis has been silent for the staleness; [`FailMode::Local`]
     /// by default.
@@ -262,12 +260,6 @@ impl RedisSync {
         self
     }
 
-    /// How long one round may wait for Redis; 200 ms by default (1 ms to 1 h).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.options = self.options.timeout(timeout);
-        self
-    }
-
     /// Whether `build_synced` fails when Redis cannot be reached (within the timeout)
     /// at start; false by default, where the limiter serves by its fallback until Redis
     /// answers and [`SyncStats`](super::SyncStats) says so.
@@ -282,22 +274,6 @@ impl RedisSync {
     /// it as a node.
     pub fn allow_shared_prefix(mut self, allow: bool) -> Self {
         self.shared_prefix = allow;
-        self
-    }
-
-    /// Store a keyed hash of each key in Redis instead of the key itself, as
-    /// [`RedisBuilder::hash_keys`](crate::redis::RedisBuilder::hash_keys) does: keys
-    /// become `prefix:sync:algorithm:{h:<digest>}`. Every node must use the same secret.
-    pub fn hash_keys(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.options = self.options.hash_keys(secret);
-        self
-    }
-
-    /// Trust this CA certificate (PEM) for `rediss://` URLs, instead of the system's
-    /// roots (cargo feature `tls`).
-    #[cfg(feature = "tls")]
-    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.options = self.options.tls_root_cert(pem);
         self
     }
 
@@ -384,19 +360,6 @@ pub(crate) struct Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn debug_shows_no_password_nor_secret() {
-        for config in [
-            RedisSync::new("redis://u:hunter2@h/"),
-            RedisSync::cluster(&["redis://u:hunter2@h:1/", "redis://u:hunter2@h:2/"]),
-        ] {
-            let debug = format!("{:?}", config.hash_keys("s3cret-key"));
-            assert!(!debug.contains("hunter2"), "{debug}");
-            assert!(!debug.contains("s3cret-key"), "{debug}");
-            assert!(debug.contains("u:***@h"), "{debug}");
-        }
-    }
 
     #[test]
     fn every_setting_is_checked() {
