@@ -6,6 +6,7 @@
 //! scenarios; every property is checked at every instant of a 60 s run.
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
 use proptest::prelude::*;
@@ -128,9 +129,10 @@ impl Arrivals {
             }
         };
         *owed += per_s / 1_000.0;
-        let k = owed.floor();
-        *owed -= k;
-        k as u64
+        // `owed` is never negative, so truncation is the floor.
+        let k = *owed as u64;
+        *owed -= k as f64;
+        k
     }
 }
 
@@ -211,7 +213,7 @@ struct Message {
     /// Whether the node will see the reply (before its timeout).
     answered: bool,
     /// The registry as the node last read it, sent with the round (as the task does).
-    heard: BTreeMap<String, u64>,
+    heard: Registry,
     /// The node announces the key as hot before this round (the cold tier).
     announce: bool,
 }
@@ -225,7 +227,7 @@ struct Flight {
     /// When the reply arrives, what it says, and Redis's time when it ran.
     reply: Option<(u64, Answer, u64)>,
     /// The registry the reply's heartbeat read.
-    registry: Option<BTreeMap<String, u64>>,
+    registry: Option<Registry>,
     /// Whether the key was announced as hot when the round ran (the cold tier's read).
     hot: bool,
 }
@@ -242,7 +244,7 @@ struct SimNode {
     nodes: u64,
     owed: f64,
     /// The registry as this node last read it: each node's last heartbeat (ms).
-    heard: BTreeMap<String, u64>,
+    heard: Registry,
     /// The cold tier: the node count its share divides by (the largest seen within the
     /// validity) and when it was last seen (µs); whether the node has read that the key
     /// is hot; whether its rounds announce the key (until one is answered).
@@ -331,6 +333,7 @@ impl Scenario {
         let node_ttl_us = u64::try_from(settings.node_ttl.as_micros()).expect("an hour at most");
         let n = self.nodes();
         let mut rng = Rng(self.seed | 1);
+        let ids: Vec<String> = (0..n).map(node_id).collect();
         // A node may admit on its cold keys for `share_ttl` (at least the staleness) after
         // its last read of the keys turned hot.
         let valid_us = plan.cold_valid_ns / 1_000;
@@ -361,7 +364,7 @@ impl Scenario {
                     driver: Driver::new(plan.timing, driver::seed(&node_id(i)), 0),
                     nodes: 1,
                     owed: 0.0,
-                    heard: BTreeMap::new(),
+                    heard: Registry::default(),
                     cold_nodes: n as u64,
                     cold_nodes_at: 0,
                     knows_hot: false,
@@ -416,7 +419,6 @@ impl Scenario {
                     if m.announce {
                         hot_since.get_or_insert(now);
                     }
-                    let registry = live(&heartbeats, node_ttl_us, now);
                     // What the token bucket has in use when a key's quota reaches Redis.
                     if m.request.quota > redis.global.quota && out.in_use_at_change.is_none() {
                         if let Shape::TokenBucket { t, .. } = redis.global.quota.shape(shape) {
@@ -432,17 +434,17 @@ impl Scenario {
                         now,
                         &m.heard,
                     );
-                    let alive = registry.len() as u64;
                     let node = &mut nodes[m.node];
                     let cut_back = self.cut.is_some_and(|c| c.at(m.node, ms).1);
                     if m.answered && !cut_back {
                         if let Some(f) = node.flight.as_mut() {
                             if f.seq == m.seq && now < f.timeout_at {
                                 let latency = rng.below(self.max_latency_us) / 2 + 1;
+                                let registry = live(&heartbeats, node_ttl_us, now, &ids);
                                 f.reply = Some((now + latency, answer, now));
+                                node.nodes = (registry.len() as u64).max(1);
                                 f.registry = Some(registry);
                                 f.hot = hot_since.is_some();
-                                node.nodes = alive.max(1);
                             }
                         }
                     }
@@ -608,7 +610,7 @@ impl Scenario {
                                     heartbeats.insert(i, now);
                                 }
                                 if !lost && !reply_lost && !late && !down {
-                                    let registry = live(&heartbeats, node_ttl_us, now);
+                                    let registry = live(&heartbeats, node_ttl_us, now, &ids);
                                     node.nodes = (registry.len() as u64).max(1);
                                     if let Some(f) = node.flight.as_mut() {
                                         f.registry = Some(registry);
@@ -659,14 +661,20 @@ fn node_id(i: usize) -> String {
     format!("{i:016x}")
 }
 
+/// A registry as a node read it: each live node's last heartbeat, in ms. Shared, not
+/// copied, by the messages and replies that carry it.
+type Registry = Rc<BTreeMap<String, u64>>;
+
 /// The registry as Redis holds it at `now` (µs), which a heartbeat's reply tells the
-/// node: each live node's last heartbeat, in ms.
-fn live(heartbeats: &BTreeMap<usize, u64>, node_ttl_us: u64, now: u64) -> BTreeMap<String, u64> {
-    heartbeats
-        .iter()
-        .filter(|&(_, &at)| at + node_ttl_us >= now)
-        .map(|(&i, &at)| (node_id(i), at / 1_000))
-        .collect()
+/// node; `ids` are the nodes' ids.
+fn live(heartbeats: &BTreeMap<usize, u64>, node_ttl_us: u64, now: u64, ids: &[String]) -> Registry {
+    Rc::new(
+        heartbeats
+            .iter()
+            .filter(|&(_, &at)| at + node_ttl_us >= now)
+            .map(|(&i, &at)| (ids[i].clone(), at / 1_000))
+            .collect(),
+    )
 }
 
 /// Offers `count` unit requests at `now`: the real check for a few, the same arithmetic
