@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{example_server, excess_over_rate, within_rate};
+use common::{example_server, excess_over_rate};
 use tollgate::clock::Clock;
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
@@ -157,79 +157,6 @@ async fn offer_each(
     admitted
 }
 
-/// What the nodes admitted over a span, measured against Redis's clock.
-struct Span {
-    /// Admissions per node.
-    admitted: Vec<u64>,
-    /// The span's length on Redis's clock (s).
-    redis_secs: f64,
-    /// Whole tokens the key's global state held, unleased, when the span began.
-    left: u64,
-}
-
-impl Span {
-    fn total(&self) -> u64 {
-        self.admitted.iter().sum()
-    }
-
-    /// [`within_rate`] for the span, with the per-node counts in the error.
-    fn check(&self, quota: Quota, tolerance: f64, slack: u64) -> Result<(), String> {
-        let rate = quota.limit() as f64 / quota.period().as_secs_f64();
-        within_rate(
-            self.total(),
-            rate,
-            self.redis_secs,
-            tolerance,
-            slack,
-            self.left,
-        )
-        .map_err(|e| format!("{e}; per node {:?}", self.admitted))
-    }
-}
-
-/// Offers `per_node` load on key `k` for `length`, as [`offer_each`], and measures the
-/// span on Redis's clock, which the global limit runs on. Redis reads the host's wall
-/// clock, so a step of it moves the limit: a CI run of the 10/s test admitted 131 in
-/// 12 s, 11 over and about 4 more on each node, as a 1.1 s step forward would (never
-/// seen in 20 runs here, under load or not).
-async fn measure(
-    server: &LocalRedis,
-    nodes: &[(SyncedLimiter<String>, SyncHandle)],
-    prefix: &str,
-    quota: Quota,
-    per_node: &[f64],
-    length: Duration,
-) -> Span {
-    let left = tokens_left(server, &format!("{prefix}:sync:tb:{{k}}"), quota).await;
-    let start = server_time(server).await;
-    let admitted = offer_each(nodes, "k", per_node, length).await;
-    let end = server_time(server).await;
-    Span {
-        admitted,
-        redis_secs: end.saturating_sub(start) as f64 / 1e6,
-        left,
-    }
-}
-
-/// After an outage, once 2 s of load have passed: the limit within ±10% over the next
-/// 2 s, then within ±5% over 3 s, each plus what the state held unleased at its start.
-async fn back_at_the_limit(
-    server: &LocalRedis,
-    nodes: &[(SyncedLimiter<String>, SyncHandle)],
-    prefix: &str,
-    quota: Quota,
-    load: &[f64],
-) -> Result<(), String> {
-    let after = measure(server, nodes, prefix, quota, load, Duration::from_secs(2)).await;
-    after
-        .check(quota, 0.10, 0)
-        .map_err(|e| format!("the 2 s after: {e}"))?;
-    let later = measure(server, nodes, prefix, quota, load, Duration::from_secs(3)).await;
-    later
-        .check(quota, 0.05, 0)
-        .map_err(|e| format!("the 3 s after that: {e}"))
-}
-
 /// Whole tokens the token-bucket state at `key` holds now and has not leased (the burst
 /// for a key Redis does not hold; 0 in debt).
 async fn tokens_left(server: &LocalRedis, key: &str, quota: Quota) -> u64 {
@@ -237,197 +164,151 @@ async fn tokens_left(server: &LocalRedis, key: &str, quota: Quota) -> u64 {
     (t * quota.burst()).saturating_sub(debt_us(server, key).await) / t
 }
 
-/// Reconcile, 4 nodes, 2× skewed overload (70/10/10/10): 5 s after the start, the
-/// limit is admitted within ±3% over 10 s (and within ±10% in every second), and the
-/// documented bound holds at every instant.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reconcile_tracks_the_global_limit() {
-    let _serial = SERIAL.lock().await;
-    let server = server();
-    let quota = Quota::per_second(1000).unwrap();
-    let nodes = nodes(
-        &server,
-        Algorithm::TokenBucket,
-        quota,
-        SyncMode::Reconcile,
-        "rec",
-        4,
+/// The documented bound on the excess over the rate, `B + r·H + 2N` in lease mode and
+/// `B + (r·H + 2N) + (B + r·H + N) + r·(I + Δ)` in reconcile mode, with `H = 2I` and
+/// `Δ` the round's timeout (200 ms by default): see the `sync` module docs.
+fn documented_bound(quota: Quota, mode: SyncMode, nodes: usize) -> f64 {
+    let rate = quota.limit() as f64 / quota.period().as_micros() as f64;
+    let (b, n, i) = (
+        quota.burst() as f64,
+        nodes as f64,
+        INTERVAL.as_micros() as f64,
     );
-    // Spend the burst and let the demands settle: 8 s, for after 3 s the first two
-    // seconds still ran 15–17% over the limit in 2 of 9 runs, and after 5 s once (22%,
-    // on a busy machine): the overdrafts of the burst's aftermath are still being repaid.
-    offer(&nodes, quota, 2.0, Duration::from_secs(8)).await;
-    let start = server_time(&server).await;
-    let admitted = offer(&nodes, quota, 2.0, Duration::from_secs(10)).await;
-    let redis_secs = (server_time(&server).await - start) as f64 / 1e6;
-    let counts = per_window(&admitted, Duration::from_secs(1), 10);
-    let total: u64 = counts.iter().sum();
-    // 10,000 ± 3.6% over the span on Redis's clock (see `measure`).
-    if let Err(e) = within_rate(total, 1000.0, redis_secs, 0.036, 0, 0) {
-        panic!("{e}: {counts:?}");
+    let lease = b + rate * 2.0 * i + 2.0 * n;
+    match mode {
+        SyncMode::Lease => lease,
+        _ => lease + (b + rate * 2.0 * i + n) + rate * (i + 200_000.0),
     }
-    for (w, &c) in counts.iter().enumerate() {
-        assert!((900..=1100).contains(&c), "second {w}: {c}: {counts:?}");
-    }
-    // B + (r·H + 2N) + (B + r·H + N) + r·(I + Δ), with H = 2I and Δ = the 200 ms timeout.
-    let rate = 1000.0 / 1_000_000.0;
-    let (b, n, i) = (1000.0, 4.0, INTERVAL.as_micros() as f64);
-    let bound = b + (rate * 2.0 * i + 2.0 * n) + (b + rate * 2.0 * i + n) + rate * (i + 200_000.0);
-    let excess = excess_over_rate(&admitted, rate);
-    assert!(excess <= bound, "excess {excess} over the bound {bound}");
-    assert_eq!(nodes[0].1.stats().nodes, 4);
-    stop(nodes).await;
 }
 
-/// The window counters in reconcile mode at 6× overload stay within their documented
-/// per-window bound and admit most of the limit.
+/// The thin real-process layer of the sync's rate claims: 3 nodes on a real Redis, 2×
+/// skewed overload (70/20/10), in both modes, never exceed the documented bound; the
+/// window counters in lease mode never admit more than the limit in a window of Redis's
+/// clock. The rate's accuracy (±3% over 50 s), fairness, 1 to 16 nodes and quotas from
+/// 1/s to 100,000/s are the simulation's properties (`sync::sim`), on the real driver
+/// and simulated time; here the only lower check is that the nodes admit at all (half
+/// the rate over the span: a round charged twice would leave a debt of seconds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reconcile_sliding_windows_stay_bounded() {
+async fn three_nodes_hold_the_documented_bound_on_a_real_redis() {
     let _serial = SERIAL.lock().await;
     let server = server();
     let quota = Quota::per_second(1000).unwrap();
-    for algorithm in [Algorithm::SlidingWindow, Algorithm::FixedWindow] {
-        let nodes = nodes(
-            &server,
-            algorithm,
-            quota,
-            SyncMode::Reconcile,
-            &format!("rec-{}", algorithm.name()),
-            4,
+    let rate = 1000.0 / 1_000_000.0;
+    let load = [1400.0, 400.0, 200.0];
+    for mode in [SyncMode::Reconcile, SyncMode::Lease] {
+        let prefix = format!("bound-{mode:?}");
+        let nodes = nodes(&server, Algorithm::TokenBucket, quota, mode, &prefix, 3);
+        let start = server_time(&server).await;
+        let admitted = offer_timed(&nodes, "k", &load, Duration::from_secs(3)).await;
+        let secs = (server_time(&server).await - start) as f64 / 1e6;
+        let bound = documented_bound(quota, mode, 3);
+        let excess = excess_over_rate(&admitted, rate);
+        assert!(excess <= bound, "{mode:?}: excess {excess} over {bound}");
+        let floor = (1000.0 * secs / 2.0) as usize;
+        assert!(
+            admitted.len() >= floor,
+            "{mode:?}: {} < {floor}",
+            admitted.len()
         );
-        let admitted = drive(&server, &nodes, quota, 6.0, 8).await;
-        let counts = per_window(&admitted, quota.period(), 8);
-        // limit + 2·(limit + limit·H/period + N), and for the fixed window the leases
-        // carried from the window before (limit·H/period + 2·N).
-        let held = 1000 * 2 * INTERVAL.as_millis() as u64 / 1000;
-        let mut bound = 1000 + 2 * (1000 + held + 4);
-        if algorithm == Algorithm::FixedWindow {
-            bound += held + 8;
-        }
-        for (w, &c) in counts.iter().enumerate().skip(1) {
+        assert_eq!(nodes[0].1.stats().nodes, 3);
+        stop(nodes).await;
+    }
+    for algorithm in [Algorithm::SlidingWindow, Algorithm::FixedWindow] {
+        let prefix = format!("bound-{}", algorithm.name());
+        let nodes = nodes(&server, algorithm, quota, SyncMode::Lease, &prefix, 3);
+        let admitted = drive(&server, &nodes, quota, 2.0, 2).await;
+        let counts = per_window(&admitted, quota.period(), 2);
+        for (w, &c) in counts.iter().enumerate() {
             assert!(
-                (900..=bound).contains(&c),
-                "{algorithm:?} window {w}: {c}: {counts:?}"
+                c <= 1000,
+                "{algorithm:?}: window {w} admitted {c}: {counts:?}"
+            );
+            assert!(
+                c >= 500,
+                "{algorithm:?}: window {w} admitted {c}: {counts:?}"
             );
         }
         stop(nodes).await;
     }
 }
 
-/// Lease, 4 nodes, saturating skewed load: never more than the documented bound, and at
-/// least 93% of the limit in every window once the burst is spent.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leases_never_exceed_the_global_limit() {
-    let _serial = SERIAL.lock().await;
-    let server = server();
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::SlidingWindow,
-        Algorithm::LeakyBucket,
-        Algorithm::FixedWindow,
-    ] {
-        let quota = Quota::new(1000, Duration::from_millis(1000)).unwrap();
-        let nodes = nodes(
-            &server,
-            algorithm,
-            quota,
-            SyncMode::Lease,
-            &format!("lease-{}", algorithm.name()),
-            4,
-        );
-        let windows = 10;
-        let admitted = drive(&server, &nodes, quota, 4.0, windows).await;
-        let counts = per_window(&admitted, quota.period(), windows);
-        // At least 93% of the limit in every window. (The sliding window loses a round
-        // trip or two per window: a lease ends a round trip before its window does, and
-        // the renewal round runs half a round trip after the next one starts. On this
-        // machine, 2× slower on 2026-11-30 than when the floor was set at 95%, the
-        // windows measured 941–981, on the base commit as well.)
-        for (w, &c) in counts.iter().enumerate().skip(1) {
-            assert!(
-                c >= 930,
-                "{algorithm:?}: window {w} admitted only {c}: {counts:?}"
-            );
-        }
-        match algorithm {
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                // B + r·H + 2N: the leases held when an interval starts.
-                let rate = 1000.0 / 1_000_000.0;
-                let bound = 1000.0 + rate * 2.0 * INTERVAL.as_micros() as f64 + 8.0;
-                let excess = excess_over_rate(&admitted, rate);
-                assert!(excess <= bound, "excess {excess} over {bound}");
-            }
-            _ => {
-                // At most the limit per window of Redis's clock (the windows above are
-                // aligned to it).
-                for (w, &c) in counts.iter().enumerate() {
-                    assert!(
-                        c <= 1000,
-                        "{algorithm:?}: window {w} admitted {c}: {counts:?}"
-                    );
+/// Offers `per_node[i]` requests a second to node `i` for `length`, as [`offer_each`];
+/// returns every admission's instant in µs since the start, all nodes together.
+async fn offer_timed(
+    nodes: &[(SyncedLimiter<String>, SyncHandle)],
+    key: &str,
+    per_node: &[f64],
+    length: Duration,
+) -> Vec<u64> {
+    let mut owed = vec![0.0f64; nodes.len()];
+    let mut admitted = Vec::new();
+    let start = Instant::now();
+    let mut ticker = tokio::time::interval(Duration::from_millis(1));
+    while start.elapsed() < length {
+        ticker.tick().await;
+        for (i, (limiter, _)) in nodes.iter().enumerate() {
+            owed[i] += per_node[i] / 1_000.0;
+            while owed[i] >= 1.0 {
+                owed[i] -= 1.0;
+                if limiter.check(key).is_allowed() {
+                    admitted.push(start.elapsed().as_micros() as u64);
                 }
             }
         }
-        stop(nodes).await;
     }
+    admitted
 }
 
-/// A low quota: 10/s shared by 3 saturated nodes is admitted at 10/s (the old protocol
-/// admitted 60/s in reconcile mode), in both modes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_per_second_holds_across_three_nodes() {
-    let _serial = SERIAL.lock().await;
-    let server = server();
-    let quota = Quota::per_second(10).unwrap();
-    for mode in [SyncMode::Reconcile, SyncMode::Lease] {
-        let prefix = format!("low-{mode:?}");
-        let nodes = nodes(&server, Algorithm::TokenBucket, quota, mode, &prefix, 3);
-        offer_each(&nodes, "k", &[10.0; 3], Duration::from_secs(3)).await;
-        let span = measure(
-            &server,
-            &nodes,
-            &prefix,
-            quota,
-            &[10.0; 3],
-            Duration::from_secs(12),
-        )
-        .await;
-        // 120 ± 3%, and a token a node plus two at the ends of the span.
-        if let Err(e) = span.check(quota, 0.03, 5) {
-            panic!("{mode:?}: {e}");
+/// How long after `since` every node has a successful round and is out of its
+/// fallback (polled every 10 ms, for at most 10 s).
+async fn until_synced(nodes: &[(SyncedLimiter<String>, SyncHandle)], since: Instant) -> Duration {
+    let before: Vec<u64> = nodes.iter().map(|(_, h)| h.stats().syncs).collect();
+    loop {
+        let back = nodes
+            .iter()
+            .zip(&before)
+            .all(|((_, h), &b)| h.stats().syncs > b && !h.stats().fallback_active);
+        if back || since.elapsed() > Duration::from_secs(10) {
+            return since.elapsed();
         }
-        stop(nodes).await;
+        // Waits for the sync tasks' rounds against the real Redis process.
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
-/// A key used rarely on a node (one request every 2 s, against 100/s) is admitted every
-/// time after its first request, in lease mode (the old protocol admitted none).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rarely_used_key_is_admitted_every_time() {
-    let _serial = SERIAL.lock().await;
-    let server = server();
-    let quota = Quota::per_second(100).unwrap();
-    let nodes = nodes(
-        &server,
-        Algorithm::TokenBucket,
-        quota,
-        SyncMode::Lease,
-        "rare",
-        2,
-    );
-    let (limiter, _) = &nodes[0];
-    let _first = limiter.check("rare");
-    let mut admitted = 0;
-    for _ in 0..6 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        admitted += u64::from(limiter.check("rare").is_allowed());
+/// After an outage: for 3 s of the same load, the excess over the rate stays within the
+/// documented bound plus what the state held unleased (a burst left over from the
+/// outage), and the nodes admit at least half the rate (an outage charged twice would
+/// leave seconds of debt: nothing admitted).
+async fn bounded_after(
+    server: &LocalRedis,
+    nodes: &[(SyncedLimiter<String>, SyncHandle)],
+    prefix: &str,
+    quota: Quota,
+    mode: SyncMode,
+    load: &[f64],
+) -> Result<(), String> {
+    let left = tokens_left(server, &format!("{prefix}:sync:tb:{{k}}"), quota).await;
+    let start = server_time(server).await;
+    let admitted = offer_timed(nodes, "k", load, Duration::from_secs(3)).await;
+    let secs = (server_time(server).await - start) as f64 / 1e6;
+    let rate = quota.limit() as f64 / quota.period().as_micros() as f64;
+    let bound = documented_bound(quota, mode, nodes.len()) + left as f64;
+    let excess = excess_over_rate(&admitted, rate);
+    let floor = (rate * 1e6 * secs / 2.0) as usize;
+    if excess > bound || admitted.len() < floor {
+        return Err(format!(
+            "{} admitted in {secs:.3} s (at least {floor}), excess {excess} (at most {bound})",
+            admitted.len()
+        ));
     }
-    assert_eq!(admitted, 6);
-    stop(nodes).await;
+    Ok(())
 }
 
-/// Redis is paused (SIGSTOP) for 5 s: within 2 s of its answering again, admissions are
-/// back to the limit ±10%, in both modes, and nothing was charged twice.
+/// Redis is paused (SIGSTOP) for 3 s: within 2 s of its answering again every node has
+/// a successful round and has left its fallback, in both modes, and the 3 s after stay
+/// within the bound with nothing charged twice. (The rate's recovery to ±10% within 2 s
+/// is the simulation's `faults_are_survived_and_charged_once`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_is_recovered_from_within_two_seconds() {
     let _serial = SERIAL.lock().await;
@@ -437,30 +318,30 @@ async fn a_paused_redis_is_recovered_from_within_two_seconds() {
         let prefix = format!("pause-{mode:?}");
         let nodes = nodes(&server, Algorithm::TokenBucket, quota, mode, &prefix, 3);
         let load = [200.0, 150.0, 100.0];
-        offer_each(&nodes, "k", &load, Duration::from_secs(3)).await;
+        offer_each(&nodes, "k", &load, Duration::from_secs(1)).await;
         server.pause().unwrap();
-        offer_each(&nodes, "k", &load, Duration::from_secs(5)).await;
+        offer_each(&nodes, "k", &load, Duration::from_secs(3)).await;
         assert!(
             nodes[0].1.stats().fallback_active,
             "{:?}",
             nodes[0].1.stats()
         );
         server.resume().unwrap();
-        offer_each(&nodes, "k", &load, Duration::from_secs(2)).await;
-        // 400 ± 10%, and on top what the state held unleased: a burst left over from
-        // the pause, or in lease mode from the start (under contention leases follow
-        // the credits, which refill at the rate: what the state holds beyond them is
-        // spent only by the rounds that find no other node with credit, 2–5% of the
-        // rate here, so the 200-token burst lasts tens of seconds).
-        if let Err(e) = back_at_the_limit(&server, &nodes, &prefix, quota, &load).await {
+        let back = until_synced(&nodes, Instant::now()).await;
+        assert!(
+            back <= Duration::from_secs(2),
+            "{mode:?}: back after {back:?}"
+        );
+        if let Err(e) = bounded_after(&server, &nodes, &prefix, quota, mode, &load).await {
             panic!("{mode:?}: {e}");
         }
         stop(nodes).await;
     }
 }
 
-/// Redis is killed and restarted empty: within 2 s the heartbeat set and the key's state
-/// are back, and admissions are back to the limit ±10%.
+/// Redis is killed and restarted empty: within 2 s every node has a successful round,
+/// the heartbeat set and the key's state are back, and the 3 s after stay within the
+/// bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_restart_is_recovered_from_within_two_seconds() {
     let _serial = SERIAL.lock().await;
@@ -475,11 +356,17 @@ async fn an_empty_restart_is_recovered_from_within_two_seconds() {
         3,
     );
     let load = [200.0, 150.0, 100.0];
-    offer_each(&nodes, "k", &load, Duration::from_secs(3)).await;
+    offer_each(&nodes, "k", &load, Duration::from_secs(1)).await;
     server.stop();
-    offer_each(&nodes, "k", &load, Duration::from_secs(5)).await;
+    offer_each(&nodes, "k", &load, Duration::from_secs(3)).await;
     server.restart().unwrap();
-    offer_each(&nodes, "k", &load, Duration::from_secs(2)).await;
+    let restarted = Instant::now();
+    // The nodes keep checking meanwhile, so that the key's state comes back.
+    let checking = offer_each(&nodes, "k", &load, Duration::from_millis(100));
+    checking.await;
+    let back = until_synced(&nodes, restarted).await;
+    assert!(back <= Duration::from_secs(2), "back after {back:?}");
+    offer_each(&nodes, "k", &load, INTERVAL * 3).await;
     let mut con = server.connection().await.unwrap();
     let registered: u64 = redis::cmd("ZCARD")
         .arg("{restart}:sync:tb:nodes")
@@ -496,11 +383,16 @@ async fn an_empty_restart_is_recovered_from_within_two_seconds() {
         fields >= 4,
         "the key's state and the three nodes' records: {fields}"
     );
-    // Back at the limit, plus what the fresh state held unleased (its burst, 200, at
-    // most).
-    back_at_the_limit(&server, &nodes, "restart", quota, &load)
-        .await
-        .unwrap();
+    bounded_after(
+        &server,
+        &nodes,
+        "restart",
+        quota,
+        SyncMode::Reconcile,
+        &load,
+    )
+    .await
+    .unwrap();
     stop(nodes).await;
 }
 
@@ -1096,67 +988,6 @@ async fn eviction_never_drops_unreported_consumption() {
     );
     assert!(limiter.check("a").is_allowed());
     handle.shutdown().await;
-}
-
-/// The edges on real processes: 16 nodes at 100,000/s (reconcile, 2× skewed load) hold
-/// the limit within ±3% over 5 s once the burst is spent; 16 nodes at 1/s (lease,
-/// saturated) never exceed the documented bound, `B + r·(t + 2I) + 2N`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixteen_nodes_at_the_largest_and_smallest_quotas() {
-    let _serial = SERIAL.lock().await;
-    let server = server();
-    let fast = Quota::per_second(100_000).unwrap();
-    let nodes16 = nodes(
-        &server,
-        Algorithm::TokenBucket,
-        fast,
-        SyncMode::Reconcile,
-        "edge-fast",
-        16,
-    );
-    let load: Vec<f64> = (0..16)
-        .map(|i| 200_000.0 * f64::from(i + 1) / 136.0)
-        .collect();
-    offer_each(&nodes16, "k", &load, Duration::from_secs(3)).await;
-    let got = measure(
-        &server,
-        &nodes16,
-        "edge-fast",
-        fast,
-        &load,
-        Duration::from_secs(5),
-    )
-    .await;
-    println!(
-        "16 nodes at 100,000/s: {} in {:.3} s",
-        got.total(),
-        got.redis_secs
-    );
-    // 500,000 ± 3%, and a token a node plus two at the ends of the span.
-    if let Err(e) = got.check(fast, 0.03, 18) {
-        panic!("16 nodes at 100,000/s: {e}");
-    }
-    stop(nodes16).await;
-
-    let slow = Quota::per_second(1).unwrap();
-    let nodes16 = nodes(
-        &server,
-        Algorithm::TokenBucket,
-        slow,
-        SyncMode::Lease,
-        "edge-slow",
-        16,
-    );
-    let admitted = offer_each(&nodes16, "k", &[2.0; 16], Duration::from_secs(12)).await;
-    let total: u64 = admitted.iter().sum();
-    println!("16 nodes at 1/s: {total} in 12 s");
-    // B + r·(t + 2I) + 2N = 1 + 12.1 + 32.
-    assert!(
-        total <= 45,
-        "{total} in 12 s at 1/s across 16 nodes: {admitted:?}"
-    );
-    assert!(total >= 9, "{total} in 12 s at 1/s: {admitted:?}");
-    stop(nodes16).await;
 }
 
 /// A paused Redis (SIGSTOP): every round gives up at its timeout, so rounds go on failing
