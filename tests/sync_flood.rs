@@ -2,58 +2,22 @@
 //! that the bytes its allocator counts are this test's alone.
 #![cfg(feature = "redis")]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate::sync::{RedisSync, SyncMode, SyncedLimiter};
 use tollgate::{Quota, RateLimiter};
-use tollgate_testing::LocalRedis;
-
-/// The process's allocator, counting the bytes it has handed out and not taken back:
-/// what tollgate (and this test) hold, whatever the C allocator keeps for reuse.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call forwards to `System` with the caller's arguments unchanged, so the
-// caller's contract is `System`'s; the counter is only arithmetic on the sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as the impl's.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as the impl's.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: as the impl's.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE.fetch_add(new_size, Ordering::Relaxed);
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-}
+use tollgate_testing::{CountingAllocator, LocalRedis};
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// The most keys a round sends, by default.
 const ROUND_KEYS: usize = 2_000;
 
-/// Bytes allocated and not freed, in this whole process.
+/// Bytes allocated and not freed, in this whole process: what tollgate (and this test)
+/// hold, whatever the C allocator keeps for reuse.
 fn live() -> usize {
-    LIVE.load(Ordering::Relaxed)
+    CountingAllocator::live_bytes()
 }
 
 /// Floods the limiter with 200,000 new keys and waits until the sync has served them all
