@@ -33,10 +33,112 @@ if ! command -v cargo >/dev/null 2>&1; then
     fi
 fi
 
-cargo test --all-features "$@"
-# The library's one unit test that needs a redis-server (the round script against the
-# protocol's model), which plain `cargo test --lib` leaves out.
-cargo test --all-features --lib -- --ignored
+# With arguments, they go to one plain `cargo test --all-features` and nothing else runs.
+if [ $# -gt 0 ] && [ "$1" != "--layer" ]; then
+    exec cargo test --all-features "$@"
+fi
+# `--layer engine|sim|http|redis` runs one layer's binaries alone:
+# - engine: the local limiter, its store, algorithms and waiting (no process, no socket);
+# - sim: the library's own tests, the sync's deterministic simulation among them;
+# - http: the tower layer, axum, hyper and tonic over real sockets, the example server,
+#   metrics and tracing;
+# - redis: every test against a real redis-server or cluster, and the Lua differential.
+# Without it, every layer runs, then the loom models and the stress test under valgrind.
+layer=all
+if [ "${1:-}" = "--layer" ]; then
+    layer="${2:?--layer needs engine, sim, http or redis}"
+fi
+layer_of() {
+    case "$1" in
+        tollgate) echo sim ;;
+        grpc | http | http_layer | example_server | metrics | tracing) echo http ;;
+        cluster | partition | redis | redis_first_tier | secrets | sync | sync_flood) echo redis ;;
+        *) echo engine ;;
+    esac
+}
+
+# Build every test binary first, then run them side by side: most of the real-process
+# tests wait on real time (a pause, a failover, a sync interval), so they overlap with
+# the simulation's CPU-bound properties. Each binary's output goes to a log of its own,
+# shown whole when it fails.
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+cargo test --all-features --no-run --message-format=json 2>"$logs/build.err" >"$logs/build.json" || {
+    cat "$logs/build.err" >&2
+    exit 1
+}
+# "<target name> <package dir> <executable>" for every test harness built.
+grep '"test":true' "$logs/build.json" | grep '"executable":"/' |
+    sed -n 's/.*"manifest_path":"\([^"]*\)\/Cargo.toml".*"target":{"kind":\["[a-z-]*"\].*"name":"\([^"]*\)".*"executable":"\([^"]*\)".*/\2 \1 \3/p' \
+    >"$logs/binaries"
+
+# The longest first, so that the pool ends together.
+order="tollgate sync cluster partition redis_first_tier sync_flood eviction example_server"
+jobs=()
+for name in $order; do
+    line=$(grep "^$name " "$logs/binaries" || true)
+    [ -n "$line" ] && jobs+=("$line")
+done
+while read -r name dir exe; do
+    case " $order " in *" $name "*) continue ;; esac
+    jobs+=("$name $dir $exe")
+done <"$logs/binaries"
+
+failed=0
+running=0
+parallel="${TOLLGATE_TEST_JOBS:-4}"
+finish_one() {
+    local status=0
+    wait -n || status=$?
+    running=$((running - 1))
+    [ "$status" -eq 0 ] || failed=1
+}
+run_job() {
+    # run_job <label> <dir> <command...>: runs in the background, logs to <label>.log.
+    local label=$1 dir=$2
+    shift 2
+    (
+        start=$SECONDS
+        if (cd "$dir" && "$@") >"$logs/$label.log" 2>&1; then
+            echo "test.sh: $label ok in $((SECONDS - start)) s: $(grep '^test result' "$logs/$label.log" | tail -n 1)"
+        else
+            echo "test.sh: $label FAILED after $((SECONDS - start)) s; its output:"
+            cat "$logs/$label.log"
+            exit 1
+        fi
+    ) &
+    running=$((running + 1))
+    if [ "$running" -ge "$parallel" ]; then
+        finish_one
+    fi
+}
+
+for job in "${jobs[@]}"; do
+    read -r name dir exe <<<"$job"
+    target_layer=$(layer_of "$name")
+    if [ "$layer" = all ] || [ "$layer" = "$target_layer" ]; then
+        run_job "$name" "$dir" "$exe"
+    fi
+done
+if [ "$layer" = all ] || [ "$layer" = redis ]; then
+    # The library's one unit test that needs a redis-server: the round script against
+    # the protocol's model (the Lua differential), which the plain run leaves out.
+    lib=$(grep '^tollgate ' "$logs/binaries" | cut -d' ' -f3)
+    run_job differential "$PWD" "$lib" --ignored
+fi
+if [ "$layer" = all ] || [ "$layer" = engine ]; then
+    run_job doctests "$PWD" cargo test --all-features --doc
+fi
+while [ "$running" -gt 0 ]; do
+    finish_one
+done
+if [ "$failed" -ne 0 ]; then
+    echo "test.sh: some tests failed (their output is above)" >&2
+    exit 1
+fi
+if [ "$layer" != all ]; then
+    exit 0
+fi
 
 # The loom models of the lock-free table's publish/freeze/migrate protocol: every
 # interleaving with up to LOOM_MAX_PREEMPTIONS preemptions per thread. crossbeam-epoch
