@@ -314,14 +314,16 @@ impl Progress {
 }
 
 /// The arguments of one call of `sync_round.lua`: the node, the registry's TTL, the
-/// limit, the round's parameters and number, then each key's request, in the order the
-/// script reads them.
+/// limit, the round's parameters and number, the clock (`clock_us`; 0, as every node
+/// sends: the server's `TIME`), then each key's request, in the order the script reads
+/// them.
 pub(crate) fn round_args<'a>(
     params: &Params,
     node: &str,
     registry_ttl_ms: u64,
     heard: &BTreeMap<String, u64>,
     seq: u64,
+    clock_us: u64,
     requests: impl IntoIterator<Item = &'a Request>,
 ) -> Vec<String> {
     let (tag, a, b) = params.shape.script_args();
@@ -342,6 +344,7 @@ pub(crate) fn round_args<'a>(
     let heard: Vec<String> = heard.iter().map(|(id, ms)| format!("{id}:{ms}")).collect();
     args.push(heard.join(","));
     args.push(seq.to_string());
+    args.push(clock_us.to_string());
     for r in requests {
         args.extend(
             [
@@ -1142,6 +1145,8 @@ impl Task {
                     if call.registry { ttl_ms } else { 0 },
                     heard,
                     seq,
+                    // Redis's clock: the one every node's rounds share.
+                    0,
                     call.items.iter().map(|&i| &items[i].1),
                 ));
             }

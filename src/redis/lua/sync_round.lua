@@ -11,7 +11,9 @@
 -- ARGV: node id, registry TTL (ms; 0: none), shape ('tb', 'sw' or 'fw'), a, b (tb: T, tau; sw,
 --   fw: limit, period), overdraft horizon (µs; 0 in lease mode), hold (µs), demand TTL (µs),
 --   retain (ms), share TTL (µs), silent after (µs), the registry as the node last read
---   it ("id:ms,id:ms…": each node's last heartbeat), round number,
+--   it ("id:ms,id:ms…": each node's last heartbeat), round number, the clock (µs; 0, as
+--   every node sends: the server's TIME, the one clock all nodes share; the differential
+--   test fixes it, so that its cases do not depend on when they run),
 --   then per limiter key: epoch, floor, keep, known, demand, want, anchor, deadline, local,
 --   beyond, and the key's quota as the node knows it: version, limit, period (µs), burst
 --   (0, 0, 0, 0: the default; a version with limit 0: back to the default).
@@ -39,13 +41,13 @@ if ttl == 0 then first = 1 end
 local a, b = tonumber(ARGV[4]), tonumber(ARGV[5])
 local horizon, hold, demand_ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local retain_ms, share_ttl, silent_after = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local seq = tonumber(ARGV[13])
+local seq, clock = tonumber(ARGV[13]), tonumber(ARGV[14])
 local heard = {}
 for id, ms in string.gmatch(ARGV[12], '([^:,]+):(%d+)') do heard[id] = tonumber(ms) end
 if not (whole(ttl) and whole(a) and whole(b) and a >= 1 and whole(horizon) and whole(hold) and whole(demand_ttl)
-    and whole(retain_ms) and whole(share_ttl) and whole(silent_after) and whole(seq)
+    and whole(retain_ms) and whole(share_ttl) and whole(silent_after) and whole(seq) and whole(clock)
     and (shape == 'tb' or ((shape == 'sw' or shape == 'fw') and b >= 1))
-    and #KEYS >= 1 and #ARGV == 13 + 14 * (#KEYS - first + 1)) then
+    and #KEYS >= 1 and #ARGV == 14 + 14 * (#KEYS - first + 1)) then
   return redis.error_reply('TOLLGATE invalid sync arguments')
 end
 -- The default quota's numbers; a key with its own quota serves with its own (see `use`).
@@ -64,8 +66,11 @@ local function use(qa, qb)
 end
 use(a, b)
 
-local time = redis.call('TIME')
-local now = time[1] * 1000000 + time[2]
+local now = clock
+if clock == 0 then
+  local time = redis.call('TIME')
+  now = time[1] * 1000000 + time[2]
+end
 local now_ms = math.floor(now / 1000)
 local out = {0, now, 0}
 if first == 2 then
@@ -443,7 +448,7 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
 end
 
 for i = first, #KEYS do
-  local base = 13 + 14 * (i - first)
+  local base = 14 + 14 * (i - first)
   local epoch, floor, keep = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local known, demand = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
   local want, anchor = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
