@@ -227,14 +227,24 @@ async fn sync_state_spreads_over_the_masters() {
         2,
         |config| config.cold_keys(false),
     );
-    for round in 0..3 {
-        for (limiter, handle) in &nodes {
+    for _ in 0..3 {
+        for (limiter, _) in &nodes {
             for k in 0..600 {
                 limiter.check(format!("x}}{k}").as_str());
             }
-            handle.sync_now();
         }
-        tokio::time::sleep(Duration::from_millis(300 + 100 * round)).await;
+        // Each node's round over the new keys, against the real cluster.
+        for (_, handle) in &nodes {
+            let before = handle.stats().syncs;
+            handle.sync_now();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            // A round after the checks, and none of their keys left waiting.
+            while handle.stats().syncs <= before || handle.stats().keys_waiting > 0 {
+                assert!(Instant::now() < deadline, "{:?}", handle.stats());
+                // Waits for the sync task's round on the real cluster.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
     }
     let spread = keys_per_master(&cluster, "spread:sync:*");
     let total: usize = spread.iter().map(|(_, n)| n).sum();
@@ -289,7 +299,7 @@ async fn a_reset_reaches_every_nodes_deny_cache_on_a_cluster() {
             .unwrap()
     };
     let (a, b) = (node().await, node().await);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::until_reset_listeners(&urls, 2).await;
     for key in ["k1", "k2", "k3"] {
         assert!(b.check(key).await.unwrap().is_allowed());
         assert!(!b.check(key).await.unwrap().is_allowed());
@@ -302,6 +312,7 @@ async fn a_reset_reaches_every_nodes_deny_cache_on_a_cluster() {
                 Instant::now() < deadline,
                 "{key}: node b never heard of the reset"
             );
+            // Waits for the reset message through the real cluster.
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -416,6 +427,7 @@ async fn a_failover_is_recovered_from_without_a_restart() {
         if sync_failed && sync_back.is_none() && clean_rounds >= 3 {
             sync_back = Some(killed.elapsed());
         }
+        // Paces the probes while the real cluster fails over.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     eprintln!(
@@ -441,7 +453,15 @@ async fn a_failover_is_recovered_from_without_a_restart() {
     // The old master comes back as a replica of its successor: no MOVED loop.
     cluster.node(victim).restart().unwrap();
     cluster.wait_ok(Duration::from_secs(20)).unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cluster.cli(victim, &["ROLE"]).unwrap().starts_with("slave") {
+        assert!(
+            Instant::now() < deadline,
+            "the old master never became a replica"
+        );
+        // Waits for the restarted process to rejoin as a replica.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for i in 0..300 {
         limiter.check(&format!("after-{i}")).await.unwrap();
     }

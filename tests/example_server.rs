@@ -145,6 +145,7 @@ fn a_wrong_password_is_named_in_the_servers_log() {
             std::time::Instant::now() < deadline,
             "no authentication error in the log: {text}"
         );
+        // Waits for the example server's process to write its log.
         std::thread::sleep(Duration::from_millis(50));
     }
 }

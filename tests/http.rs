@@ -414,6 +414,7 @@ async fn two_synced_nodes_behind_the_layer_hold_one_limit() {
             }
             other => panic!("unexpected status {other}"),
         }
+        // Paces the requests over real time, across the real servers' sync.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The lease bound over the whole run: B + r·H + 2·N + r·t, H = 2·I.

@@ -197,6 +197,7 @@ async fn totals_are_published_every_second_without_a_call() {
             "not published within 3 s: {:?}",
             snap.counter("tollgate_decisions_total", &allowed)
         );
+        // Waits for the limiter's periodic publication, on its real-time schedule.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -220,6 +221,7 @@ async fn sync_rounds_and_redis_errors_are_published() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let mut rounds = 0;
     loop {
+        // Waits for the sync task's rounds against the real Redis process.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let snap = snap();
         rounds += snap.counter("tollgate_sync_rounds_total", &ok).unwrap_or(0);
@@ -308,6 +310,7 @@ async fn sync_rounds_and_redis_errors_are_published() {
             tokio::time::Instant::now() < deadline,
             "no failed round counted"
         );
+        // Waits for the sync task's rounds against the real Redis process.
         tokio::time::sleep(Duration::from_millis(50)).await;
         failed += snap_counter("tollgate_sync_rounds_total", &error);
     }

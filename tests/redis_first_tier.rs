@@ -4,6 +4,8 @@
 //! and kill) and the insurance limit of `FailMode::Local`.
 #![cfg(feature = "redis")]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -368,8 +370,7 @@ async fn a_reset_on_another_node_or_a_restart_empties_the_cache() {
             .unwrap()
     };
     let (a, b) = (node().await, node().await);
-    // Let both listeners subscribe.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::until_reset_listeners(&[server.url()], 2).await;
     assert!(b.check("k").await.unwrap().is_allowed());
     assert!(!b.check("k").await.unwrap().is_allowed());
     assert!(!a.check("k").await.unwrap().is_allowed());
@@ -382,6 +383,7 @@ async fn a_reset_on_another_node_or_a_restart_empties_the_cache() {
     let deadline = Instant::now() + Duration::from_secs(2);
     while !b.check("k").await.unwrap().is_allowed() {
         assert!(Instant::now() < deadline, "node b never heard of the reset");
+        // Waits for the reset message through the real Redis process.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(!b.check("k").await.unwrap().is_allowed());
@@ -397,6 +399,7 @@ async fn a_reset_on_another_node_or_a_restart_empties_the_cache() {
             }
         }
         assert!(Instant::now() < deadline, "the cache outlived Redis's data");
+        // Waits for the listener to resubscribe to the restarted Redis process.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -461,6 +464,7 @@ async fn the_breaker_opens_on_a_pause_and_a_kill_and_closes_by_itself() {
         let until = Instant::now() + Duration::from_millis(1_500);
         while Instant::now() < until {
             let _ = limiter.check("k").await;
+            // Paces the checks in real time while the real Redis process is down.
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let probes = limiter.stats().calls - probes_from;
@@ -481,6 +485,7 @@ async fn the_breaker_opens_on_a_pause_and_a_kill_and_closes_by_itself() {
                 }
                 Err(e) => assert!(back.elapsed() < Duration::from_secs(5), "still {e}"),
             }
+            // Waits for the restarted Redis process to answer.
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         eprintln!("{outage}: answering again {:?} after Redis", back.elapsed());
@@ -506,6 +511,7 @@ async fn slowest_check_or(
                     let one = Instant::now();
                     limiter.check_or(&key, FailMode::Open).await;
                     slowest = slowest.max(one.elapsed());
+                    // Paces the checks in real time (the flood the claim is about).
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 slowest
@@ -523,7 +529,8 @@ async fn slowest_check_or(
 /// the breaker on (the defaults), 1 and 64 tasks flood one key at 20/s burst 20, whose
 /// cached deny keeps expiring, while Redis is paused and after it is killed, through the
 /// breaker's opening and its background probes: every check completes within the timeout
-/// plus 15 ms, for 10 ms and 50 ms timeouts. (A request waiting for another's call on the
+/// plus 15 ms, for 10 ms and 50 ms timeouts (plus, on a loaded machine, the latest the
+/// runtime woke a task meanwhile: a check cannot end before the runtime runs it). (A request waiting for another's call on the
 /// key used to wait out one timeout for it and then spend one of its own: 103 ms for a
 /// 50 ms timeout.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -546,12 +553,18 @@ async fn every_check_completes_within_its_timeout_with_the_cache_on() {
                     "pause" => server.pause().unwrap(),
                     _ => server.stop(),
                 }
+                let lateness = common::Lateness::watch();
                 let slowest =
                     slowest_check_or(&limiter, "hot", tasks, Duration::from_millis(1_500)).await;
-                eprintln!("{outage}, {timeout:?} timeout, {tasks} tasks: slowest {slowest:?}");
+                let late = lateness.worst();
+                eprintln!(
+                    "{outage}, {timeout:?} timeout, {tasks} tasks: slowest {slowest:?}, \
+                     runtime late by {late:?} at worst"
+                );
                 assert!(
-                    slowest <= timeout + slack,
-                    "{outage}, {tasks} tasks: a check took {slowest:?} for a {timeout:?} timeout"
+                    slowest <= timeout + slack + late,
+                    "{outage}, {tasks} tasks: a check took {slowest:?} for a {timeout:?} \
+                     timeout (the runtime was late by {late:?})"
                 );
                 let stats = limiter.stats();
                 assert!(stats.breaker_opened >= 1, "{stats:?}");
@@ -586,6 +599,7 @@ async fn checks_answer_again_within_a_second_of_redis() {
         let until = Instant::now() + down;
         while Instant::now() < until {
             let _ = limiter.check("k").await;
+            // Paces the checks in real time while the real Redis process is down.
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let breaker = limiter.stats().breaker;
@@ -604,6 +618,7 @@ async fn checks_answer_again_within_a_second_of_redis() {
                 "{outage}: no answer 1 s after Redis: {:?}",
                 limiter.stats()
             );
+            // Waits for the real Redis process to answer again.
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         eprintln!("{outage}: answering again {:?} after Redis", back.elapsed());

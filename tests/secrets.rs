@@ -43,6 +43,7 @@ async fn wait_synced(handle: &SyncHandle) {
         if handle.stats().syncs > 0 {
             return;
         }
+        // Waits for the sync task's first round against the real Redis process.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("never synced: {:?} {handle:?}", handle.stats());
@@ -83,7 +84,8 @@ async fn passwords_and_acl_users_work_and_never_show() {
     let quota = Quota::per_second(5).unwrap();
     for (user, password) in [("", PASSWORD), ("app", "app-pw-77")] {
         let url = with_password(&server.url(), user, password);
-        let builder = RedisLimiter::builder(&url, quota);
+        // A long timeout: this test is about credentials, not latency.
+        let builder = RedisLimiter::builder(&url, quota).timeout(Duration::from_secs(2));
         let builder_debug = format!("{builder:?}");
         let limiter = builder.build().await.unwrap();
         assert!(limiter.check("k").await.unwrap().is_allowed());
@@ -131,6 +133,7 @@ async fn passwords_and_acl_users_work_and_never_show() {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             while handle.stats().last_error.is_none() {
                 assert!(std::time::Instant::now() < deadline, "{:?}", handle.stats());
+                // Waits for the sync task's round to fail against the real Redis process.
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let stats = handle.stats();
@@ -251,12 +254,18 @@ async fn hashed_keys_keep_tokens_out_of_redis() {
             break;
         }
         handle.sync_now();
+        // Waits for the sync task's round against the real Redis process.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    handle.sync_now();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let keys = all_keys(server.port(), PASSWORD);
-    assert!(keys.contains(":sync:tb:{h:"), "{keys}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut keys = all_keys(server.port(), PASSWORD);
+    while !keys.contains(":sync:tb:{h:") {
+        assert!(std::time::Instant::now() < deadline, "{keys}");
+        handle.sync_now();
+        // Waits for the sync task's round against the real Redis process.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        keys = all_keys(server.port(), PASSWORD);
+    }
     assert_eq!(
         keys.lines().filter(|k| k.contains("{h:")).count(),
         2,

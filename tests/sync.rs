@@ -411,8 +411,12 @@ async fn a_lost_node_drops_out() {
         "loss",
         2,
     );
-    tokio::time::sleep(INTERVAL * 3).await;
-    assert_eq!(nodes[0].1.stats().nodes, 2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nodes[0].1.stats().nodes != 2 {
+        assert!(Instant::now() < deadline, "{:?}", nodes[0].1.stats());
+        // Waits for both sync tasks' heartbeats against the real Redis process.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Abort the second node's task without a goodbye, as a crash would.
     drop(nodes.pop());
     let lost_at = Instant::now();
@@ -422,6 +426,7 @@ async fn a_lost_node_drops_out() {
             "still counted after {:?}",
             lost_at.elapsed()
         );
+        // Waits for the node's heartbeat to expire in the real Redis process.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     stop(nodes).await;
@@ -482,6 +487,7 @@ async fn idle_keys_are_released_while_rounds_are_saturated() {
             start.elapsed(),
             handle.stats()
         );
+        // Waits for the sync task's rounds against the real Redis process.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
@@ -523,7 +529,11 @@ async fn shutdown_flushes_pending_consumption() {
                 .prefix("flush"),
         )
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A new key spends before its first lease once the first round has told N.
+    while handle.stats().syncs == 0 {
+        // Waits for the sync task's first round against the real Redis process.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let admitted = (0..300).filter(|_| limiter.check("k").is_allowed()).count() as u64;
     assert_eq!(admitted, 300);
     handle.shutdown().await;
@@ -580,6 +590,7 @@ async fn a_dropped_handle_leaves_the_sync_running_for_the_limiters_life() {
             Instant::now() < deadline,
             "the node never left the registry"
         );
+        // Waits for the node's heartbeat to expire in the real Redis process.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let debt = debt_us(&server, "dropped:sync:tb:{k}").await;
@@ -591,6 +602,7 @@ async fn a_dropped_handle_leaves_the_sync_running_for_the_limiters_life() {
                 break;
             }
             Err(ConfigError::PrefixInUse(_)) if Instant::now() < deadline => {
+                // Waits for the dropped limiter's task to leave the real Redis process's registry.
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(e) => panic!("the task never ended: {e}"),
@@ -699,6 +711,7 @@ async fn until_every_node_has(
         for (limiter, _) in nodes {
             limiter.check(key);
         }
+        // Waits for the sync tasks' rounds against the real Redis process.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -750,6 +763,7 @@ async fn a_key_quota_set_on_one_node_holds_on_every_node() {
             "the quota never left the node that set it"
         );
         nodes[0].0.check("served-elsewhere");
+        // Waits for the sync tasks' rounds against the real Redis process.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // A quota the round script cannot hold exactly is refused, typed.
@@ -885,9 +899,13 @@ async fn the_clock_offset_is_meaningful() {
                 .prefix("clock"),
         )
         .unwrap();
-    tokio::time::sleep(INTERVAL * 4).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while handle.stats().syncs == 0 {
+        assert!(Instant::now() < deadline, "{:?}", handle.stats());
+        // Waits for the sync task's first round against the real Redis process.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let stats = handle.stats();
-    assert!(stats.syncs > 0, "{stats:?}");
     assert!(stats.clock_offset.abs() < 50_000_000, "{stats:?}");
     handle.shutdown().await;
 }
@@ -975,7 +993,8 @@ async fn eviction_never_drops_unreported_consumption() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(handle.stats().fallback_active, "{:?}", handle.stats());
-    // The fallback's local share refills every interval.
+    // The fallback's local share refills every interval: waits for the sync task's
+    // refill, on its real-time schedule.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(limiter.check("a").is_allowed() && limiter.check("b").is_allowed());
     // A third key would need an eviction: refused, and both owing keys kept.
@@ -1008,6 +1027,7 @@ async fn a_paused_redis_fails_rounds_within_their_timeout() {
         .unwrap();
     limiter.check("k");
     while handle.stats().syncs == 0 {
+        // Waits for the sync task's first round against the real Redis process.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     server.pause().unwrap();
@@ -1015,6 +1035,7 @@ async fn a_paused_redis_fails_rounds_within_their_timeout() {
     let before = handle.stats().errors;
     // One round every 20 ms backs off to one every 500 ms at most: within 1.5 s at least
     // 5 rounds fail, which a round that waited longer than its timeout would not allow.
+    // The span measured, of a real paused process.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let stats = handle.stats();
     server.resume().unwrap();
@@ -1052,6 +1073,7 @@ async fn cold_tier_on(nodes: &[(SyncedLimiter<String>, SyncHandle)]) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !nodes.iter().all(|(_, h)| h.stats().cold_tier) {
         assert!(Instant::now() < deadline, "{:?}", nodes[0].1.stats());
+        // Waits for the sync tasks' rounds against the real Redis process.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -1154,6 +1176,8 @@ async fn keys_far_from_their_limit_are_never_denied_and_cost_redis_nothing() {
         }
         // Each key at most 6 times in a second or more: under its 10 at once.
         let _ = round;
+        // Spreads the checks over real time, which the claim is about, while the sync
+        // task runs its rounds against the real Redis process.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let commands = redis_commands(&server).await - before;
@@ -1167,6 +1191,7 @@ async fn keys_far_from_their_limit_are_never_denied_and_cost_redis_nothing() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !limiter.is_empty() {
         assert!(Instant::now() < deadline, "{} keys held", limiter.len());
+        // Waits for the sync task to release the idle keys in the real Redis process.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop(nodes).await;

@@ -113,6 +113,7 @@ async fn a_redis_outage_warns_once_and_recovery_is_announced() {
             tokio::time::Instant::now() < deadline,
             "Redis did not come back"
         );
+        // Waits for the restarted Redis process to answer.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let text = logs.text();

@@ -1329,6 +1329,7 @@ mod tests {
             if handle.stats().task_died {
                 break;
             }
+            // Waits for the sync task (a tokio task on real time) to die and be supervised.
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let stats = handle.stats();
@@ -1344,6 +1345,7 @@ mod tests {
             if again().is_ok() {
                 return;
             }
+            // Waits for the supervisor (a tokio task) to end and free the prefix.
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("the supervisor of a dead task outlived its limiter");
@@ -1388,6 +1390,7 @@ mod tests {
             if handle.stats().fallback_active {
                 break;
             }
+            // Waits for the sync task's first round to fail against the closed port.
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(handle.stats().fallback_active, "{:?}", handle.stats());

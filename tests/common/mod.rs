@@ -91,3 +91,86 @@ pub fn wall_secs_since(start: std::time::SystemTime) -> f64 {
         .unwrap_or_default()
         .as_secs_f64()
 }
+
+/// How many connections listen on a tollgate reset channel (`…reset`) across `urls`: a
+/// deny cache's listener counts once it has subscribed.
+#[cfg(feature = "redis")]
+pub async fn reset_listeners(urls: &[String]) -> u64 {
+    let mut total = 0;
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg("*reset")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if channels.is_empty() {
+            continue;
+        }
+        let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channels)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        total += counts.iter().map(|(_, n)| n).sum::<u64>();
+    }
+    total
+}
+
+/// Waits, for at most 10 s, until `listeners` deny caches listen for resets on `urls`.
+#[cfg(feature = "redis")]
+pub async fn until_reset_listeners(urls: &[String], listeners: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while reset_listeners(urls).await < listeners {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listeners never subscribed"
+        );
+        // Waits for the limiters' subscriptions on the real Redis processes.
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// How late the runtime wakes a task, watched by a canary that sleeps 1 ms at a time:
+/// on a loaded machine a check cannot end sooner after its deadline than the runtime
+/// gets to run it, so latency claims are checked against `bound + worst()`.
+#[cfg(feature = "tokio")]
+pub struct Lateness {
+    worst_us: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[cfg(feature = "tokio")]
+impl Lateness {
+    /// Starts the canary on the current runtime.
+    pub fn watch() -> Self {
+        let worst_us = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let worst = worst_us.clone();
+        let task = tokio::spawn(async move {
+            let tick = std::time::Duration::from_millis(1);
+            loop {
+                let asked = std::time::Instant::now();
+                // The canary's own timer: its lateness is what it measures.
+                tokio::time::sleep(tick).await;
+                let late = asked.elapsed().saturating_sub(tick).as_micros() as u64;
+                worst.fetch_max(late, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        Self { worst_us, task }
+    }
+
+    /// The latest wake-up seen so far, beyond the timer's own millisecond.
+    pub fn worst(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.worst_us.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Drop for Lateness {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
