@@ -1009,6 +1009,47 @@ async fn eviction_never_drops_unreported_consumption() {
     handle.shutdown().await;
 }
 
+/// A round too large to finish within the timeout does not fail for good: 100,000 new
+/// keys with `round_keys(100_000)` and a 100 ms timeout time out at first, the rounds
+/// shrink by half each time, and every key is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_too_large_for_the_timeout_shrink_until_they_fit() {
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    let (limiter, handle) = RateLimiter::<String>::builder(Quota::per_second(100).unwrap())
+        .build_synced(
+            RedisSync::new(&server.url())
+                .interval(INTERVAL)
+                .timeout(Duration::from_millis(100))
+                .round_keys(100_000)
+                .cold_keys(false)
+                .prefix("shrink"),
+        )
+        .unwrap();
+    for k in 0..100_000u32 {
+        let _ = limiter.check(&format!("k{k}"));
+    }
+    // A round that began after the flood (the one in flight may have begun before).
+    let flooded = handle.stats().syncs + 2;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = handle.stats();
+        if stats.syncs >= flooded && stats.keys_waiting == 0 && !stats.fallback_active {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still behind: {stats:?}");
+        // Waits for the sync task's rounds against the real Redis process.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = handle.stats();
+    assert!(
+        stats.errors >= 1,
+        "the first round fit after all: {stats:?}"
+    );
+    assert!(stats.keys_last_round < 100_000, "{stats:?}");
+    handle.shutdown().await;
+}
+
 /// A paused Redis (SIGSTOP): every round gives up at its timeout, so rounds go on failing
 /// (and counting errors) instead of hanging, and the fallback applies after the
 /// staleness.

@@ -125,6 +125,57 @@ pub(crate) enum Health {
     Recovered,
 }
 
+/// The fewest keys a round shrinks to after timeouts (or the configured most, if fewer).
+const MIN_ROUND_KEYS: usize = 50;
+
+/// How many keys a round sends: the configured most (`round_keys`), halved by each round
+/// that times out, and grown back by an eighth after every [`GROW_AFTER`] successful
+/// rounds in a row, up to the most. A round too large to finish within the timeout (a
+/// flood of keys on a loaded machine, a slow link) would otherwise fail every time, with
+/// every key left waiting and the node in its fallback for good; growing slowly keeps the
+/// rounds that fit from probing straight back into a timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RoundSize {
+    most: usize,
+    keys: usize,
+    /// Successful rounds since the last change.
+    streak: u32,
+}
+
+/// Successful rounds in a row before a round may send an eighth more keys.
+const GROW_AFTER: u32 = 8;
+
+impl RoundSize {
+    pub(crate) fn new(most: usize) -> Self {
+        Self {
+            most,
+            keys: most,
+            streak: 0,
+        }
+    }
+
+    /// The keys the next round may send.
+    pub(crate) fn keys(&self) -> usize {
+        self.keys
+    }
+
+    /// A round timed out: the next sends half as many keys, down to the minimum.
+    pub(crate) fn timed_out(&mut self) {
+        self.streak = 0;
+        self.keys = (self.keys / 2).max(MIN_ROUND_KEYS.min(self.most));
+    }
+
+    /// A round succeeded: after [`GROW_AFTER`] in a row, the next may send an eighth more
+    /// keys, up to the most.
+    pub(crate) fn succeeded(&mut self) {
+        self.streak += 1;
+        if self.streak >= GROW_AFTER {
+            self.streak = 0;
+            self.keys = (self.keys + self.keys.div_ceil(8)).min(self.most);
+        }
+    }
+}
+
 /// The schedule of a node's rounds, their backoff, and the staleness/fallback state.
 #[derive(Clone, Debug)]
 pub(crate) struct Driver {
@@ -258,6 +309,42 @@ impl Driver {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rounds_shrink_on_timeouts_and_grow_back() {
+        let mut size = RoundSize::new(2_000);
+        assert_eq!(size.keys(), 2_000);
+        size.timed_out();
+        assert_eq!(size.keys(), 1_000);
+        for _ in 0..10 {
+            size.timed_out();
+        }
+        assert_eq!(size.keys(), MIN_ROUND_KEYS);
+        // An eighth more after 8 successful rounds in a row, not before; a timeout
+        // starts the count again.
+        for _ in 0..7 {
+            size.succeeded();
+        }
+        assert_eq!(size.keys(), MIN_ROUND_KEYS);
+        size.timed_out();
+        for _ in 0..7 {
+            size.succeeded();
+        }
+        assert_eq!(size.keys(), MIN_ROUND_KEYS);
+        size.succeeded();
+        assert_eq!(size.keys(), MIN_ROUND_KEYS + MIN_ROUND_KEYS.div_ceil(8));
+        // Back to the most, and never above it.
+        for _ in 0..8 * 40 {
+            size.succeeded();
+        }
+        assert_eq!(size.keys(), 2_000);
+        // A most below the minimum is kept: 1 key a round stays 1.
+        let mut one = RoundSize::new(1);
+        one.timed_out();
+        assert_eq!(one.keys(), 1);
+        one.succeeded();
+        assert_eq!(one.keys(), 1);
+    }
+
     use super::*;
 
     const MS: u64 = 1_000_000;

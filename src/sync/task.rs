@@ -17,7 +17,7 @@ use redis::cluster_routing::Slot;
 
 use super::cell::{Cold, NEW, OutageMode, SyncCell, SyncPolicy, WANT_HOT};
 use super::config::Settings;
-use super::driver::{self, Driver, Health, Timing, nanos};
+use super::driver::{self, Driver, Health, RoundSize, Timing, nanos};
 use super::limiter::SyncedLimiter;
 use super::node::{self, Need, NodeParams};
 use super::protocol::{Answer, Params, Request, Shape, SharedQuota};
@@ -290,6 +290,8 @@ struct Progress {
     /// The schedule, the backoff and the staleness/fallback state, on the time since
     /// `origin`.
     driver: Driver,
+    /// How many keys the next round may send.
+    size: RoundSize,
     origin: tokio::time::Instant,
     connection: Option<Arc<Link>>,
     seq: u64,
@@ -441,6 +443,7 @@ impl Task {
         let origin = tokio::time::Instant::now();
         let mut p = Progress {
             driver: Driver::new(self.timing, driver::seed(&self.node), 0),
+            size: RoundSize::new(self.config.round_keys),
             origin,
             connection: None,
             seq: 0,
@@ -564,6 +567,7 @@ impl Task {
                     p.nodes = round.nodes;
                     self.set_shares(store, p.nodes);
                 }
+                p.size.succeeded();
                 if p.driver.on_success(p.now()) == Health::Recovered {
                     self.set_outage(store, OutageMode::Normal);
                     super::observe::sync_fallback(&self.name, false, &self.config.fail_mode);
@@ -587,7 +591,11 @@ impl Task {
                 // this one once it connects (see `Link`).
                 link.failed();
                 let message = self.config.options.target.scrub(&e.to_string());
-                self.failed(p, error_kind(&e), &message);
+                let kind = error_kind(&e);
+                if kind == "timeout" {
+                    p.size.timed_out();
+                }
+                self.failed(p, kind, &message);
             }
         }
     }
@@ -606,7 +614,7 @@ impl Task {
         self.shared.stats.lock().stats.errors += 1;
     }
 
-    /// The keys this round sends, most urgent first, at most `round_keys` of them (all
+    /// The keys this round sends, most urgent first, at most `most` of them (all
     /// keys that are not released yet when stopping); how many more wait; and how many
     /// idle keys that did not fit were released without a round (see
     /// [`node::release_locally`]), and dropped.
@@ -615,12 +623,13 @@ impl Task {
         store: &Store<K, SyncCell>,
         now: u64,
         stopping: bool,
+        most: usize,
         hot: &mut HotView,
     ) -> (Vec<K>, usize, u64)
     where
         K: Hash + Eq + Clone + Display,
     {
-        let mut selection = Selection::new(self.config.round_keys);
+        let mut selection = Selection::new(most);
         let mut released = Vec::new();
         let mut idle_cold = Vec::new();
         let rescan = std::mem::take(&mut hot.rescan);
@@ -856,7 +865,8 @@ impl Task {
         K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     {
         let now = (self.now)();
-        let (chosen, waiting, released_locally) = self.choose(store, now, stopping, &mut p.hot);
+        let (chosen, waiting, released_locally) =
+            self.choose(store, now, stopping, p.size.keys(), &mut p.hot);
         if released_locally > 0 {
             // Counted now: they were dropped whatever becomes of this round.
             self.shared.stats.lock().stats.keys_released += released_locally;
