@@ -11,6 +11,30 @@ use tollgate_testing::{CountingAllocator, LocalRedis};
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
+/// How long the flood may go without progress (a successful round, a key dropped): the
+/// sync stalled. The deadline is on stalls, not on the whole: a loaded machine runs fewer
+/// rounds a second, each still bounded.
+const STALL: Duration = Duration::from_secs(5);
+
+/// The last time a measure of progress grew.
+#[derive(Default)]
+struct Progress {
+    best: u64,
+    at: Option<Instant>,
+}
+
+impl Progress {
+    fn saw(&mut self, measure: u64, stats: &tollgate::sync::SyncStats) {
+        let now = Instant::now();
+        if self.at.is_none() || measure > self.best {
+            self.best = measure;
+            self.at = Some(now);
+        }
+        let since = now - self.at.expect("set above");
+        assert!(since < STALL, "no progress for {since:?}: {stats:?}");
+    }
+}
+
 /// The most keys a round sends, by default.
 const ROUND_KEYS: usize = 2_000;
 
@@ -36,8 +60,9 @@ async fn flood_and_forget(
     }
     assert!(limiter.len() >= 200_000, "{} keys", limiter.len());
     let mut peak = live();
-    // Every flooded key gets its round, in bounded rounds, and the sync never stops.
-    let started = Instant::now();
+    // Every flooded key gets its round, in bounded rounds, and the sync never stops: a
+    // successful round at least every `STALL` (how fast the rounds go is the machine's).
+    let mut progress = Progress::default();
     loop {
         let stats = handle.stats();
         assert!(!stats.task_died, "{stats:?}");
@@ -45,23 +70,16 @@ async fn flood_and_forget(
         if stats.keys_waiting == 0 && !stats.fallback_active {
             break;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "still behind: {stats:?}"
-        );
+        progress.saw(stats.syncs, &stats);
         // Waits for the sync task's rounds against the real Redis process.
         tokio::time::sleep(Duration::from_millis(100)).await;
         peak = peak.max(live());
     }
-    // The flooded keys go idle, give their leases back and are dropped.
-    let ended = Instant::now();
+    // The flooded keys go idle, give their leases back and are dropped: fewer keys held
+    // at least every `STALL`.
+    let mut progress = Progress::default();
     while limiter.len() > keys_before + 10 {
-        assert!(
-            ended.elapsed() < Duration::from_secs(30),
-            "{} keys left: {:?}",
-            limiter.len(),
-            handle.stats()
-        );
+        progress.saw(u64::MAX - limiter.len() as u64, &handle.stats());
         // Waits for the sync task to release the idle keys in the real Redis process.
         tokio::time::sleep(Duration::from_millis(200)).await;
         peak = peak.max(live());
