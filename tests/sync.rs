@@ -140,8 +140,20 @@ async fn offer_each(
     per_node: &[f64],
     length: Duration,
 ) -> Vec<u64> {
+    offer_load(nodes, key, per_node, length).await.0
+}
+
+/// [`offer_each`], returning every admission's instant too (µs since the start, all
+/// nodes together).
+async fn offer_load(
+    nodes: &[(SyncedLimiter<String>, SyncHandle)],
+    key: &str,
+    per_node: &[f64],
+    length: Duration,
+) -> (Vec<u64>, Vec<u64>) {
     let mut owed = vec![0.0f64; nodes.len()];
     let mut admitted = vec![0u64; nodes.len()];
+    let mut instants = Vec::new();
     let start = Instant::now();
     let mut ticker = tokio::time::interval(Duration::from_millis(1));
     while start.elapsed() < length {
@@ -150,11 +162,14 @@ async fn offer_each(
             owed[i] += per_node[i] / 1_000.0;
             while owed[i] >= 1.0 {
                 owed[i] -= 1.0;
-                admitted[i] += u64::from(limiter.check(key).is_allowed());
+                if limiter.check(key).is_allowed() {
+                    admitted[i] += 1;
+                    instants.push(start.elapsed().as_micros() as u64);
+                }
             }
         }
     }
-    admitted
+    (admitted, instants)
 }
 
 /// Whole tokens the token-bucket state at `key` holds now and has not leased (the burst
@@ -199,7 +214,9 @@ async fn three_nodes_hold_the_documented_bound_on_a_real_redis() {
         let prefix = format!("bound-{mode:?}");
         let nodes = nodes(&server, Algorithm::TokenBucket, quota, mode, &prefix, 3);
         let start = server_time(&server).await;
-        let admitted = offer_timed(&nodes, "k", &load, Duration::from_secs(3)).await;
+        let admitted = offer_load(&nodes, "k", &load, Duration::from_secs(3))
+            .await
+            .1;
         let secs = (server_time(&server).await - start) as f64 / 1e6;
         let bound = documented_bound(quota, mode, 3);
         let excess = excess_over_rate(&admitted, rate);
@@ -230,33 +247,6 @@ async fn three_nodes_hold_the_documented_bound_on_a_real_redis() {
         }
         stop(nodes).await;
     }
-}
-
-/// Offers `per_node[i]` requests a second to node `i` for `length`, as [`offer_each`];
-/// returns every admission's instant in µs since the start, all nodes together.
-async fn offer_timed(
-    nodes: &[(SyncedLimiter<String>, SyncHandle)],
-    key: &str,
-    per_node: &[f64],
-    length: Duration,
-) -> Vec<u64> {
-    let mut owed = vec![0.0f64; nodes.len()];
-    let mut admitted = Vec::new();
-    let start = Instant::now();
-    let mut ticker = tokio::time::interval(Duration::from_millis(1));
-    while start.elapsed() < length {
-        ticker.tick().await;
-        for (i, (limiter, _)) in nodes.iter().enumerate() {
-            owed[i] += per_node[i] / 1_000.0;
-            while owed[i] >= 1.0 {
-                owed[i] -= 1.0;
-                if limiter.check(key).is_allowed() {
-                    admitted.push(start.elapsed().as_micros() as u64);
-                }
-            }
-        }
-    }
-    admitted
 }
 
 /// How long after `since` every node has a successful round and is out of its
@@ -290,7 +280,7 @@ async fn bounded_after(
 ) -> Result<(), String> {
     let left = tokens_left(server, &format!("{prefix}:sync:tb:{{k}}"), quota).await;
     let start = server_time(server).await;
-    let admitted = offer_timed(nodes, "k", load, Duration::from_secs(3)).await;
+    let admitted = offer_load(nodes, "k", load, Duration::from_secs(3)).await.1;
     let secs = (server_time(server).await - start) as f64 / 1e6;
     let rate = quota.limit() as f64 / quota.period().as_micros() as f64;
     let bound = documented_bound(quota, mode, nodes.len()) + left as f64;
