@@ -518,16 +518,8 @@ async fn every_failure_comes_within_the_timeout() {
         // Connected, with the script loaded: waits for the real server to answer within
         // the timeout (a loaded machine may miss 10 ms once), the first connection too.
         let deadline = Instant::now() + Duration::from_secs(10);
-        let l = loop {
-            let built = RedisLimiter::builder(&server.url(), "5/s".parse().unwrap())
-                .timeout(timeout)
-                .build()
-                .await;
-            match built {
-                Ok(l) => break l,
-                Err(e) => assert!(Instant::now() < deadline, "never connected: {e}"),
-            }
-        };
+        let l =
+            common::limiter_within(&server.url(), "5/s".parse().unwrap(), timeout, deadline).await;
         while !l.check("k").await.is_ok_and(|d| d.is_allowed()) {
             assert!(
                 Instant::now() < deadline,

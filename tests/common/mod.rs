@@ -174,3 +174,25 @@ impl Drop for Lateness {
         self.task.abort();
     }
 }
+
+/// A `RedisLimiter` at `url` with `quota` and a short `timeout`, built once the real
+/// server answers within it (a loaded machine may miss 10 ms now and then, the first
+/// connection too), for at most until `deadline`.
+#[cfg(feature = "redis")]
+pub async fn limiter_within(
+    url: &str,
+    quota: tollgate::Quota,
+    timeout: std::time::Duration,
+    deadline: std::time::Instant,
+) -> tollgate::redis::RedisLimiter {
+    loop {
+        let built = tollgate::redis::RedisLimiter::builder(url, quota)
+            .timeout(timeout)
+            .build()
+            .await;
+        match built {
+            Ok(limiter) => return limiter,
+            Err(e) => assert!(std::time::Instant::now() < deadline, "never connected: {e}"),
+        }
+    }
+}
