@@ -237,7 +237,7 @@ pub(crate) fn serve(
     node: &str,
     request: &Request,
     now: u64,
-    heard: &BTreeMap<String, u64>,
+    heard: &impl Heard,
 ) -> Answer {
     // 1.
     prune(state, now.saturating_sub(params.retain_ms * 1_000));
@@ -286,7 +286,7 @@ pub(crate) fn serve(
     let silent = now.saturating_sub(params.silent_after);
     let last_heard = |id: &str, r: &Record| {
         r.demand_at
-            .max(heard.get(id).map_or(0, |ms| ms.saturating_mul(1_000)))
+            .max(heard.last_ms(id).map_or(0, |ms| ms.saturating_mul(1_000)))
     };
     for (id, r) in state.nodes.iter_mut() {
         let last = last_heard(id, r);
@@ -548,7 +548,7 @@ pub(crate) fn serve(
         .filter(|(id, r)| id.as_str() != node && r.until > now)
         .map(|(_, r)| r.share)
         .sum();
-    let nodes = (heard.len() as u64).max(1);
+    let nodes = (heard.live() as u64).max(1);
     if !fallback {
         record.share = if holds {
             (WEIGHT_ONE / nodes).min(WEIGHT_ONE.saturating_sub(others_reserved))
@@ -623,6 +623,26 @@ pub(crate) fn prune(state: &mut KeyState, cutoff: u64) {
     state
         .nodes
         .retain(|_, r| r.demand_at.max(r.credit_at) >= cutoff);
+}
+
+/// The node registry as a node read it (the hash the scripts read): which nodes were live
+/// and when each last heartbeat.
+pub(crate) trait Heard {
+    /// When node `id` last heartbeat (ms of Redis's clock), if the registry holds it.
+    fn last_ms(&self, id: &str) -> Option<u64>;
+    /// How many nodes the registry holds.
+    fn live(&self) -> usize;
+}
+
+/// The registry as the scripts return it: node id to ms.
+impl Heard for BTreeMap<String, u64> {
+    fn last_ms(&self, id: &str) -> Option<u64> {
+        self.get(id).copied()
+    }
+
+    fn live(&self) -> usize {
+        self.len()
+    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,16 @@
 //! A deterministic simulation of the sync protocol: N nodes running the real node-side
 //! code (`node::need`, `collect`, `settle`, `refill_locally`) on real cells, scheduled by
 //! the real [`Driver`] with the real [`plan`] of their configuration, against a model of
-//! Redis running `model::serve`, with simulated time (1 ms steps), latency,
-//! lost requests, lost and late replies, pauses and restarts. Proptest generates the
-//! scenarios; every property is checked at every instant of a 60 s run.
+//! Redis running `model::serve`, with simulated time, latency, lost requests, lost and
+//! late replies, pauses and restarts. Proptest generates the scenarios; every property is
+//! checked at every instant of a 60 s run.
+//!
+//! Time has a 1 ms resolution and advances by events: from one ms to the next in which
+//! something happens (a request arrives, a message reaches Redis, a reply or a timeout
+//! reaches a node, a driver's timer fires, or a fault starts or ends). The ms between them
+//! would change nothing, and `Scenario::run_every_ms` (which visits each of them) must give
+//! the same outcome, as a test checks.
 
-use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
@@ -129,10 +134,24 @@ impl Arrivals {
             }
         };
         *owed += per_s / 1_000.0;
+        if *owed < 1.0 {
+            // What the lines below give, without their conversions (most ms of a slow
+            // rate).
+            return 0;
+        }
         // `owed` is never negative, so truncation is the floor.
         let k = *owed as u64;
         *owed -= k as f64;
         k
+    }
+
+    /// The first ms from `from` on with requests (`RUN_MS` if none), and how many: the
+    /// ms before it offer none, and `owed` moves through each of them as `offered` does.
+    fn next(&self, from: u64, owed: &mut f64) -> (u64, u64) {
+        (from..RUN_MS)
+            .map(|ms| (ms, self.offered(ms, owed)))
+            .find(|&(_, k)| k > 0)
+            .unwrap_or((RUN_MS, 0))
     }
 }
 
@@ -166,7 +185,7 @@ pub(super) struct Scenario {
 }
 
 /// What a run measured.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub(super) struct Outcome {
     /// Admissions per ms, all nodes together.
     pub(super) per_ms: Vec<u32>,
@@ -243,6 +262,9 @@ struct SimNode {
     driver: Driver,
     nodes: u64,
     owed: f64,
+    /// The next ms with requests for this node (`RUN_MS` if none), and how many; `owed`
+    /// holds what the arrivals carry from the ms before the one after it.
+    arrival: (u64, u64),
     /// The registry as this node last read it: each node's last heartbeat (ms).
     heard: Registry,
     /// The cold tier: the node count its share divides by (the largest seen within the
@@ -309,7 +331,18 @@ impl Scenario {
         2 * self.interval_ms * 1_000
     }
 
+    /// Runs the scenario, from one event to the next.
     pub(super) fn run(&self) -> Outcome {
+        self.simulate(false)
+    }
+
+    /// Runs the scenario through every ms: the reference that event-driven time must
+    /// equal.
+    pub(super) fn run_every_ms(&self) -> Outcome {
+        self.simulate(true)
+    }
+
+    fn simulate(&self, every_ms: bool) -> Outcome {
         let shape = self.shape();
         let interval_us = self.interval_ms * 1_000;
         let quota = self.quota();
@@ -333,7 +366,6 @@ impl Scenario {
         let node_ttl_us = u64::try_from(settings.node_ttl.as_micros()).expect("an hour at most");
         let n = self.nodes();
         let mut rng = Rng(self.seed | 1);
-        let ids: Vec<String> = (0..n).map(node_id).collect();
         // A node may admit on its cold keys for `share_ttl` (at least the staleness) after
         // its last read of the keys turned hot.
         let valid_us = plan.cold_valid_ns / 1_000;
@@ -364,6 +396,7 @@ impl Scenario {
                     driver: Driver::new(plan.timing, driver::seed(&node_id(i)), 0),
                     nodes: 1,
                     owed: 0.0,
+                    arrival: (0, 0),
                     heard: Registry::default(),
                     cold_nodes: n as u64,
                     cold_nodes_at: 0,
@@ -373,7 +406,7 @@ impl Scenario {
             })
             .collect();
         let mut redis = KeyState::default();
-        let mut heartbeats: BTreeMap<usize, u64> = BTreeMap::new();
+        let mut heartbeats: Vec<Option<u64>> = vec![None; n];
         let mut queue: Vec<Message> = Vec::new();
         let mut order = 0;
         let mut out = Outcome {
@@ -397,12 +430,16 @@ impl Scenario {
             Outage::Restart { at, length } => (at * 1_000, (at + length) * 1_000, true),
         };
         let mut wiped = false;
-        for ms in 0..RUN_MS {
+        for (i, node) in nodes.iter_mut().enumerate() {
+            node.arrival = self.arrivals[i].next(0, &mut node.owed);
+        }
+        let mut ms = 0;
+        while ms < RUN_MS {
             let now = ms * 1_000;
             let down = (down_from..down_until).contains(&now);
             if wipes && down && !wiped {
                 redis = KeyState::default();
-                heartbeats.clear();
+                heartbeats.fill(None);
                 // A killed Redis ran nothing that was still queued.
                 queue.clear();
                 wiped = true;
@@ -415,7 +452,7 @@ impl Scenario {
                 queue.sort_by_key(|m| (m.apply_at, m.order));
                 let due = queue.iter().take_while(|m| m.apply_at <= now).count();
                 for m in queue.drain(..due) {
-                    heartbeats.insert(m.node, now);
+                    heartbeats[m.node] = Some(now);
                     if m.announce {
                         hot_since.get_or_insert(now);
                     }
@@ -432,7 +469,7 @@ impl Scenario {
                         &nodes[m.node].id,
                         &m.request,
                         now,
-                        &m.heard,
+                        &*m.heard,
                     );
                     let node = &mut nodes[m.node];
                     let cut_back = self.cut.is_some_and(|c| c.at(m.node, ms).1);
@@ -440,9 +477,9 @@ impl Scenario {
                         if let Some(f) = node.flight.as_mut() {
                             if f.seq == m.seq && now < f.timeout_at {
                                 let latency = rng.below(self.max_latency_us) / 2 + 1;
-                                let registry = live(&heartbeats, node_ttl_us, now, &ids);
+                                let registry = live(&heartbeats, node_ttl_us, now);
                                 f.reply = Some((now + latency, answer, now));
-                                node.nodes = (registry.len() as u64).max(1);
+                                node.nodes = (registry.count as u64).max(1);
                                 f.registry = Some(registry);
                                 f.hot = hot_since.is_some();
                             }
@@ -607,11 +644,11 @@ impl Scenario {
                             Some(_) => {}
                             None => {
                                 if !lost && !late && !down {
-                                    heartbeats.insert(i, now);
+                                    heartbeats[i] = Some(now);
                                 }
                                 if !lost && !reply_lost && !late && !down {
-                                    let registry = live(&heartbeats, node_ttl_us, now, &ids);
-                                    node.nodes = (registry.len() as u64).max(1);
+                                    let registry = live(&heartbeats, node_ttl_us, now);
+                                    node.nodes = (registry.count as u64).max(1);
                                     if let Some(f) = node.flight.as_mut() {
                                         f.registry = Some(registry);
                                         f.reply = Some((now + 2 * latency, Answer::default(), now));
@@ -633,7 +670,13 @@ impl Scenario {
                     }
                 }
                 // Requests.
-                let offered = self.arrivals[i].offered(ms, &mut node.owed);
+                let offered = if node.arrival.0 == ms {
+                    let offered = node.arrival.1;
+                    node.arrival = self.arrivals[i].next(ms + 1, &mut node.owed);
+                    offered
+                } else {
+                    0
+                };
                 let admitted = admit(&node.cell, &node.policy, now_ns, offered);
                 out.per_ms[ms as usize] += admitted as u32;
                 out.node_ms[i][ms as usize] = admitted as u32;
@@ -649,10 +692,67 @@ impl Scenario {
                     seen_first[i] = true;
                 }
             }
+            ms = if every_ms {
+                ms + 1
+            } else {
+                self.next_event(ms, &nodes, &queue, (down_from, down_until, wipes))
+            };
         }
         out.quotas = nodes.iter().map(|n| n.policy.shared).collect();
         out.redis_quota = redis.global.quota;
         out
+    }
+}
+
+impl Scenario {
+    /// The first ms after `ms` in which something can happen: a node's requests, a reply
+    /// or a timeout reaching it, its driver's timer, a message reaching Redis, a fault
+    /// starting or ending, or the quota change. `down` is Redis's outage (µs) and whether
+    /// it wipes Redis.
+    fn next_event(
+        &self,
+        ms: u64,
+        nodes: &[SimNode],
+        queue: &[Message],
+        (down_from, down_until, wipes): (u64, u64, bool),
+    ) -> u64 {
+        let after = ms + 1;
+        let is_down = |at_ms: u64| (down_from..down_until).contains(&(at_ms * 1_000));
+        let mut next = RUN_MS;
+        let mut consider = |at_ms: u64| next = next.min(at_ms.max(after));
+        for node in nodes {
+            consider(node.arrival.0);
+            consider(node.driver.poll_timeout().div_ceil(1_000_000));
+            if let Some(f) = &node.flight {
+                consider(
+                    f.reply
+                        .map_or(f.timeout_at, |(at, _, _)| at)
+                        .div_ceil(1_000),
+                );
+            }
+        }
+        if let Some(first) = queue.iter().map(|m| m.apply_at.div_ceil(1_000)).min() {
+            consider(if is_down(after) && wipes {
+                // A killed Redis drops what reaches it, each ms.
+                after
+            } else if is_down(first.max(after)) {
+                // A paused one runs it when it resumes.
+                down_until.div_ceil(1_000)
+            } else {
+                first
+            });
+        }
+        for at in [down_from / 1_000, down_until / 1_000] {
+            if at > ms {
+                consider(at);
+            }
+        }
+        if let Some(change) = self.change {
+            if change.at_ms > ms {
+                consider(change.at_ms);
+            }
+        }
+        next
     }
 }
 
@@ -661,20 +761,40 @@ fn node_id(i: usize) -> String {
     format!("{i:016x}")
 }
 
-/// A registry as a node read it: each live node's last heartbeat, in ms. Shared, not
-/// copied, by the messages and replies that carry it.
-type Registry = Rc<BTreeMap<String, u64>>;
+/// A registry as a node read it: each live node's last heartbeat, in ms, by the node's
+/// index (its id is `node_id(index)`). Shared, not copied, by the messages and replies
+/// that carry it.
+type Registry = Rc<Live>;
+
+#[derive(Debug, Default)]
+struct Live {
+    last_ms: Vec<Option<u64>>,
+    count: usize,
+}
+
+impl model::Heard for Live {
+    fn last_ms(&self, id: &str) -> Option<u64> {
+        let i = usize::from_str_radix(id, 16).ok()?;
+        self.last_ms.get(i).copied().flatten()
+    }
+
+    fn live(&self) -> usize {
+        self.count
+    }
+}
 
 /// The registry as Redis holds it at `now` (µs), which a heartbeat's reply tells the
-/// node; `ids` are the nodes' ids.
-fn live(heartbeats: &BTreeMap<usize, u64>, node_ttl_us: u64, now: u64, ids: &[String]) -> Registry {
-    Rc::new(
-        heartbeats
-            .iter()
-            .filter(|&(_, &at)| at + node_ttl_us >= now)
-            .map(|(&i, &at)| (ids[i].clone(), at / 1_000))
-            .collect(),
-    )
+/// node: `heartbeats` holds each node's last (µs), by index.
+fn live(heartbeats: &[Option<u64>], node_ttl_us: u64, now: u64) -> Registry {
+    let last_ms: Vec<Option<u64>> = heartbeats
+        .iter()
+        .map(|at| {
+            at.filter(|&at| at + node_ttl_us >= now)
+                .map(|at| at / 1_000)
+        })
+        .collect();
+    let count = last_ms.iter().flatten().count();
+    Rc::new(Live { last_ms, count })
 }
 
 /// Offers `count` unit requests at `now`: the real check for a few, the same arithmetic
@@ -940,6 +1060,120 @@ mod properties {
             share_ttl_ms: 10_000,
             cold: false,
             seed,
+        }
+    }
+
+    /// Any scenario the properties generate, and more: every algorithm the sync holds, any
+    /// mix of steady, stepping and sparse arrivals, lossy links, an outage, a partition, a
+    /// quota change and the cold tier, each or together.
+    fn any_scenario() -> impl Strategy<Value = Scenario> {
+        // From one request every 10 s to 20,000/s, log-uniform: most runs have ms with
+        // nothing in them, many have long quiet spans.
+        let per_s = || (-1.0f64..4.3).prop_map(|e| 10f64.powf(e));
+        let arrivals =
+            prop::collection::vec(
+                prop_oneof![
+                    per_s().prop_map(Arrivals::Rate),
+                    (1u64..=5_000, 0u64..20_000)
+                        .prop_map(|(period_ms, from_ms)| Arrivals::Every { period_ms, from_ms }),
+                    (per_s(), per_s(), 0u64..RUN_MS)
+                        .prop_map(|(low, high, at_ms)| Arrivals::Step { low, high, at_ms }),
+                ],
+                1..=6,
+            );
+        let faults = (
+            (0u64..=50, 0u64..=50),
+            (0u8..3, 1_000u64..40_000, 1u64..8_000),
+            prop::option::of((
+                1usize..=16,
+                0u8..3,
+                1_000u64..40_000,
+                1u64..15_000,
+                1u64..500,
+                1u64..500,
+            )),
+            prop::option::weighted(0.3, (0usize..16, 1_000u64..40_000, 0usize..4)),
+        );
+        (
+            (quota(), 10u64..=200, any::<bool>(), 0u8..3, arrivals),
+            faults,
+            (
+                prop::sample::select(vec![0u64, 5_000, 10_000]),
+                any::<bool>(),
+                any::<u64>(),
+            ),
+        )
+            .prop_map(
+                |((q, interval_ms, reconcile, algorithm, arrivals), faults, rest)| {
+                    let ((rate, burst), ((lost, late), outage, cut, change)) = (q, faults);
+                    let (share_ttl_ms, cold, seed) = rest;
+                    let algorithm = [
+                        Algorithm::TokenBucket,
+                        Algorithm::SlidingWindow,
+                        Algorithm::FixedWindow,
+                    ][usize::from(algorithm)];
+                    let windowed = algorithm != Algorithm::TokenBucket;
+                    let (outage_kind, at, length) = outage;
+                    let change = change.filter(|_| !windowed).map(|(node, at_ms, factor)| {
+                        let scale = |x: u64| {
+                            if factor < 2 {
+                                x >> (2 - factor)
+                            } else {
+                                x << (factor - 1)
+                            }
+                            .max(1)
+                        };
+                        QuotaChange {
+                            at_ms,
+                            node: node % arrivals.len(),
+                            rate: scale(rate),
+                            burst: scale(burst),
+                        }
+                    });
+                    Scenario {
+                        burst: if windowed { rate } else { burst },
+                        algorithm,
+                        max_latency_us: 5_000,
+                        lost_per_mille: lost,
+                        late_per_mille: late,
+                        outage: match outage_kind {
+                            0 => Outage::None,
+                            1 => Outage::Pause { at, length },
+                            _ => Outage::Restart { at, length },
+                        },
+                        cut: cut.map(|(nodes, kind, at, length, down_ms, up_ms)| Cut {
+                            nodes,
+                            at,
+                            length,
+                            kind: match kind {
+                                0 => CutKind::Blackhole,
+                                1 => CutKind::RepliesLost,
+                                _ => CutKind::Flapping { down_ms, up_ms },
+                            },
+                        }),
+                        change: change.filter(|c| {
+                            Quota::per_second(c.rate)
+                                .and_then(|q| q.with_burst(c.burst))
+                                .is_ok_and(|q| Shape::new(Algorithm::TokenBucket, q).is_ok())
+                        }),
+                        share_ttl_ms,
+                        cold: cold && !windowed,
+                        arrivals,
+                        ..base(rate, burst, interval_ms, reconcile, seed)
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        // Each case runs twice, once through all 60,000 ms.
+        #![proptest_config(ProptestConfig { cases: 64, ..config() })]
+
+        /// Event-driven time skips only ms in which nothing happens: the outcome, every
+        /// ms of every node included, equals the run through every ms.
+        #[test]
+        fn time_driven_by_events_equals_time_in_steps(s in any_scenario()) {
+            prop_assert_eq!(s.run(), s.run_every_ms(), "{:?}", s);
         }
     }
 
