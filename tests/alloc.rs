@@ -1,7 +1,12 @@
-//! A check on an existing key allocates nothing, including `&str` lookups on a
-//! `String`-keyed limiter, denies, peeks and both algorithms.
+//! Allocation and memory, counted by the allocator: a check on an existing key allocates
+//! nothing (including `&str` lookups on a `String`-keyed limiter, denies, peeks and every
+//! algorithm), and a flood of new keys against `max_keys` holds the heap to the
+//! documented bound.
 
-use tollgate::{Algorithm, Quota, RateLimiter};
+use std::time::Duration;
+
+use tollgate::clock::ManualClock;
+use tollgate::{Algorithm, Quota, RateLimiter, WhenFull};
 use tollgate_testing::CountingAllocator;
 
 #[global_allocator]
@@ -216,5 +221,88 @@ impl CloneRequests for Vec<http::Request<()>> {
                 req
             })
             .collect()
+    }
+}
+
+/// The bytes a flood may add to the heap with `max_keys` keys held (`u64` keys): each
+/// key's 16-byte slot in a table sized for 72% load (a resize sizes it `live × 25/18`),
+/// twice over, since a resize holds the table it replaces until the checks in flight
+/// when it was replaced are done.
+fn flood_heap_bound(max_keys: u64) -> u64 {
+    const SLOT: u64 = 16;
+    2 * max_keys * SLOT * 25 / 18
+}
+
+/// Two million distinct keys against `max_keys = 100_000` while one client is being
+/// limited: the cap holds, the heap never holds more than [`flood_heap_bound`] beyond
+/// what the empty limiter held, and the limited client's decisions are exactly those of
+/// a limiter that never saw the flood.
+#[test]
+fn a_flood_of_new_keys_is_contained() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    const MAX_KEYS: usize = 100_000;
+    const FLOOD: u64 = 2_000_000;
+    for when_full in [WhenFull::EvictLeastActive, WhenFull::DenyNewKeys] {
+        let clock = ManualClock::new();
+        let reference: RateLimiter<u64, ManualClock> =
+            RateLimiter::builder("10/s burst 20".parse().unwrap())
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+        let flooded: RateLimiter<u64, ManualClock> =
+            RateLimiter::builder("10/s burst 20".parse().unwrap())
+                .clock(clock.clone())
+                .max_keys(MAX_KEYS)
+                .when_full(when_full)
+                .build()
+                .unwrap();
+        const HOT: u64 = u64::MAX;
+        // The hot key in both, so that its entry is not part of the flood's bytes.
+        let (a, b) = (flooded.check(&HOT), reference.check(&HOT));
+        assert_eq!(a, b);
+        let mut hot_admitted = u64::from(a.is_allowed());
+        let before = CountingAllocator::live_bytes();
+        let mut peak = 0u64;
+        for key in 0..FLOOD {
+            // 10 s in all.
+            clock.advance(Duration::from_micros(5));
+            flooded.check(&key);
+            if key % 100 == 99 {
+                let (a, b) = (flooded.check(&HOT), reference.check(&HOT));
+                assert_eq!(
+                    a, b,
+                    "{when_full:?}: the hot key diverged after {key} flood keys"
+                );
+                hot_admitted += u64::from(a.is_allowed());
+            }
+            if key % 10_000 == 0 {
+                assert!(
+                    flooded.len() <= MAX_KEYS,
+                    "{when_full:?}: {} keys",
+                    flooded.len()
+                );
+                peak = peak.max(CountingAllocator::live_bytes().saturating_sub(before) as u64);
+            }
+        }
+        let bound = flood_heap_bound(MAX_KEYS as u64);
+        assert!(
+            peak <= bound,
+            "{when_full:?}: the heap grew {peak} bytes, over {bound}"
+        );
+        // Checked at 0 and every 500 µs to 10 s, both included: the burst of 20, then one
+        // every 100 ms (100 ms to 10 s).
+        assert_eq!(hot_admitted, 20 + 100, "{when_full:?}");
+        let stats = flooded.stats();
+        assert!(stats.keys <= MAX_KEYS);
+        match when_full {
+            WhenFull::EvictLeastActive => assert_eq!(stats.refused_new_keys, 0, "{stats:?}"),
+            WhenFull::DenyNewKeys => assert!(stats.refused_new_keys > 0, "{stats:?}"),
+        }
+        // Every key is accounted for: held now, evicted since, or refused.
+        let accounted = stats.keys as u64
+            + stats.evicted_untouched
+            + stats.evicted_active
+            + stats.refused_new_keys;
+        assert_eq!(accounted, FLOOD + 1, "{when_full:?}: {stats:?}");
     }
 }

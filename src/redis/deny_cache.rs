@@ -601,7 +601,7 @@ mod tests {
     }
 
     /// The deterministic simulation: the in-memory engine (whose decisions equal the
-    /// scripts', as `tests/redis.rs` shows) stands in for Redis, shared by 1, 2 or 16
+    /// scripts', as `tests/redis_tier/redis.rs` shows) stands in for Redis, shared by 1, 2 or 16
     /// nodes, each with a deny cache that learns from its own replies as `RedisLimiter`
     /// does. A request the cache does not answer is decided by "Redis"; one it answers is
     /// compared, field by field, with what Redis would decide for it at that instant (its

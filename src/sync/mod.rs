@@ -170,7 +170,7 @@
 //! and this term **does not grow with the partition's length**. The simulation asserts
 //! it at every instant over 1,000 generated partitions (one node, `k` of `N`, blackholed,
 //! replies lost while requests apply, flapping; 10 s and 30 s; 2 to 16 nodes; `share_ttl`
-//! of 0, 5, 10 and 30 s), and `tests/partition.rs` confirms it on real processes behind
+//! of 0, 5, 10 and 30 s), and `tests/redis_tier/partition.rs` confirms it on real processes behind
 //! a TCP proxy. A restart that empties Redis adds `3·B + 2·N` (the fresh state starts
 //! full).
 //!

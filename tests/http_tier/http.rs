@@ -2,7 +2,7 @@
 //! plain HTTP/1.1 over TCP.
 #![cfg(all(feature = "tower", feature = "axum"))]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

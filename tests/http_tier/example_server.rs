@@ -3,7 +3,7 @@
 //! answering real HTTP requests over a socket.
 #![cfg(feature = "redis")]
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

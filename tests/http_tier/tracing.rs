@@ -2,7 +2,7 @@
 //! appear in logs.
 #![cfg(all(feature = "tracing", feature = "redis", feature = "axum"))]
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::net::SocketAddr;

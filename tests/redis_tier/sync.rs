@@ -2,7 +2,7 @@
 //! own node with its own sync task, sharing one global quota.
 #![cfg(feature = "redis")]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! gone, exact under concurrency, and typed errors instead of hangs.
 #![cfg(feature = "redis")]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -5,7 +5,7 @@
 //! without a restart.
 #![cfg(feature = "redis")]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant, SystemTime};
 

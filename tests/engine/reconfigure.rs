@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::manual;
 use tollgate::{Algorithm, ConfigError, Quota};

@@ -3,7 +3,7 @@
 //! quotas and shaping.
 #![cfg(all(feature = "tower", feature = "axum"))]
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

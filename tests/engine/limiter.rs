@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::manual;
 use tollgate::clock::ManualClock;

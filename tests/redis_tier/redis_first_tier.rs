@@ -4,7 +4,7 @@
 //! and kill) and the insurance limit of `FailMode::Local`.
 #![cfg(feature = "redis")]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,7 +1,7 @@
 //! The layer in front of a tonic server, called by tonic's own client over a socket.
 #![cfg(all(feature = "tower", feature = "tonic"))]
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use tollgate::{Algorithm, RateLimiter};
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint, Server};
 
-#[path = "../examples/greeter/mod.rs"]
+#[path = "../../examples/greeter/mod.rs"]
 mod greeter;
 
 /// A token bucket of `quota` on a still `ManualClock`.

@@ -7,7 +7,7 @@
 //! 10 s in both modes.
 #![cfg(feature = "redis")]
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -1,0 +1,20 @@
+//! The local engine: the limiter, its store and algorithms, reconfiguration, waiting and
+//! configuration files, with no process and no socket.
+//!
+//! One test binary per tier (`./scripts/test.sh --layer ...` runs one alone): the
+//! modules share one build and one link.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod concurrency;
+mod config_file;
+mod conformance;
+mod eviction;
+mod governor_equivalence;
+mod limiter;
+mod properties;
+mod quota;
+mod reclamation;
+mod reconfigure;
+mod waiting;
