@@ -75,10 +75,12 @@ threads_of() {
 # shown whole when it fails.
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
+built=$SECONDS
 cargo test --all-features --no-run --message-format=json 2>"$logs/build.err" >"$logs/build.json" || {
     cat "$logs/build.err" >&2
     exit 1
 }
+echo "test.sh: built the tests in $((SECONDS - built)) s"
 # "<target name> <package dir> <executable>" for every test harness built.
 grep '"test":true' "$logs/build.json" | grep '"executable":"/' |
     sed -n 's/.*"manifest_path":"\([^"]*\)\/Cargo.toml".*"target":{"kind":\["[a-z-]*"\].*"name":"\([^"]*\)".*"executable":"\([^"]*\)".*/\2 \1 \3/p' \
