@@ -15,6 +15,5 @@ mod governor_equivalence;
 mod limiter;
 mod properties;
 mod quota;
-mod reclamation;
 mod reconfigure;
 mod waiting;
