@@ -65,7 +65,7 @@ layer_of() {
 # pause, a failover, a sync interval) far more than they compute.
 threads_of() {
     case "$1" in
-        redis_tier) echo 6 ;;
+        redis_tier) echo 4 ;;
         *) echo "${RUST_TEST_THREADS:-2}" ;;
     esac
 }
