@@ -61,12 +61,12 @@ layer_of() {
         *) echo engine ;;
     esac
 }
-# How many tests of one binary run at once: the Redis tier's wait on real time (a
-# pause, a failover, a sync interval) far more than they compute.
+# The Redis tier's tests run 4 at a time: they wait on real time (a pause, a failover, a
+# sync interval) far more than they compute. The other binaries keep libtest's default
+# (one test per CPU, or RUST_TEST_THREADS).
 threads_of() {
     case "$1" in
-        redis_tier) echo 4 ;;
-        *) echo "${RUST_TEST_THREADS:-2}" ;;
+        redis_tier) echo "--test-threads 4" ;;
     esac
 }
 
@@ -138,7 +138,8 @@ for job in "${jobs[@]}"; do
     read -r name dir exe <<<"$job"
     target_layer=$(layer_of "$name")
     if [ "$layer" = all ] || [ "$layer" = "$target_layer" ]; then
-        run_job "$name" "$dir" "$exe" --test-threads "$(threads_of "$name")"
+        # shellcheck disable=SC2046 # no flag, or the flag and its value as two words
+        run_job "$name" "$dir" "$exe" $(threads_of "$name")
     fi
 done
 if [ "$layer" = all ] || [ "$layer" = redis ]; then
