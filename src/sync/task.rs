@@ -503,7 +503,10 @@ impl Task {
                 super::observe::sync_fallback(&self.name, true, &self.config.fail_mode);
                 self.apply_fail_mode(store);
             }
-            if silent && self.config.fail_mode == FailMode::Local {
+            // Once per timer turn, as the simulation does: a round asked for early
+            // (`sync_now`) would otherwise add another interval's credit to every
+            // reserved share.
+            if silent && timer && self.config.fail_mode == FailMode::Local {
                 self.refill_locally(store, p.nodes, p.hot.read_at.is_none());
             }
         }

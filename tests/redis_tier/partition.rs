@@ -85,7 +85,8 @@ async fn pump(
 }
 
 /// One run: `rate`/s with a burst of `rate`, three nodes offered 5× the rate split
-/// 70/15/15, node 0 through the proxy; 3 s of warm-up, the cut for `cut`, then 4 s.
+/// 70/15/15, node 0 through the proxy; 3 s of warm-up, the cut for `cut` (node 0 calling
+/// `sync_now` every ms of it), then 4 s.
 /// Returns each node's admission instants (µs from the start), and when the cut began
 /// and ended.
 async fn run(
@@ -130,6 +131,11 @@ async fn run(
         } else if state == 1 && now >= heal_at {
             proxy.set_cut(false);
             state = 2;
+        }
+        if state == 1 {
+            // The cut node also asks for a round every ms: a round that cannot run must
+            // not add to what its fallback admits.
+            nodes[0].1.sync_now();
         }
         for (i, (limiter, _)) in nodes.iter().enumerate() {
             owed[i] += offered[i] / 1_000.0;
