@@ -43,7 +43,7 @@ fi
 # - http: the tower layer, axum, hyper and tonic over real sockets, the example server,
 #   metrics and tracing;
 # - redis: every test against a real redis-server or cluster, and the Lua differential.
-# Without it, every layer runs, and the loom models and the stress test under valgrind with them.
+# Without it, every layer runs, then the loom models and the stress test under valgrind.
 layer=all
 if [ "${1:-}" = "--layer" ]; then
     layer="${2:?--layer needs engine, sim, http or redis}"
@@ -151,26 +151,6 @@ fi
 if [ "$layer" = all ] || [ "$layer" = engine ]; then
     run_job doctests "$PWD" cargo test --all-features --doc
 fi
-if [ "$layer" = all ]; then
-    # The loom models of the lock-free table's publish/freeze/migrate protocol: every
-    # interleaving with up to LOOM_MAX_PREEMPTIONS preemptions per thread. crossbeam-epoch
-    # and the table switch to loom's atomics under this cfg; a separate target directory
-    # keeps the main build's artefacts. Last in the pool: its build overlaps the Redis
-    # tier's waits.
-    run_job loom "$PWD" env LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \
-        RUSTFLAGS="--cfg tollgate_loom" \
-        cargo test -p tollgate --lib --release --target-dir target/loom loom_ -- --test-threads=1
-    # The stress test (every decision against a reference model while tiny tables
-    # resize) under valgrind's memcheck: any invalid read, write or free fails the run.
-    stress=$(grep '^stress ' "$logs/binaries" | cut -d' ' -f3)
-    if [ -z "$stress" ]; then
-        echo "test.sh: could not find the stress test binary" >&2
-        exit 1
-    fi
-    run_job valgrind "$PWD" env TOLLGATE_STRESS_PHASES="${TOLLGATE_STRESS_PHASES_VALGRIND:-2000}" \
-        valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
-        --show-leak-kinds=definite --quiet "$stress" --test-threads=1
-fi
 while [ "$running" -gt 0 ]; do
     finish_one
 done
@@ -178,3 +158,27 @@ if [ "$failed" -ne 0 ]; then
     echo "test.sh: some tests failed (their output is above)" >&2
     exit 1
 fi
+if [ "$layer" != all ]; then
+    exit 0
+fi
+
+# The loom models of the lock-free table's publish/freeze/migrate protocol: every
+# interleaving with up to LOOM_MAX_PREEMPTIONS preemptions per thread. crossbeam-epoch
+# and the table switch to loom's atomics under this cfg; a separate target directory keeps
+# the main build's artefacts.
+echo "test.sh: loom models"
+LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" RUSTFLAGS="--cfg tollgate_loom" \
+    cargo test -p tollgate --lib --release --target-dir target/loom loom_ -- --test-threads=1
+
+# The stress test (every decision against a reference model while tiny tables resize)
+# under valgrind's memcheck: any invalid read, write or free fails the run.
+echo "test.sh: stress test under valgrind"
+stress_bin=$(cargo test --all-features --test stress --no-run --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+if [ -z "$stress_bin" ]; then
+    echo "test.sh: could not find the stress test binary" >&2
+    exit 1
+fi
+TOLLGATE_STRESS_PHASES="${TOLLGATE_STRESS_PHASES_VALGRIND:-2000}" \
+    valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+    --show-leak-kinds=definite --quiet "$stress_bin" --test-threads=1

@@ -4,10 +4,18 @@
 
 /// The Redis tier's token bucket (GCRA in integer microseconds).
 pub const TOKEN_BUCKET: &str = include_str!("lua/token_bucket.lua");
-/// The Redis tier's sliding window counter.
-pub const SLIDING_WINDOW: &str = include_str!("lua/sliding_window.lua");
-/// The Redis tier's fixed window counter.
-pub const FIXED_WINDOW: &str = include_str!("lua/fixed_window.lua");
+/// The Redis tier's sliding window counter: the window counters' prelude (their
+/// arguments and clock), then its own part.
+pub const SLIDING_WINDOW: &str = concat!(
+    include_str!("lua/window_args.lua"),
+    include_str!("lua/sliding_window.lua")
+);
+/// The Redis tier's fixed window counter: the window counters' prelude, then its own
+/// part.
+pub const FIXED_WINDOW: &str = concat!(
+    include_str!("lua/window_args.lua"),
+    include_str!("lua/fixed_window.lua")
+);
 /// The background sync's round: a node's heartbeat, reports and lease requests for a
 /// batch of keys of one slot (see [`crate::sync`]).
 pub const SYNC_ROUND: &str = include_str!("lua/sync_round.lua");
