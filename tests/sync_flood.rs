@@ -11,32 +11,65 @@ use tollgate_testing::{CountingAllocator, LocalRedis};
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-/// How long the flood may go without progress (a successful round, a key dropped): the
-/// sync stalled. The deadline is on stalls, not on the whole: a loaded machine runs fewer
-/// rounds a second, each still bounded.
-const STALL: Duration = Duration::from_secs(5);
-
-/// The last time a measure of progress grew.
-#[derive(Default)]
-struct Progress {
-    best: u64,
-    at: Option<Instant>,
-}
-
-impl Progress {
-    fn saw(&mut self, measure: u64, stats: &tollgate::sync::SyncStats) {
-        let now = Instant::now();
-        if self.at.is_none() || measure > self.best {
-            self.best = measure;
-            self.at = Some(now);
-        }
-        let since = now - self.at.expect("set above");
-        assert!(since < STALL, "no progress for {since:?}: {stats:?}");
-    }
-}
-
 /// The most keys a round sends, by default.
 const ROUND_KEYS: usize = 2_000;
+
+/// The fewest keys a round shrinks to after timeouts (`RedisSync::round_keys`' docs).
+const MIN_ROUND_KEYS: usize = 50;
+
+/// The sync's interval in this test.
+const INTERVAL: Duration = Duration::from_millis(50);
+
+/// How long a key stays idle before it gives its lease back, in this test.
+const IDLE_TTL: Duration = Duration::from_secs(2);
+
+/// The most failed rounds in a row: each timeout halves the next round, so after
+/// `⌈log2(ROUND_KEYS / MIN_ROUND_KEYS)⌉` of them a round sends the fewest keys, and one
+/// that small must get through. Counted in rounds, not seconds: how fast the rounds go
+/// on a loaded machine is the machine's.
+fn most_failures_in_a_row() -> u64 {
+    let halvings = (ROUND_KEYS as f64 / MIN_ROUND_KEYS as f64).log2().ceil() as u64;
+    halvings + 1
+}
+
+/// The most successful rounds in a row that drop no key while idle keys remain: a key
+/// goes idle `IDLE_TTL` after its last check, and rounds come at least every ¾ of the
+/// interval (its jitter is ±25%); every round after that releases some of them.
+fn most_rounds_without_a_drop() -> u64 {
+    (IDLE_TTL.as_secs_f64() / (0.75 * INTERVAL.as_secs_f64())).ceil() as u64 + 1
+}
+
+/// A hang, not a speed: no phase of a flood takes this long, however loaded the machine
+/// (on an idle one each takes seconds).
+const HANG: Duration = Duration::from_secs(180);
+
+/// The sync's rounds, as the stats count them, between two looks.
+#[derive(Default)]
+struct Rounds {
+    syncs: u64,
+    errors: u64,
+    /// Failed rounds since the last successful one.
+    failed_in_a_row: u64,
+}
+
+impl Rounds {
+    fn saw(&mut self, stats: &tollgate::sync::SyncStats) {
+        if stats.syncs > self.syncs {
+            // Some of the errors since the last look may have come before the success:
+            // the streak starts again either way.
+            self.failed_in_a_row = 0;
+        } else {
+            self.failed_in_a_row += stats.errors - self.errors;
+        }
+        self.syncs = stats.syncs;
+        self.errors = stats.errors;
+        assert!(
+            self.failed_in_a_row <= most_failures_in_a_row(),
+            "{} failed rounds in a row: {stats:?}",
+            self.failed_in_a_row
+        );
+    }
+}
 
 /// Bytes allocated and not freed, in this whole process: what tollgate (and this test)
 /// hold, whatever the C allocator keeps for reuse.
@@ -60,26 +93,40 @@ async fn flood_and_forget(
     }
     assert!(limiter.len() >= 200_000, "{} keys", limiter.len());
     let mut peak = live();
-    // Every flooded key gets its round, in bounded rounds, and the sync never stops: a
-    // successful round at least every `STALL` (how fast the rounds go is the machine's).
-    let mut progress = Progress::default();
+    // Every flooded key gets its round, in bounded rounds, and the sync never falls back
+    // for good: a round that times out shrinks the next, until one gets through.
+    let mut rounds = Rounds::default();
+    rounds.saw(&handle.stats());
+    let started = Instant::now();
     loop {
         let stats = handle.stats();
         assert!(!stats.task_died, "{stats:?}");
         assert!(stats.keys_last_round <= ROUND_KEYS, "{stats:?}");
+        rounds.saw(&stats);
         if stats.keys_waiting == 0 && !stats.fallback_active {
             break;
         }
-        progress.saw(stats.syncs, &stats);
+        assert!(started.elapsed() < HANG, "hung: {stats:?}");
         // Waits for the sync task's rounds against the real Redis process.
         tokio::time::sleep(Duration::from_millis(100)).await;
         peak = peak.max(live());
     }
     // The flooded keys go idle, give their leases back and are dropped: fewer keys held
-    // at least every `STALL`.
-    let mut progress = Progress::default();
+    // at least every `most_rounds_without_a_drop` successful rounds.
+    let started = Instant::now();
+    let (mut fewest, mut syncs_then) = (limiter.len(), handle.stats().syncs);
     while limiter.len() > keys_before + 10 {
-        progress.saw(u64::MAX - limiter.len() as u64, &handle.stats());
+        let stats = handle.stats();
+        rounds.saw(&stats);
+        if limiter.len() < fewest {
+            (fewest, syncs_then) = (limiter.len(), stats.syncs);
+        }
+        assert!(
+            stats.syncs - syncs_then <= most_rounds_without_a_drop(),
+            "{} rounds without a key dropped, {fewest} keys: {stats:?}",
+            stats.syncs - syncs_then
+        );
+        assert!(started.elapsed() < HANG, "hung: {stats:?}");
         // Waits for the sync task to release the idle keys in the real Redis process.
         tokio::time::sleep(Duration::from_millis(200)).await;
         peak = peak.max(live());
@@ -99,8 +146,8 @@ async fn a_flood_of_keys_is_absorbed_and_forgotten() {
         .build_synced(
             RedisSync::new(&server.url())
                 .mode(SyncMode::Lease)
-                .interval(Duration::from_millis(50))
-                .idle_ttl(Duration::from_secs(2))
+                .interval(INTERVAL)
+                .idle_ttl(IDLE_TTL)
                 .prefix("flood"),
         )
         .unwrap();

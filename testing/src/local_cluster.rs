@@ -236,6 +236,7 @@ impl LocalCluster {
                     "the cluster's replicas did not sync",
                 ));
             }
+            // Waits for the real replicas to finish their first sync with their masters.
             thread::sleep(Duration::from_millis(50));
         }
     }
@@ -261,6 +262,7 @@ impl LocalCluster {
                     "the cluster did not reach cluster_state:ok",
                 ));
             }
+            // Waits for the real nodes to agree on the slots (after a start or a failover).
             thread::sleep(Duration::from_millis(50));
         }
     }

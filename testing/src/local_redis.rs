@@ -130,6 +130,7 @@ impl LocalRedis {
                 self.child = None;
                 return Err(io::Error::other(format!("redis-server exited: {status}")));
             }
+            // Waits for the real redis-server process to start listening.
             thread::sleep(Duration::from_millis(10));
         }
         self.stop();
