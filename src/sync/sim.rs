@@ -393,7 +393,7 @@ impl Scenario {
                     params: node_params,
                     seq: 0,
                     flight: None,
-                    driver: Driver::new(plan.timing, driver::seed(&node_id(i)), 0),
+                    driver: Driver::new(plan.timing, jitter_seed(i), 0),
                     nodes: 1,
                     owed: 0.0,
                     arrival: (0, 0),
@@ -756,9 +756,17 @@ impl Scenario {
     }
 }
 
-/// The node id of the simulation's node `i`.
+/// The node id of the simulation's node `i`: two hex digits, ordered as the indices are
+/// (as the real ids' 16 digits would be), and short, because the model's registry and
+/// records look ids up and compare them on every round.
 fn node_id(i: usize) -> String {
-    format!("{i:016x}")
+    format!("{i:02x}")
+}
+
+/// The jitter seed of node `i`: the driver's seed of a real 16-digit id, so that the
+/// schedules are those of the real ids.
+fn jitter_seed(i: usize) -> u64 {
+    driver::seed(&format!("{i:016x}"))
 }
 
 /// A registry as a node read it: each live node's last heartbeat, in ms, by the node's
