@@ -10,29 +10,66 @@
 
 use std::net::SocketAddr;
 
-use clap::Parser;
 use tollgate::http::RateLimitLayer;
 use tollgate::{Quota, RateLimiter};
 
 #[path = "greeter/mod.rs"]
 mod greeter;
 
-#[derive(Parser)]
+/// The flags, with their defaults.
 struct Args {
-    /// Where to listen.
-    #[arg(long, default_value = "127.0.0.1:0")]
+    /// Where to listen (`--addr`, 127.0.0.1:0).
     addr: SocketAddr,
-    /// Each caller's quota.
-    #[arg(long, default_value = "5/s")]
+    /// Each caller's quota (`--quota`, 5/s).
     quota: Quota,
-    /// Calls the example makes to itself before it exits (0: serve until killed).
-    #[arg(long, default_value_t = 8)]
+    /// Calls the example makes to itself before it exits (`--calls`, 8; 0: serve until
+    /// killed).
     calls: u32,
+}
+
+const USAGE: &str = "usage: tonic_greeter [--addr HOST:PORT] [--quota QUOTA] [--calls N]";
+
+impl Args {
+    /// Reads `--flag value` or `--flag=value` for each flag; an unknown flag, a missing
+    /// value or one that does not parse is an error that names it.
+    fn parse(mut words: impl Iterator<Item = String>) -> Result<Self, String> {
+        let mut args = Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            quota: "5/s".parse().map_err(|e| format!("{e}"))?,
+            calls: 8,
+        };
+        while let Some(word) = words.next() {
+            let (flag, inline) = match word.split_once('=') {
+                Some((flag, value)) => (flag.to_owned(), Some(value.to_owned())),
+                None => (word, None),
+            };
+            if flag == "--help" || flag == "-h" {
+                return Err(USAGE.to_owned());
+            }
+            let value = inline
+                .or_else(|| words.next())
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+            let bad = |e: &dyn std::fmt::Display| format!("{flag} {value:?}: {e}");
+            match flag.as_str() {
+                "--addr" => args.addr = value.parse().map_err(|e| bad(&e))?,
+                "--quota" => args.quota = value.parse().map_err(|e| bad(&e))?,
+                "--calls" => args.calls = value.parse().map_err(|e| bad(&e))?,
+                _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
+            }
+        }
+        Ok(args)
+    }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
     let limiter: RateLimiter<String> = RateLimiter::new(args.quota);
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     let addr = listener.local_addr()?;
