@@ -61,12 +61,12 @@ layer_of() {
         *) echo engine ;;
     esac
 }
-# The Redis tier's tests run 4 at a time: they wait on real time (a pause, a failover, a
+# The Redis tier's tests run 5 at a time: they wait on real time (a pause, a failover, a
 # sync interval) far more than they compute. The other binaries keep libtest's default
 # (one test per CPU, or RUST_TEST_THREADS).
 threads_of() {
     case "$1" in
-        redis_tier) echo "--test-threads 4" ;;
+        redis_tier) echo "--test-threads 5" ;;
     esac
 }
 
@@ -162,23 +162,31 @@ if [ "$layer" != all ]; then
     exit 0
 fi
 
+# After the pool, two jobs side by side: the loom models (a build, then one thread) and
+# the stress test under valgrind (one thread). In the pool they would only slow the
+# simulation, which is CPU-bound, by as much as they save.
+#
 # The loom models of the lock-free table's publish/freeze/migrate protocol: every
 # interleaving with up to LOOM_MAX_PREEMPTIONS preemptions per thread. crossbeam-epoch
 # and the table switch to loom's atomics under this cfg; a separate target directory keeps
 # the main build's artefacts.
-echo "test.sh: loom models"
-LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" RUSTFLAGS="--cfg tollgate_loom" \
+run_job loom "$PWD" env LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \
+    RUSTFLAGS="--cfg tollgate_loom" \
     cargo test -p tollgate --lib --release --target-dir target/loom loom_ -- --test-threads=1
-
 # The stress test (every decision against a reference model while tiny tables resize)
 # under valgrind's memcheck: any invalid read, write or free fails the run.
-echo "test.sh: stress test under valgrind"
-stress_bin=$(cargo test --all-features --test stress --no-run --message-format=json 2>/dev/null |
-    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
-if [ -z "$stress_bin" ]; then
+stress=$(grep '^stress ' "$logs/binaries" | cut -d' ' -f3)
+if [ -z "$stress" ]; then
     echo "test.sh: could not find the stress test binary" >&2
     exit 1
 fi
-TOLLGATE_STRESS_PHASES="${TOLLGATE_STRESS_PHASES_VALGRIND:-2000}" \
+run_job valgrind "$PWD" env TOLLGATE_STRESS_PHASES="${TOLLGATE_STRESS_PHASES_VALGRIND:-2000}" \
     valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
-    --show-leak-kinds=definite --quiet "$stress_bin" --test-threads=1
+    --show-leak-kinds=definite --quiet "$stress" --test-threads=1
+while [ "$running" -gt 0 ]; do
+    finish_one
+done
+if [ "$failed" -ne 0 ]; then
+    echo "test.sh: the loom models or the stress test under valgrind failed (above)" >&2
+    exit 1
+fi
