@@ -61,12 +61,12 @@ layer_of() {
         *) echo engine ;;
     esac
 }
-# The Redis tier's tests run 5 at a time: they wait on real time (a pause, a failover, a
+# The Redis tier's tests run 4 at a time: they wait on real time (a pause, a failover, a
 # sync interval) far more than they compute. The other binaries keep libtest's default
 # (one test per CPU, or RUST_TEST_THREADS).
 threads_of() {
     case "$1" in
-        redis_tier) echo "--test-threads 5" ;;
+        redis_tier) echo "--test-threads 4" ;;
     esac
 }
 
