@@ -134,6 +134,18 @@ run_job() {
     fi
 }
 
+# wait_for_jobs <message>: waits for every running job; if any failed, says <message>
+# and exits.
+wait_for_jobs() {
+    while [ "$running" -gt 0 ]; do
+        finish_one
+    done
+    if [ "$failed" -ne 0 ]; then
+        echo "test.sh: $1" >&2
+        exit 1
+    fi
+}
+
 for job in "${jobs[@]}"; do
     read -r name dir exe <<<"$job"
     target_layer=$(layer_of "$name")
@@ -151,13 +163,7 @@ fi
 if [ "$layer" = all ] || [ "$layer" = engine ]; then
     run_job doctests "$PWD" cargo test --all-features --doc
 fi
-while [ "$running" -gt 0 ]; do
-    finish_one
-done
-if [ "$failed" -ne 0 ]; then
-    echo "test.sh: some tests failed (their output is above)" >&2
-    exit 1
-fi
+wait_for_jobs "some tests failed (their output is above)"
 if [ "$layer" != all ]; then
     exit 0
 fi
@@ -183,10 +189,4 @@ fi
 run_job valgrind "$PWD" env TOLLGATE_STRESS_PHASES="${TOLLGATE_STRESS_PHASES_VALGRIND:-2000}" \
     valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
     --show-leak-kinds=definite --quiet "$stress" --test-threads=1
-while [ "$running" -gt 0 ]; do
-    finish_one
-done
-if [ "$failed" -ne 0 ]; then
-    echo "test.sh: the loom models or the stress test under valgrind failed (above)" >&2
-    exit 1
-fi
+wait_for_jobs "the loom models or the stress test under valgrind failed (above)"

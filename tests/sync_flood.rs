@@ -96,7 +96,6 @@ async fn flood_and_forget(
     // Every flooded key gets its round, in bounded rounds, and the sync never falls back
     // for good: a round that times out shrinks the next, until one gets through.
     let mut rounds = Rounds::default();
-    rounds.saw(&handle.stats());
     let started = Instant::now();
     loop {
         let stats = handle.stats();
@@ -115,11 +114,15 @@ async fn flood_and_forget(
     // at least every `most_rounds_without_a_drop` successful rounds.
     let started = Instant::now();
     let (mut fewest, mut syncs_then) = (limiter.len(), handle.stats().syncs);
-    while limiter.len() > keys_before + 10 {
+    loop {
+        let held = limiter.len();
+        if held <= keys_before + 10 {
+            break;
+        }
         let stats = handle.stats();
         rounds.saw(&stats);
-        if limiter.len() < fewest {
-            (fewest, syncs_then) = (limiter.len(), stats.syncs);
+        if held < fewest {
+            (fewest, syncs_then) = (held, stats.syncs);
         }
         assert!(
             stats.syncs - syncs_then <= most_rounds_without_a_drop(),

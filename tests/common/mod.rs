@@ -175,6 +175,11 @@ impl Drop for Lateness {
     }
 }
 
+/// The Redis timeout of the tests whose claim is a decision or a call count, not a
+/// latency: a call may take longer than the default 50 ms on a loaded machine, and an
+/// error is no decision.
+pub const DECISION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A `RedisLimiter` at `url` with `quota` and a short `timeout`, built once the real
 /// server answers within it (a loaded machine may miss 10 ms now and then, the first
 /// connection too), for at most until `deadline`.

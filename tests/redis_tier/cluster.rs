@@ -270,8 +270,7 @@ async fn sync_state_spreads_over_the_masters() {
     let urls = cluster.urls();
     let limiter = RedisLimiter::cluster_builder(&refs(&urls), Quota::per_minute(1).unwrap())
         .prefix("braces")
-        // Decisions, not latency: the default 50 ms is no claim of this test.
-        .timeout(Duration::from_secs(5))
+        .timeout(common::DECISION_TIMEOUT)
         .build()
         .await
         .unwrap();

@@ -474,8 +474,7 @@ async fn concurrent_tasks_admit_exactly_the_burst() {
 async fn server_time_is_the_default_clock() {
     let server = server();
     let l = RedisLimiter::builder(&server.url(), "2/s".parse().unwrap())
-        // Decisions, not latency: the default 50 ms is no claim of this test.
-        .timeout(Duration::from_secs(5))
+        .timeout(common::DECISION_TIMEOUT)
         .build()
         .await
         .unwrap();

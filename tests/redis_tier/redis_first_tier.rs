@@ -91,8 +91,7 @@ async fn a_flood_costs_one_call_per_retry_interval_not_one_per_request() {
         let limiter = RedisLimiter::builder(&server.url(), q)
             .prefix(prefix)
             .local_deny_cache(cached)
-            // Calls and admissions, not latency: the default 50 ms is no claim here.
-            .timeout(Duration::from_secs(5))
+            .timeout(common::DECISION_TIMEOUT)
             .build()
             .await
             .unwrap();
@@ -254,9 +253,7 @@ async fn cached_decisions_are_identical_to_redis_over_random_timelines() {
                 .prefix(&format!("diff{seed}-{cached}"))
                 .caller_clock(clock.clone())
                 .local_deny_cache(cached)
-                // The claim is about decisions, not latency: a call may take longer than
-                // the default 50 ms on a loaded machine, and an error is no decision.
-                .timeout(Duration::from_secs(5))
+                .timeout(common::DECISION_TIMEOUT)
                 .build()
         };
         let with = build(true, q).await.unwrap();
@@ -323,8 +320,7 @@ async fn a_reset_or_a_quota_change_invalidates_the_cache() {
     let clock = ManualClock::new();
     let limiter = RedisLimiter::builder(&server.url(), quota("1/min"))
         .caller_clock(clock.clone())
-        // Decisions, not latency: the default 50 ms is no claim of this test.
-        .timeout(Duration::from_secs(5))
+        .timeout(common::DECISION_TIMEOUT)
         .build()
         .await
         .unwrap();
