@@ -33,9 +33,10 @@ if ! command -v cargo >/dev/null 2>&1; then
     fi
 fi
 
-# With arguments, they go to one plain `cargo test --all-features` and nothing else runs.
+# With arguments, they go to one plain `cargo test --workspace --all-features` and nothing
+# else runs.
 if [ $# -gt 0 ] && [ "$1" != "--layer" ]; then
-    exec cargo test --all-features "$@"
+    exec cargo test --workspace --all-features "$@"
 fi
 # `--layer engine|sim|http|redis` runs one layer's binaries alone:
 # - engine: the local limiter, its store, algorithms and waiting (no process, no socket);
@@ -48,11 +49,13 @@ layer=all
 if [ "${1:-}" = "--layer" ]; then
     layer="${2:?--layer needs engine, sim, http or redis}"
 fi
-# Each layer's tests share one binary (tests/engine/, tests/http_tier/, tests/redis_tier/),
-# except those that need a process of their own: a counting allocator (alloc,
-# sync_flood), the default key prefix (secrets), the process-wide reclamation of retired
-# tables (reclamation: another test's check in flight holds them back), and the stress
-# test that valgrind runs.
+# Each layer's tests share one binary (tests/engine/, tests/http_tier/, tests/redis_tier/).
+# The tests that need a process to themselves share tests/isolated/, which runs once per
+# module, each run a process of its own: a counting allocator (alloc, sync_flood), the
+# default key prefix (secrets), the process-wide reclamation of retired tables
+# (reclamation: another test's check in flight holds them back). The stress test that
+# valgrind runs has its own binary.
+isolated_modules="sync_flood secrets alloc reclamation"
 layer_of() {
     case "$1" in
         tollgate) echo sim ;;
@@ -81,7 +84,7 @@ built=$SECONDS
 # from the same artefacts: the other examples and the benches are compiled by clippy's
 # check of every target, not twice.
 {
-    cargo test --all-features --lib --tests --no-run --message-format=json &&
+    cargo test --workspace --all-features --lib --tests --no-run --message-format=json &&
         cargo build --profile test --all-features --example server --quiet
 } 2>"$logs/build.err" >"$logs/build.json" || {
     cat "$logs/build.err" >&2
@@ -93,17 +96,28 @@ grep '"test":true' "$logs/build.json" | grep '"executable":"/' |
     sed -n 's/.*"manifest_path":"\([^"]*\)\/Cargo.toml".*"target":{"kind":\["[a-z-]*"\].*"name":"\([^"]*\)".*"executable":"\([^"]*\)".*/\2 \1 \3/p' \
     >"$logs/binaries"
 
+# "<label> <package dir> <executable> [filter]": one job per binary, and one per module of
+# tests/isolated/ (its label the module's, its filter `<module>::`).
+while read -r name dir exe; do
+    if [ "$name" = isolated ]; then
+        for module in $isolated_modules; do
+            echo "$module $dir $exe $module::"
+        done
+    else
+        echo "$name $dir $exe"
+    fi
+done <"$logs/binaries" >"$logs/jobs"
 # The longest first, so that the pool ends together.
 order="redis_tier tollgate sync_flood stress http_tier"
 jobs=()
 for name in $order; do
-    line=$(grep "^$name " "$logs/binaries" || true)
+    line=$(grep "^$name " "$logs/jobs" || true)
     [ -n "$line" ] && jobs+=("$line")
 done
-while read -r name dir exe; do
+while read -r name rest; do
     case " $order " in *" $name "*) continue ;; esac
-    jobs+=("$name $dir $exe")
-done <"$logs/binaries"
+    jobs+=("$name $rest")
+done <"$logs/jobs"
 
 failed=0
 running=0
@@ -147,11 +161,11 @@ wait_for_jobs() {
 }
 
 for job in "${jobs[@]}"; do
-    read -r name dir exe <<<"$job"
+    read -r name dir exe filter <<<"$job"
     target_layer=$(layer_of "$name")
     if [ "$layer" = all ] || [ "$layer" = "$target_layer" ]; then
-        # shellcheck disable=SC2046 # no flag, or the flag and its value as two words
-        run_job "$name" "$dir" "$exe" $(threads_of "$name")
+        # shellcheck disable=SC2046,SC2086 # no flag, or the flag and its value as two words
+        run_job "$name" "$dir" "$exe" $filter $(threads_of "$name")
     fi
 done
 if [ "$layer" = all ] || [ "$layer" = redis ]; then

@@ -4,7 +4,8 @@
 //! drop; [`LocalCluster`] starts a local Redis Cluster the same way. They need
 //! `redis-server` (and, for the cluster, `redis-cli`) on `PATH`; `./scripts/test.sh`
 //! installs both. Neither depends on tollgate: they manage processes and hand out URLs
-//! (and, for a test's own commands, a redis-rs connection).
+//! (and, for a test's own commands, a redis-rs connection). [`example_server`] finds the
+//! example server's binary that the tests run.
 // `unsafe` only in `alloc`, the counting allocator.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -16,3 +17,25 @@ mod local_redis;
 pub use alloc::CountingAllocator;
 pub use local_cluster::{ClusterNode, LocalCluster};
 pub use local_redis::LocalRedis;
+
+/// The example server (`server/examples/server`), built beside the calling test's binary:
+/// tests live in `target/<profile>/deps`, examples in `target/<profile>/examples`.
+/// `./scripts/test.sh` builds it (`cargo build --profile test --example server`).
+///
+/// # Panics
+/// When it is not built, saying how to build it.
+pub fn example_server() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("a test binary lives in target/<profile>/deps");
+    let path = dir.join("examples").join("server");
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build --profile test --example server` \
+         (./scripts/test.sh does)",
+        path.display()
+    );
+    path
+}

@@ -19,31 +19,6 @@ pub fn manual(
     (limiter, clock)
 }
 
-/// Serves `app` on 127.0.0.1 at an ephemeral port, with each connection's address as
-/// axum's `ConnectInfo`; the server runs until the test's runtime ends.
-pub async fn serve(app: axum::Router) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
-}
-
-/// The example server, built by `cargo test` beside the test's binary.
-pub fn example_server() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let path = dir.join("examples").join("server");
-    assert!(path.exists(), "{} is not built", path.display());
-    path
-}
-
 /// The largest `count − rate·t` over any interval of admissions, i.e. the smallest `b`
 /// with "at most `b + rate·t` in any interval of length `t`".
 pub fn excess_over_rate(admitted: &[u64], rate_per_us: f64) -> f64 {

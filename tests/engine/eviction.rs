@@ -1,6 +1,6 @@
 //! Eviction without losing decisions: dropping untouched keys changes nothing, and a full
 //! limiter evicts its least active key. (A flood of new keys against the cap, with the
-//! memory it may take, is in `tests/alloc.rs`, whose allocator counts the bytes.)
+//! memory it may take, is in `tests/isolated/alloc.rs`, whose allocator counts the bytes.)
 
 use std::time::Duration;
 

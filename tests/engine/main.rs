@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod architecture;
 mod concurrency;
 mod config_file;
 mod conformance;

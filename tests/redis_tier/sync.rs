@@ -6,11 +6,11 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{example_server, excess_over_rate};
+use common::excess_over_rate;
 use tollgate::clock::Clock;
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
-use tollgate_testing::LocalRedis;
+use tollgate_testing::{LocalRedis, example_server};
 
 fn server() -> LocalRedis {
     LocalRedis::start().expect("these tests need redis-server (./scripts/test.sh installs it)")

@@ -1,6 +1,5 @@
 //! The `metrics` facade sees exact totals: after concurrent checks from several threads,
 //! with and without a `stats()` call, for evictions, sync rounds and Redis errors.
-#![cfg(feature = "metrics")]
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -9,15 +9,6 @@ use tollgate::clock::ManualClock;
 use tollgate::{Algorithm, Quota, RateLimiter, WhenFull};
 use tollgate_testing::CountingAllocator;
 
-#[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
-
-/// Serialises the tests of this file. Counting is per thread, but a write path (an
-/// insert, a peek) frees what other threads retired if any is pending, and the lists it
-/// sorts that into are allocations: another test's table resizes, still held by one of
-/// its checks in flight, could show up here.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// Peeks at `keys` (uncounted, consuming nothing, retiring nothing): this thread claims
 /// its record (its first guard's one allocation) and frees anything the test's inserts
 /// retired, so that what is measured is the steady state.
@@ -34,7 +25,7 @@ fn allocations_in(f: impl FnOnce()) -> usize {
 
 #[test]
 fn checks_on_existing_keys_do_not_allocate() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = super::alone();
     for algorithm in Algorithm::ALL {
         let limiter: RateLimiter<String> = RateLimiter::builder(Quota::per_second(50).unwrap())
             .algorithm(algorithm)
@@ -95,7 +86,7 @@ fn the_http_layer_adds_no_allocation_to_an_admitted_request() {
     use tollgate::http::{KeyExtractor, RateLimitLayer};
     use tower::{Layer, Service};
 
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = super::alone();
 
     /// Calls `service` once with `req` and polls the response out (every future here is
     /// ready at once).
@@ -239,7 +230,7 @@ fn flood_heap_bound(max_keys: u64) -> u64 {
 /// a limiter that never saw the flood.
 #[test]
 fn a_flood_of_new_keys_is_contained() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = super::alone();
     const MAX_KEYS: usize = 100_000;
     const FLOOD: u64 = 2_000_000;
     for when_full in [WhenFull::EvictLeastActive, WhenFull::DenyNewKeys] {

@@ -1,7 +1,7 @@
 //! A tonic gRPC greeter behind tollgate's layer, keyed by the caller's address.
 //!
 //! ```text
-//! cargo run --release --example tonic_greeter -- --addr 127.0.0.1:50051 --quota "5/s"
+//! cargo run --release -p tollgate-http-tests --example tonic_greeter -- --addr 127.0.0.1:50051 --quota "5/s"
 //! ```
 //!
 //! It serves `helloworld.Greeter/SayHello`, then calls itself eight times in a row with

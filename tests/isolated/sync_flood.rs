@@ -1,5 +1,5 @@
-//! A flood of 200,000 distinct keys through a synced limiter, in a process of its own so
-//! that the bytes its allocator counts are this test's alone.
+//! A flood of 200,000 distinct keys through a synced limiter, with the process to itself
+//! so that the bytes its allocator counts are this test's alone.
 #![cfg(feature = "redis")]
 
 use std::time::{Duration, Instant};
@@ -7,9 +7,6 @@ use std::time::{Duration, Instant};
 use tollgate::sync::{RedisSync, SyncMode, SyncedLimiter};
 use tollgate::{Quota, RateLimiter};
 use tollgate_testing::{CountingAllocator, LocalRedis};
-
-#[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// The most keys a round sends, by default.
 const ROUND_KEYS: usize = 2_000;
@@ -143,6 +140,7 @@ async fn flood_and_forget(
 /// than the first (a leak of 1% of its keys' strings would show).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_keys_is_absorbed_and_forgotten() {
+    let _alone = super::alone_async().await;
     let server =
         LocalRedis::start().expect("this test needs redis-server (./scripts/test.sh installs it)");
     let (limiter, handle) = RateLimiter::<String>::builder(Quota::per_second(100).unwrap())

@@ -14,10 +14,6 @@ use tollgate_testing::{LocalCluster, LocalRedis};
 
 const PASSWORD: &str = "hunter2-Xq9";
 
-/// The tests run one at a time: each starts synced limiters under the default prefix
-/// (the ACL user's key patterns name it), and a process refuses a prefix already in use.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// The ACL user `app` (password `app-pw-77`) with the keys both tiers write:
 /// `tollgate:…` and the sync's registry `{tollgate}:…`.
 const APP_USER: [&str; 8] = [
@@ -72,7 +68,7 @@ fn all_keys(port: u16, password: &str) -> String {
 /// credentials, fail with a typed error with wrong ones, and never show a password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwords_and_acl_users_work_and_never_show() {
-    let _serial = SERIAL.lock().await;
+    let _alone = super::alone_async().await;
     let server = LocalRedis::start_with(&["--requirepass", PASSWORD]).unwrap();
     let status = Command::new("redis-cli")
         .args([
@@ -156,7 +152,7 @@ async fn passwords_and_acl_users_work_and_never_show() {
 /// default user's password and with an ACL user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_with_a_password_works() {
-    let _serial = SERIAL.lock().await;
+    let _alone = super::alone_async().await;
     let cluster =
         LocalCluster::start_with_password(3, 0, Duration::from_secs(2), PASSWORD).unwrap();
     for port in cluster.ports() {
@@ -211,7 +207,7 @@ async fn one_cluster_user(cluster: &LocalCluster, user: &str, password: &str) {
 /// name: only its keyed digest. Nodes with the same secret share a limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hashed_keys_keep_tokens_out_of_redis() {
-    let _serial = SERIAL.lock().await;
+    let _alone = super::alone_async().await;
     let server = LocalRedis::start_with(&["--requirepass", PASSWORD]).unwrap();
     let url = with_password(&server.url(), "", PASSWORD);
     let token = "Bearer sk_live_51H8xyzSECRET";
@@ -350,7 +346,7 @@ fn certificates(dir: &Path) {
 /// both tiers work when told to trust that CA, and fail with a typed error otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_works_with_a_trusted_ca_only() {
-    let _serial = SERIAL.lock().await;
+    let _alone = super::alone_async().await;
     let dir = std::env::temp_dir().join(format!("tollgate-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     certificates(&dir);

@@ -1,21 +1,18 @@
 //! The layer with real servers and a real hyper client over sockets: composition with
 //! tower-http, request-aware keys, exemptions, key checks, deny hooks, per-group
 //! quotas and shaping.
-#![cfg(all(feature = "tower", feature = "axum"))]
-
-use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::serve;
 use axum::Router;
 use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::routing;
 use bytes::Bytes;
-use common::serve;
 use http::{HeaderMap, Method, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;

@@ -1,15 +1,12 @@
 //! `tracing` events and the layer's decision hook: what they carry, and that keys never
 //! appear in logs.
-#![cfg(all(feature = "tracing", feature = "redis", feature = "axum"))]
-
-use crate::common;
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::serve;
+use crate::serve;
 use tollgate::http::{DecisionEvent, KeyExtractor, RateLimitLayer};
 use tollgate::redis::{FailMode, RedisLimiter};
 use tollgate::{Quota, RateLimiter};

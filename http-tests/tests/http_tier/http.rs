@@ -1,8 +1,7 @@
 //! The HTTP layer over real sockets: an axum app served on 127.0.0.1:0, spoken to with
 //! plain HTTP/1.1 over TCP.
-#![cfg(all(feature = "tower", feature = "axum"))]
 
-use crate::common;
+use crate::limiter;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -10,16 +9,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::serve;
 use axum::Router;
 use axum::routing;
-use common::serve;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tollgate::clock::ManualClock;
+use tollgate::RateLimiter;
 use tollgate::http::{
     ErrorBody, HeaderStyle, KeyExtractor, MissingKey, RateLimitLayer, RequestHead, key_fn,
 };
-use tollgate::{Algorithm, RateLimiter};
 
 /// A response as it came over the wire.
 #[derive(Debug)]
@@ -74,11 +72,6 @@ async fn status(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> u16 {
 
 async fn get(addr: SocketAddr, path: &str) -> Reply {
     get_with(addr, path, &[]).await
-}
-
-/// A token bucket of `quota` on a still `ManualClock`.
-fn limiter(quota: &str) -> (RateLimiter<String, ManualClock>, ManualClock) {
-    common::manual(Algorithm::TokenBucket, quota)
 }
 
 /// An app whose handler counts its calls.
@@ -497,25 +490,9 @@ mod server_binary {
 
     use super::*;
 
-    fn binary() -> std::path::PathBuf {
-        // Tests live in target/<profile>/deps; `cargo test` builds examples next door.
-        let deps = std::env::current_exe()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .to_path_buf();
-        let path = deps.parent().unwrap().join("examples").join("server");
-        assert!(
-            path.exists(),
-            "{} is missing: run the tests with cargo test, which builds the examples",
-            path.display()
-        );
-        path
-    }
-
     /// Starts the server on a free port; returns it and its address.
     fn start(flags: &[&str]) -> (Child, SocketAddr) {
-        let mut child = Command::new(binary())
+        let mut child = Command::new(tollgate_testing::example_server())
             .args(["--listen", "127.0.0.1:0"])
             .args(flags)
             .stdout(Stdio::piped())
@@ -618,7 +595,10 @@ mod server_binary {
                 "cannot be leased out",
             ),
         ] {
-            let out = Command::new(binary()).args(flags).output().unwrap();
+            let out = Command::new(tollgate_testing::example_server())
+                .args(flags)
+                .output()
+                .unwrap();
             assert_eq!(out.status.code(), Some(2), "{flags:?}");
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(stderr.contains(says), "{flags:?}: {stderr}");

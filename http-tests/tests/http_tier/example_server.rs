@@ -1,16 +1,13 @@
 //! The example server (`cargo run --release --example server`) with Redis: `--sync off`
 //! (the Redis script on every request) and `--redis-cluster` seeds, in every sync mode,
 //! answering real HTTP requests over a socket.
-#![cfg(feature = "redis")]
-
-use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::example_server;
+use tollgate_testing::example_server;
 use tollgate_testing::{LocalCluster, LocalRedis};
 
 /// The example server, killed on drop.

@@ -1,24 +1,16 @@
 //! The layer in front of a tonic server, called by tonic's own client over a socket.
-#![cfg(all(feature = "tower", feature = "tonic"))]
 
-use crate::common;
+use crate::limiter;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tollgate::clock::ManualClock;
 use tollgate::http::{GrpcCode, KeyExtractor, RateLimitLayer};
-use tollgate::{Algorithm, RateLimiter};
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint, Server};
 
 #[path = "../../examples/greeter/mod.rs"]
 mod greeter;
-
-/// A token bucket of `quota` on a still `ManualClock`.
-fn limiter(quota: &str) -> (RateLimiter<String, ManualClock>, ManualClock) {
-    common::manual(Algorithm::TokenBucket, quota)
-}
 
 /// Serves the greeter behind `layer` on an ephemeral port; returns a connected channel.
 async fn serve(layer: RateLimitLayer) -> Channel {
