@@ -1180,7 +1180,9 @@ fn redis_cached_deny(_: &mut Criterion) {}
 
 #[cfg(not(feature = "redis"))]
 fn redis_tier(_: &mut Criterion) {
-    eprintln!("redis_tier skipped: run `cargo bench -p tollgate-benches --all-features` to measure the Redis tier");
+    eprintln!(
+        "redis_tier skipped: run `cargo bench -p tollgate-benches --all-features` to measure the Redis tier"
+    );
 }
 
 #[cfg(not(feature = "redis"))]

@@ -82,10 +82,12 @@ trap 'rm -rf "$logs"' EXIT
 built=$SECONDS
 # The library's and the test binaries, then the one example a test runs (the server),
 # from the same artefacts: the other examples and the benches are compiled by clippy's
-# check of every target, not twice.
+# check of every target, not twice. Every cargo command here names the whole workspace:
+# another set of packages would resolve other features and compile the dependencies
+# again.
 {
     cargo test --workspace --all-features --lib --tests --no-run --message-format=json &&
-        cargo build --profile test --all-features --example server --quiet
+        cargo build --workspace --profile test --all-features --example server --quiet
 } 2>"$logs/build.err" >"$logs/build.json" || {
     cat "$logs/build.err" >&2
     exit 1
@@ -175,7 +177,7 @@ if [ "$layer" = all ] || [ "$layer" = redis ]; then
     run_job differential "$PWD" "$lib" --ignored
 fi
 if [ "$layer" = all ] || [ "$layer" = engine ]; then
-    run_job doctests "$PWD" cargo test --all-features --doc
+    run_job doctests "$PWD" cargo test --workspace --all-features --doc
 fi
 wait_for_jobs "some tests failed (their output is above)"
 if [ "$layer" != all ]; then
