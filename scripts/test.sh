@@ -49,7 +49,8 @@ layer=all
 if [ "${1:-}" = "--layer" ]; then
     layer="${2:?--layer needs engine, sim, http or redis}"
 fi
-# Each layer's tests share one binary (tests/engine/, tests/http_tier/, tests/redis_tier/).
+# Each layer's tests share one binary (tests/engine/, tests/redis_tier/, and
+# http-tests/tests/http_tier/ in a package of its own, unoptimised).
 # The tests that need a process to themselves share tests/isolated/, which runs once per
 # module, each run a process of its own: a counting allocator (alloc, sync_flood), the
 # default key prefix (secrets), the process-wide reclamation of retired tables
