@@ -3,7 +3,6 @@
 //! `Debug`, `Display`, an error, the stats or a Redis key name.
 #![cfg(feature = "redis")]
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -286,7 +285,8 @@ async fn hashed_keys_keep_tokens_out_of_redis() {
 }
 
 /// Makes a CA and a server certificate for 127.0.0.1 signed by it, in `dir`.
-fn certificates(dir: &Path) {
+#[cfg(feature = "tls")]
+fn certificates(dir: &std::path::Path) {
     let run = |args: &[&str]| {
         let out = Command::new("openssl")
             .args(args)
@@ -344,6 +344,7 @@ fn certificates(dir: &Path) {
 
 /// `rediss://` to a TLS-only redis-server whose certificate the test's own CA signed:
 /// both tiers work when told to trust that CA, and fail with a typed error otherwise.
+#[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_works_with_a_trusted_ca_only() {
     let _alone = super::alone_async().await;
