@@ -56,7 +56,6 @@ fi
 # default key prefix (secrets), the process-wide reclamation of retired tables
 # (reclamation: another test's check in flight holds them back). The stress test that
 # valgrind runs has its own binary.
-isolated_modules="sync_flood secrets alloc reclamation"
 layer_of() {
     case "$1" in
         tollgate) echo sim ;;
@@ -100,12 +99,14 @@ grep '"test":true' "$logs/build.json" | grep '"executable":"/' |
     >"$logs/binaries"
 
 # "<label> <package dir> <executable> [filter]": one job per binary, and one per module of
-# tests/isolated/ (its label the module's, its filter `<module>::`).
+# tests/isolated/ (its label the module's, its filter `<module>::`), the modules as the
+# binary lists its tests.
 while read -r name dir exe; do
     if [ "$name" = isolated ]; then
-        for module in $isolated_modules; do
-            echo "$module $dir $exe $module::"
-        done
+        "$exe" --list --format terse </dev/null | sed -n 's/^\([a-z_]*\)::.*: test$/\1/p' | sort -u |
+            while read -r module; do
+                echo "$module $dir $exe $module::"
+            done
     else
         echo "$name $dir $exe"
     fi

@@ -1,23 +1,11 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)] // each test crate uses its own subset
 
-use tollgate::clock::ManualClock;
-use tollgate::{Algorithm, RateLimiter};
-
-/// A `String`-keyed limiter running `algorithm` at `quota` (a quota string) on a
-/// `ManualClock` at 0, with that clock.
-pub fn manual(
-    algorithm: Algorithm,
-    quota: &str,
-) -> (RateLimiter<String, ManualClock>, ManualClock) {
-    let clock = ManualClock::new();
-    let limiter = RateLimiter::builder(quota.parse().unwrap())
-        .algorithm(algorithm)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    (limiter, clock)
-}
+// `manual` has a file of its own, with no cargo feature in it, so that the HTTP tier's
+// package (`http-tests/`, which has none of this package's features) includes it too.
+mod manual;
+#[allow(unused_imports)] // each test crate uses its own subset
+pub use manual::manual;
 
 /// The largest `count − rate·t` over any interval of admissions, i.e. the smallest `b`
 /// with "at most `b + rate·t` in any interval of length `t`".

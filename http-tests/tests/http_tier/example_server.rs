@@ -7,8 +7,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use tollgate_testing::example_server;
-use tollgate_testing::{LocalCluster, LocalRedis};
+use tollgate_testing::{LocalCluster, LocalRedis, example_server};
 
 /// The example server, killed on drop.
 struct Server {

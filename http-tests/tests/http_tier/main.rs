@@ -15,19 +15,17 @@ mod http_layer;
 mod metrics;
 mod tracing;
 
+#[path = "../../../tests/common/manual.rs"]
+mod manual;
+
+use tollgate::Algorithm;
+use tollgate::RateLimiter;
 use tollgate::clock::ManualClock;
-use tollgate::{Algorithm, RateLimiter};
 
 /// A token bucket of `quota` (a quota string) on a still `ManualClock` at 0, with that
 /// clock.
 pub fn limiter(quota: &str) -> (RateLimiter<String, ManualClock>, ManualClock) {
-    let clock = ManualClock::new();
-    let limiter = RateLimiter::builder(quota.parse().unwrap())
-        .algorithm(Algorithm::TokenBucket)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    (limiter, clock)
+    manual::manual(Algorithm::TokenBucket, quota)
 }
 
 /// Serves `app` on 127.0.0.1 at an ephemeral port, with each connection's address as
