@@ -203,6 +203,78 @@ fn keyed_10k(c: &mut Criterion) {
     group.finish();
 }
 
+/// A 1,000-key set in steady use whose requests come about one period apart (T =
+/// 100 µs, burst 1: a client pacing itself at its limit; about half the checks denied),
+/// against the same T and burst over a 1 h period (nothing can ever be swept), the
+/// smallest period (1 ns: every key back to untouched between any two checks) and
+/// governor at T = 100 µs. The sweep must leave the set alone: the store's counters are
+/// printed after each run (evicted and resized should not move once the set is in).
+fn churn_1k(c: &mut Criterion) {
+    const SET: u64 = 1_000;
+    let keys: Vec<Vec<u64>> = (1..=2)
+        .map(|t| key_sequence(0x2545_f491 * t, SET))
+        .collect();
+    let t = Duration::from_micros(100);
+    let quotas = [
+        ("token-bucket/period_T", Quota::new(1, t)),
+        (
+            "token-bucket/period_1h",
+            Quota::new(36_000_000, Duration::from_secs(3_600)),
+        ),
+        (
+            "token-bucket/period_1ns",
+            Quota::new(1, Duration::from_nanos(1)),
+        ),
+    ];
+    let mut group = c.benchmark_group("churn_1k");
+    for threads in [1, 2] {
+        for (name, quota) in quotas.clone() {
+            let quota = quota.and_then(|q| q.with_burst(1)).expect("valid quota");
+            let limiter = tollgate(Algorithm::TokenBucket, quota);
+            let id = BenchmarkId::new(name, format!("{threads}_thread"));
+            let contender = Tollgate(limiter);
+            for key in 0..SET {
+                contender.check(key);
+            }
+            let before = contender.0.stats();
+            let check = |thread: usize, i: usize| contender.check(keys[thread][i & (SEQUENCE - 1)]);
+            group.bench_function(id, |b| {
+                b.iter_custom(|iters| run_threads(threads, iters, &check))
+            });
+            let after = contender.0.stats();
+            eprintln!(
+                "churn_1k/{name}/{threads}_thread: {} keys evicted, {} resizes while measured",
+                after.evicted_untouched - before.evicted_untouched,
+                after.resizes - before.resizes
+            );
+        }
+        let governor = Governor(governor::RateLimiter::keyed(
+            governor::Quota::with_period(t).expect("non-zero period"),
+        ));
+        let id = BenchmarkId::new("governor/period_T", format!("{threads}_thread"));
+        bench_keyed_set(&mut group, id, &governor, threads, &keys, SET);
+    }
+    group.finish();
+}
+
+/// As [`bench_keyed`], over a set of `set` keys.
+fn bench_keyed_set(
+    group: &mut Group<'_>,
+    id: BenchmarkId,
+    limiter: &dyn Check,
+    threads: usize,
+    keys: &[Vec<u64>],
+    set: u64,
+) {
+    for key in 0..set {
+        limiter.check(key);
+    }
+    let check = |thread: usize, i: usize| limiter.check(keys[thread][i & (SEQUENCE - 1)]);
+    group.bench_function(id, |b| {
+        b.iter_custom(|iters| run_threads(threads, iters, &check))
+    });
+}
+
 /// The check path's reference designs (benches/support/reference.rs) on the keyed_10k
 /// workload, beside tollgate's token bucket and governor in the same run; and tollgate
 /// and governor each on a clock that never moves, which shows what of a check is the TSC
@@ -1193,7 +1265,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, reference_10k, counters, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
+    targets = keyed_10k, churn_1k, reference_10k, counters, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
 }
 
 fn main() {

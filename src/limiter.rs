@@ -572,12 +572,14 @@ impl<K: Key, C: Clock> Builder<K, C> {
     }
 
     /// Whether keys whose state is back to untouched are dropped as the limiter goes:
-    /// every new key moves its shard's eviction hand over two entries and drops those
-    /// untouched for at least one period of their quota, so memory follows the number of
-    /// active keys at O(1) cost per insert. Dropping an untouched key changes no decision;
-    /// the period of grace keeps keys that come back soon from being dropped and
-    /// re-inserted over and over. On by default; turn it off only to keep every key until
-    /// [`reset`](RateLimiter::reset) or `max_keys`.
+    /// when a new key finds its shard's table full, the table is swept before it is
+    /// rebuilt, and the keys untouched for 4 periods of their quota and 1 s at least, or
+    /// for one period and since the table's previous full sweep, are dropped. Memory thus
+    /// follows the keys in use at O(1) cost per insert (amortised), and a key that comes
+    /// back within a table's span or within a second is never dropped and re-inserted
+    /// over and over, whatever its period: a set of keys in use is left alone. Dropping
+    /// an untouched key changes no decision. On by default; turn it off only to keep
+    /// every key until [`reset`](RateLimiter::reset) or `max_keys`.
     pub fn sweep_untouched(mut self, sweep: bool) -> Self {
         self.sweep = sweep;
         self

@@ -70,6 +70,21 @@ impl FixedWindow {
         }
     }
 
+    /// The instant from which `word` is untouched, judged at `now` (any instant at or
+    /// after its last write, give or take a window): the end of its window if it counts
+    /// anything. Unlike [`evaluate`](Self::evaluate) at an earlier instant, this reads
+    /// the tag against `now`, so a state written after some instant never looks untouched
+    /// at it. A state ahead of `now` (a later clock's) is untouched from `u64::MAX`.
+    pub(crate) fn untouched_from(&self, word: u64, now: u64) -> u64 {
+        if word & ((1u64 << self.count_bits) - 1) == 0 {
+            return 0;
+        }
+        match super::window_of(word >> self.count_bits, now / self.period, self.tag_mask()) {
+            Some(window) => window.saturating_add(1).saturating_mul(self.period),
+            None => u64::MAX,
+        }
+    }
+
     /// Units counted against the current window at `now`.
     pub(crate) fn consumed(&self, word: u64, now: u64) -> u64 {
         self.view(word, now).3

@@ -238,6 +238,21 @@ impl WordPolicy {
         self.snapshot(state, now).reset_after_ns()
     }
 
+    /// Nanoseconds from `since` until `state` is untouched for good, judged at `now` (at
+    /// or after the state's last write): 0 when it has been untouched since `since` at
+    /// least, so that a key untouched since then can go. Exact for the buckets, whose
+    /// states are instants; for the windows, read against `now`'s window, so a key
+    /// written after `since` never passes for untouched at `since`.
+    pub(crate) fn untouched_wait(&self, state: u64, now: u64, since: u64) -> u64 {
+        match &self.kind {
+            WordKind::TokenBucket(_) | WordKind::LeakyBucket(_) => {
+                self.reset_after_ns(state, since)
+            }
+            WordKind::FixedWindow(f) => f.untouched_from(state, now).saturating_sub(since),
+            WordKind::SlidingWindow(w) => w.untouched_from(state, now).saturating_sub(since),
+        }
+    }
+
     /// This policy's state for a key whose state was `state` under `from` (the same
     /// algorithm with another quota). Consumed units carry over, capped at this quota's
     /// capacity: a change never refills a key. See each algorithm for the details.
@@ -355,7 +370,69 @@ impl PartialEq for Divisor {
 
 impl Eq for Divisor {}
 
+/// The absolute window of a window counter's `tag` (the window's low bits, `mask`
+/// wide), judged from `now_window`: the latest window at or before it with that tag, or
+/// `None` if the tag lies ahead of it (within half the tag's range: a later clock's) or
+/// more than half the range behind (ancient, but ambiguous: kept).
+fn window_of(tag: u64, now_window: u64, mask: u64) -> Option<u64> {
+    let behind = now_window.wrapping_sub(tag) & mask;
+    if behind > mask / 2 {
+        return None;
+    }
+    Some(now_window.saturating_sub(behind))
+}
+
 /// Clamps a `u128` nanosecond count to `u64`.
 fn clamp_ns(ns: u128) -> u64 {
     u64::try_from(ns).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A window counter written after an instant never passes for untouched at it, even
+    /// many windows earlier, or when a later clock wrote it ahead of `now`'s window (the
+    /// tag is read against `now`, not against the earlier instant); the buckets' states
+    /// are instants and judge any instant exactly.
+    #[test]
+    fn a_state_written_later_is_never_untouched_earlier() {
+        const SEC: u64 = 1_000_000_000;
+        for algorithm in [
+            Algorithm::TokenBucket,
+            Algorithm::LeakyBucket,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+        ] {
+            let Ok(Plan::Word(p)) = Plan::new(algorithm, Quota::per_second(5).unwrap()) else {
+                panic!("{algorithm:?} is a word algorithm")
+            };
+            let written_at = 100 * SEC + SEC / 2;
+            let Outcome::Allow { state, .. } = p.evaluate(UNTOUCHED, written_at, 1) else {
+                panic!("{algorithm:?}: a fresh key admits one unit")
+            };
+            for since in [0, 10 * SEC, 98 * SEC, 99 * SEC + 1, written_at - 1] {
+                for now in [written_at, written_at + SEC / 4, written_at - SEC / 2] {
+                    assert!(
+                        p.untouched_wait(state, now, since) > 0,
+                        "{algorithm:?}: written at {written_at}, untouched at {since} (now {now})"
+                    );
+                }
+            }
+            // Long after, it is untouched, and was from its reset on.
+            let later = 200 * SEC;
+            let reset = written_at + p.reset_after_ns(state, written_at);
+            assert_eq!(
+                p.untouched_wait(state, later, reset + SEC),
+                0,
+                "{algorithm:?}"
+            );
+            assert_eq!(
+                p.untouched_wait(state, later, later - SEC),
+                0,
+                "{algorithm:?}"
+            );
+            assert_eq!(p.untouched_wait(UNTOUCHED, later, 0), 0, "{algorithm:?}");
+        }
+    }
 }

@@ -129,6 +129,28 @@ impl SlidingWindow {
         self.pack(now / self.period, 0, used)
     }
 
+    /// The instant from which `word` is untouched, judged at `now` (see
+    /// [`FixedWindow::untouched_from`](super::fixed_window::FixedWindow::untouched_from)):
+    /// two windows after its own if its current count is not zero, one if only the
+    /// previous one is.
+    pub(crate) fn untouched_from(&self, word: u64, now: u64) -> u64 {
+        let count_mask = (1u64 << self.count_bits) - 1;
+        let (prev, cur) = ((word >> self.count_bits) & count_mask, word & count_mask);
+        let windows = match (prev, cur) {
+            (0, 0) => return 0,
+            (_, 0) => 1,
+            _ => 2,
+        };
+        match super::window_of(
+            word >> (2 * self.count_bits),
+            now / self.period,
+            self.tag_mask,
+        ) {
+            Some(window) => window.saturating_add(windows).saturating_mul(self.period),
+            None => u64::MAX,
+        }
+    }
+
     /// Time from the view's instant until the counters are both zero again.
     fn reset_after(&self, v: &View, prev: u64, cur: u64) -> u128 {
         let to_window_end = u128::from(self.period - v.elapsed);

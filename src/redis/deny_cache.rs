@@ -45,8 +45,9 @@
 //! resets and quota changes invalidate the fronts too.
 //!
 //! # Memory
-//! Entries live in the crate's sharded [`Store`]: bounded by `max_keys`, swept by its
-//! eviction hand once their instant has passed, and, when full, the entry nearest its
+//! Entries live in the crate's sharded [`Store`]: bounded by `max_keys`, dropped by the
+//! sweep of a full shard table once their instant has passed (and stayed past since the
+//! shard's previous full sweep), and, when the cache is full, the entry nearest its
 //! expiry makes room.
 
 use std::sync::Arc;
@@ -788,15 +789,19 @@ mod tests {
     #[test]
     fn expired_entries_are_swept_as_new_ones_come() {
         // 1/min: the sweep waits one period (60 s) past an entry's expiry.
-        let cache = DenyCache::new(CachePolicy::new(Algorithm::FixedWindow, quota(1, 1)), 1_000);
+        let cache = DenyCache::new(
+            CachePolicy::new(Algorithm::FixedWindow, quota(1, 1)),
+            100_000,
+        );
         for i in 0..100u64 {
             cache.learn(&format!("old{i}"), cache.generation(), 0, denied(1_000_000));
         }
         assert_eq!(cache.len(), 100);
-        // Two minutes later, each new entry's insert moves its shard's hand over two
-        // entries, dropping the expired ones.
+        // Two minutes later, new entries fill the shards' tables: each full table drops
+        // the entries untouched since its previous fill (and for a period), so by a
+        // shard's second fill its expired entries are gone, and the live ones all stay.
         let later = 120_000_000;
-        for i in 0..300u64 {
+        for i in 0..3_000u64 {
             cache.learn(
                 &format!("new{i}"),
                 cache.generation(),
@@ -804,7 +809,11 @@ mod tests {
                 denied(later + 1),
             );
         }
-        assert_eq!(cache.len(), 300, "the expired entries went as the new came");
+        assert_eq!(
+            cache.len(),
+            3_000,
+            "the expired entries went as the new came"
+        );
     }
 
     #[test]

@@ -158,7 +158,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
     {
         let rehash = self.rehash();
         if self.limits.sweep {
-            self.counts.swept(shard.sweep_on_insert(now, &rehash));
+            self.counts.swept(shard.sweep_if_full(now, &rehash));
         }
         self.counts.take_place(
             || shard.make_room(now, self.limits.when_full, &rehash),

@@ -18,9 +18,9 @@
 //! unit request denied recently is answered from a per-thread cache without touching the
 //! shard at all (see [`deny_cache`]).
 //!
-//! Memory stays bounded without losing decisions: every insert moves its shard's
-//! eviction hand over a couple of keys and drops those back to untouched, and
-//! `max_keys` caps the total (see [`WhenFull`]).
+//! Memory stays bounded without losing decisions: an insert that finds its shard's table
+//! full sweeps it first and drops the keys idle for a while (see [`Sweep`]: never a key
+//! in use, whatever its period), and `max_keys` caps the total (see [`WhenFull`]).
 
 mod counts;
 pub(crate) mod deny_cache;
@@ -41,9 +41,10 @@ use crate::algorithm::Policy;
 use crate::error::InsufficientCapacity;
 use crate::rng::XorShift;
 
-/// How many keys the eviction hand visits per inserted key, dropping the untouched
-/// ones: enough to keep pace with inserts, small enough to be O(1) per insert.
-const SWEEP_PER_INSERT: usize = 2;
+/// A full table's sweep drops a key untouched for this many periods of its quota ...
+const IDLE_PERIODS: u64 = 4;
+/// ... and at least this long (1 s), even if it was touched since the last such sweep.
+const IDLE_FLOOR_NS: u64 = 1_000_000_000;
 /// How far the hand looks for an untouched key when the store is full.
 const SCAN_WHEN_FULL: usize = 32;
 /// How many random keys the sampled eviction compares.
@@ -84,19 +85,23 @@ impl Room {
 }
 
 /// One pass of an eviction hand, as both stores run it: each key visited is dropped if
-/// it is back to untouched (which changes no decision) — with `grace`, only if untouched
-/// for at least one period of its quota, so that keys that come back soon are not
-/// dropped and re-inserted over and over.
+/// it is back to untouched (which changes no decision). With a `grace` (the time the
+/// shard's table was last swept full), only keys untouched for a while go: for
+/// [`IDLE_PERIODS`] periods of their quota and [`IDLE_FLOOR_NS`] at least, or for one
+/// period and since that last sweep. A key that comes back at any point of a table's
+/// span, or within a second, stays, so keys in use are not dropped and re-inserted over
+/// and over, whatever their period; a flood of keys that go idle is dropped after about
+/// one span.
 struct Sweep {
     now: u64,
-    grace: bool,
+    grace: Option<u64>,
     dropped: usize,
     /// The soonest time (ns from now) at which a visited survivor will be droppable.
     soonest: u64,
 }
 
 impl Sweep {
-    fn new(now: u64, grace: bool) -> Self {
+    fn new(now: u64, grace: Option<u64>) -> Self {
         Self {
             now,
             grace,
@@ -107,11 +112,14 @@ impl Sweep {
 
     /// When a key of a quota of `period_ns` must have been untouched since to go.
     fn since(&self, period_ns: u64) -> u64 {
-        if self.grace {
-            // Untouched at `now − period` means untouched ever since.
-            self.now.saturating_sub(period_ns)
-        } else {
-            self.now
+        match self.grace {
+            // Untouched at an instant means untouched ever since.
+            Some(swept) => {
+                let idle = period_ns.saturating_mul(IDLE_PERIODS).max(IDLE_FLOOR_NS);
+                let spanned = self.now.saturating_sub(period_ns).min(swept);
+                spanned.max(self.now.saturating_sub(idle))
+            }
+            None => self.now,
         }
     }
 

@@ -12,7 +12,7 @@ use std::hash::Hash;
 use super::key_quotas::KeyQuotas;
 use super::state::State;
 use super::table::{Entry, Table};
-use super::{Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, Sweep, WhenFull, least_costly};
+use super::{Room, SAMPLES, SCAN_WHEN_FULL, Sweep, WhenFull, least_costly};
 use crate::algorithm::Policy;
 use crate::rng::XorShift;
 
@@ -25,6 +25,9 @@ pub(crate) struct Shard<K, S: State> {
     key_quotas: KeyQuotas<K, S::Policy>,
     /// The eviction hand: the next entry position the sweep looks at.
     hand: usize,
+    /// When (clock ns) the last full table was swept: the next full sweep keeps every
+    /// key touched since.
+    swept: u64,
     /// Xorshift state for sampling.
     rng: XorShift,
 }
@@ -36,6 +39,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
             policy,
             key_quotas: KeyQuotas::new(),
             hand: 0,
+            swept: 0,
             rng: XorShift::new(seed),
         }
     }
@@ -137,7 +141,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         &mut self,
         now: u64,
         steps: usize,
-        grace: bool,
+        grace: Option<u64>,
         rehash: &impl Fn(&K) -> u64,
     ) -> (usize, u64) {
         let mut sweep = Sweep::new(now, grace);
@@ -162,9 +166,20 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         sweep.finish()
     }
 
-    /// The amortised lossless sweep run on every insert.
-    pub(crate) fn sweep_on_insert(&mut self, now: u64, rehash: &impl Fn(&K) -> u64) -> usize {
-        self.sweep(now, SWEEP_PER_INSERT, true, rehash).0
+    /// The lossless sweep run before an insert, only when the table is full (the insert
+    /// would grow its index): drops the keys untouched for a period and since the last
+    /// such sweep (see [`Sweep`]), so the keys in use stay whatever their period, then
+    /// grows the index now if the keys left fill more than 60% of it (so that a quarter of
+    /// the table's inserts separate two full sweeps: O(1) per insert, amortised). Returns
+    /// how many keys were dropped.
+    pub(crate) fn sweep_if_full(&mut self, now: u64, rehash: &impl Fn(&K) -> u64) -> usize {
+        if !self.table.is_full() {
+            return 0;
+        }
+        let since = std::mem::replace(&mut self.swept, now);
+        let (dropped, _) = self.sweep(now, self.table.len(), Some(since), rehash);
+        self.table.grow_if_above(3, 5, rehash);
+        dropped
     }
 
     /// Makes room for one key in a full store: an untouched key near the hand if there is
@@ -177,7 +192,7 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         rehash: &impl Fn(&K) -> u64,
     ) -> Room {
         let before = self.table.len();
-        let (dropped, soonest) = self.sweep(now, SCAN_WHEN_FULL, false, rehash);
+        let (dropped, soonest) = self.sweep(now, SCAN_WHEN_FULL, None, rehash);
         if dropped > 0 {
             return Room::Untouched;
         }

@@ -149,6 +149,18 @@ impl<K: Eq, S> Table<K, S> {
         self.index[slot] = value;
     }
 
+    /// Whether the next insert grows the index.
+    pub(crate) fn is_full(&self) -> bool {
+        (self.entries.len() + 1) * MAX_LOAD_DEN > self.index.len() * MAX_LOAD_NUM
+    }
+
+    /// Grows the index now if the entries fill more than `num / den` of it.
+    pub(crate) fn grow_if_above(&mut self, num: usize, den: usize, rehash: impl Fn(&K) -> u64) {
+        if self.entries.len() * den > self.index.len() * num {
+            self.grow(&rehash);
+        }
+    }
+
     fn grow(&mut self, rehash: &impl Fn(&K) -> u64) {
         self.rebuild((self.index.len() * 13 / 10).max(MIN_CAPACITY), rehash);
     }

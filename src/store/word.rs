@@ -33,8 +33,7 @@ use super::epoch_table::{EpochTable, Guard, Slot, Table, Word, Writer, reclaim};
 use super::hash::{KeyHashing, for_table};
 use super::key_quotas::KeyQuotas;
 use super::{
-    Limits, Room, SAMPLES, SCAN_WHEN_FULL, SWEEP_PER_INSERT, StoreStats, Sweep, WhenFull, fits,
-    least_costly,
+    Limits, Room, SAMPLES, SCAN_WHEN_FULL, StoreStats, Sweep, WhenFull, fits, least_costly,
 };
 use crate::algorithm::{Outcome, Policy, UNTOUCHED, WordPolicy};
 use crate::decision::Decision;
@@ -44,11 +43,28 @@ use crate::rng::XorShift;
 
 /// The smallest table a shard keeps.
 const MIN_CAPACITY: usize = 8;
-/// A resize sizes the table for this load: 72%, so it grows by about 1.2× at 86%, and
-/// a `u64` key averages about 21 bytes (16-byte slots, ~79% full). Fuller tables cost
-/// the 10k-key check more in probe length than they save in memory.
+/// A shrink sizes the table for this load: 72%.
 const TARGET_LOAD_NUM: usize = 18;
 const TARGET_LOAD_DEN: usize = 25;
+/// A full table grows only if its keys in use, after the sweep, fill more than 60% of it;
+/// otherwise it is rebuilt at its size, leaving at least a quarter of it for new keys
+/// before the next rebuild (so the full sweep is O(1) per insert, amortised). See
+/// [`WordStore::rebuild_full`].
+const GROW_ABOVE_NUM: usize = 3;
+const GROW_ABOVE_DEN: usize = 5;
+/// Tables below this many slots (256 KiB of `u64` keys) grow 4× at a time: few rebuilds
+/// while the memory is small.
+const QUICK_GROWTH_BELOW: usize = 1 << 14;
+
+/// The capacity a full table of `capacity` slots grows to: 4× while small, then 1.25×,
+/// which keeps a `u64` key at about 21 bytes (16-byte slots, 69–86% full).
+fn grown(capacity: usize) -> usize {
+    if capacity < QUICK_GROWTH_BELOW {
+        capacity * 4
+    } else {
+        capacity + capacity / 4
+    }
+}
 
 /// The policies a shard's checks read with its table.
 struct Policies<K> {
@@ -89,6 +105,9 @@ impl<K: Hash + Eq> Policies<K> {
 struct Hand {
     /// Live keys in the current table.
     live: usize,
+    /// When (clock ns) the last full table was rebuilt: the sweep of the next full table
+    /// keeps every key touched since.
+    built: u64,
     /// The next slot the eviction hand looks at.
     at: usize,
     /// Xorshift state for sampling.
@@ -195,6 +214,7 @@ impl<K: crate::Key> WordStore<K> {
                 .map(|i| {
                     let hand = Hand {
                         live: 0,
+                        built: 0,
                         at: 0,
                         rng: XorShift::new(hasher.hash_one(i)),
                     };
@@ -359,19 +379,14 @@ impl<K: crate::Key> WordStore<K> {
         if let Some((slot, _)) = table.find(hash, |k| k.borrow() == key) {
             return Ok(decide(slot));
         }
-        if self.limits.sweep {
-            let (dropped, _) = self.sweep(&mut writer, guard, now, SWEEP_PER_INSERT, true);
-            self.counts.swept(dropped);
-        }
         if let Err(retry_after_ns) = self.counts.take_place(
             || self.make_room(&mut writer, guard, now),
             || self.denies.invalidate(),
         ) {
             return Ok(Some(self.counts.refusal(policy.capacity(), retry_after_ns)));
         }
-        let live = writer.state().live;
         if !writer.has_room(guard) {
-            self.resize(&mut writer, guard, live + 1);
+            self.rebuild_full(&mut writer, guard, now);
         }
         match writer.insert(guard, hash, key.to_owned(), UNTOUCHED) {
             Ok(slot) => {
@@ -389,6 +404,50 @@ impl<K: crate::Key> WordStore<K> {
         }
     }
 
+    /// Rebuilds a full table (live and removed slots at the load limit). With sweeping
+    /// on, first drops the keys untouched for a period and since the last such rebuild
+    /// (see [`Sweep`]): the keys in use stay, whatever their period. Then sizes the new
+    /// table for what the last rebuild's span showed:
+    /// - the keys left fill at most 60% of it: the same size without the removed slots,
+    ///   or, under an eighth, a table they fill 30% of (every key inserted since the last
+    ///   rebuild is among them, so the smaller table takes as many inserts again before it
+    ///   is full: it does not regrow at once);
+    /// - more, and nothing was dropped (the keys are all in use: growth): [`grown`];
+    /// - more, after drops: [`grown`] but at most 2×. Either the keys in use outnumber
+    ///   what one span holds (they come back after a drop: the table grows until a span
+    ///   covers them), or a flood of keys goes idle, and then the keys carried over fill
+    ///   at least 30% of the larger table, so its next span inserts at most 56% of it, all
+    ///   of which a rebuild's sweep finds under 60%: growth stops, and the flood is held to
+    ///   about two spans' worth of keys. (Growth by more than 2.3× would not stop.)
+    fn rebuild_full(
+        &self,
+        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        guard: &Guard<'_>,
+        now: u64,
+    ) {
+        let capacity = writer.table(guard).capacity();
+        let mut dropped = 0;
+        if self.limits.sweep {
+            let built = writer.state().built;
+            dropped = self.sweep(writer, guard, now, capacity, Some(built)).0;
+            self.counts.swept(dropped);
+        }
+        writer.state().built = now;
+        let needed = writer.state().live + 1;
+        let capacity = if needed * GROW_ABOVE_DEN <= capacity * GROW_ABOVE_NUM {
+            if needed * 8 < capacity {
+                (needed * 10 / 3).max(MIN_CAPACITY)
+            } else {
+                capacity
+            }
+        } else if dropped == 0 {
+            grown(capacity)
+        } else {
+            grown(capacity).min(capacity * 2)
+        };
+        self.resize_to(writer, guard, capacity);
+    }
+
     /// Migrates the shard to a table sized for `live` keys at the target load, with the
     /// same policies, leaving removed slots behind.
     fn resize(
@@ -398,6 +457,17 @@ impl<K: crate::Key> WordStore<K> {
         live: usize,
     ) {
         let capacity = (live * TARGET_LOAD_DEN / TARGET_LOAD_NUM).max(MIN_CAPACITY);
+        self.resize_to(writer, guard, capacity);
+    }
+
+    /// Migrates the shard to a table of `capacity` slots (more if its live keys need
+    /// them), with the same policies, leaving removed slots behind.
+    fn resize_to(
+        &self,
+        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        guard: &Guard<'_>,
+        capacity: usize,
+    ) {
         let meta = writer.table(guard).meta.clone();
         writer.migrate(guard, capacity, meta, self.rehash(), |_, state| state);
         self.retired(writer);
@@ -437,7 +507,7 @@ impl<K: crate::Key> WordStore<K> {
         guard: &Guard<'_>,
         now: u64,
         steps: usize,
-        grace: bool,
+        grace: Option<u64>,
     ) -> (usize, u64) {
         let table = writer.table(guard);
         let capacity = table.capacity();
@@ -457,17 +527,14 @@ impl<K: crate::Key> WordStore<K> {
             };
             visited += 1;
             let policy = self.slot_policy(table, slot);
-            let wait = policy.reset_after_ns(state, sweep.since(policy.quota().period_ns()));
+            let since = sweep.since(policy.quota().period_ns());
+            let wait = policy.untouched_wait(state, now, since);
             // A check that changed the state meanwhile keeps the key.
             if sweep.visit(wait, || writer.remove_unchanged(slot, state)) {
                 writer.state().live -= 1;
             }
         }
-        let (dropped, soonest) = sweep.finish();
-        if dropped > 0 {
-            self.shrink_if_sparse(writer, guard);
-        }
-        (dropped, soonest)
+        sweep.finish()
     }
 
     /// Makes room for one key in a full store: an untouched key near the hand if there is
@@ -479,8 +546,9 @@ impl<K: crate::Key> WordStore<K> {
         guard: &Guard<'_>,
         now: u64,
     ) -> Room {
-        let (dropped, soonest) = self.sweep(writer, guard, now, SCAN_WHEN_FULL, false);
+        let (dropped, soonest) = self.sweep(writer, guard, now, SCAN_WHEN_FULL, None);
         if dropped > 0 {
+            self.shrink_if_sparse(writer, guard);
             return Room::Untouched;
         }
         let table = writer.table(guard);
@@ -834,6 +902,30 @@ mod tests {
         store.set_key_quota("k".to_owned(), None, 0);
         assert_eq!(store.peek("k", 0, 1).unwrap().remaining(), 95);
         assert_eq!(store.policy_of("k").quota().limit(), 100);
+    }
+
+    /// One shard growing to 250,000 keys in use (2M keys over the 8 shards of 2 CPUs):
+    /// 4× while the table is under 2¹⁴ slots, then 1.25×, so 16 rebuilds in all, and the
+    /// table ends at least 68% full (0.86 / 1.25).
+    #[test]
+    fn growth_takes_few_rebuilds_and_keeps_the_table_full() {
+        let quota = Quota::new(1, Duration::from_secs(3600)).unwrap();
+        let limits = Limits {
+            sweep: true,
+            ..limits(1, usize::MAX)
+        };
+        let store: WordStore<u64> = WordStore::new(limits, WordPolicy::token_bucket(quota));
+        for key in 0..250_000u64 {
+            assert!(store.check(&key, || key, 1, u64::MAX).unwrap().is_allowed());
+        }
+        let stats = store.stats();
+        assert_eq!(stats.keys, 250_000);
+        assert!(stats.resizes <= 16, "{stats:?}");
+        let capacity = with_guard(|g| store.shards[0].read(g).capacity());
+        assert!(
+            capacity * 68 <= 250_000 * 100,
+            "{capacity} slots for 250,000 keys"
+        );
     }
 
     #[test]

@@ -103,3 +103,70 @@ fn a_full_limiter_evicts_the_least_active_key() {
         }
     }
 }
+
+/// A set of keys in steady use is never swept away, however its requests are paced: a
+/// client pacing itself at its limit (requests about one period apart), the same with
+/// the smallest period (1 ns, every key back to untouched between any two checks), and
+/// scheduling pauses that leave every key untouched at once. One new key per round (a
+/// passer-by, the realistic seed of a sweep) must not start a chain of drops and
+/// re-inserts: only passers-by may be dropped, and the tables stop being rebuilt once
+/// the set fits.
+#[test]
+fn a_key_set_in_use_is_never_swept() {
+    const KEYS: u64 = 1_000;
+    const ROUNDS: u64 = 200;
+    for (period, algorithm) in [
+        (Duration::from_micros(100), Algorithm::TokenBucket),
+        (Duration::from_micros(100), Algorithm::LeakyBucket),
+        (Duration::from_micros(100), Algorithm::FixedWindow),
+        (Duration::from_micros(100), Algorithm::SlidingWindow),
+        (Duration::from_micros(100), Algorithm::SlidingLog),
+        (Duration::from_nanos(1), Algorithm::TokenBucket),
+    ] {
+        let clock = ManualClock::new();
+        let limiter: RateLimiter<u64, ManualClock> =
+            RateLimiter::builder(tollgate::Quota::new(1, period).unwrap())
+                .algorithm(algorithm)
+                .clock(clock.clone())
+                .shards(8)
+                .build()
+                .unwrap();
+        let step = (period / KEYS as u32).max(Duration::from_nanos(1));
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut order: Vec<u64> = (0..KEYS).collect();
+        let mut warm = None;
+        for round in 0..ROUNDS {
+            // A fresh random order each round: a key's gaps range over 0‥2 periods.
+            for i in (1..order.len()).rev() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                order.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+            for &key in &order {
+                limiter.check(&key);
+                clock.advance(step);
+            }
+            if round % 10 == 9 {
+                clock.advance(Duration::from_millis(1));
+            }
+            limiter.check(&(KEYS + round));
+            if round == 9 {
+                warm = Some(limiter.stats());
+            }
+        }
+        let (warm, stats) = (warm.unwrap(), limiter.stats());
+        // Every key inserted is either held or was dropped, so the keys of the set that
+        // came back after a drop are what the inserts add beyond one passer-by per round.
+        let inserted = |s: &tollgate::StoreStats| s.keys as u64 + s.evicted_untouched;
+        let returned = inserted(&stats) - inserted(&warm) - (ROUNDS - 10);
+        assert_eq!(
+            returned, 0,
+            "{algorithm:?} at {period:?}: keys in use were swept: {warm:?} then {stats:?}"
+        );
+        assert!(
+            stats.resizes - warm.resizes <= 16,
+            "{algorithm:?} at {period:?}: tables rebuilt over and over: {warm:?} then {stats:?}"
+        );
+    }
+}

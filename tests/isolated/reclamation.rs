@@ -73,7 +73,7 @@ fn an_idle_thread_holds_back_no_table_across_400_quota_changes() {
     thread.join().unwrap();
 }
 
-/// Ten cycles of growing to 200,000 keys (dozens of resizes per shard) and removing every
+/// Ten cycles of growing to 200,000 keys (a dozen or more resizes per shard) and removing every
 /// key again (shrinks), with an idle thread throughout: after every cycle no retired
 /// table is left, and the tables are back to their smallest.
 #[test]
@@ -94,7 +94,7 @@ fn an_idle_thread_holds_back_nothing_across_grow_and_shrink_cycles() {
         let stats = limiter.stats();
         assert_eq!(stats.keys, 0, "cycle {cycle}: {stats:?}");
         assert!(
-            stats.resizes - before > 8 * 20,
+            stats.resizes - before > 8 * 12,
             "cycle {cycle}: too few resizes to test anything: {stats:?}"
         );
         assert_eq!(stats.retired_tables, 0, "cycle {cycle}: {stats:?}");
