@@ -1260,6 +1260,185 @@ fn redis_tier(_: &mut Criterion) {
 #[cfg(not(feature = "redis"))]
 fn redis_cluster(_: &mut Criterion) {}
 
+/// Percentiles of a sample of latencies (ns): p50, p99, p99.99 and the maximum.
+fn percentiles(sample: &mut [u32]) -> [u32; 4] {
+    sample.sort_unstable();
+    let at = |q: f64| sample[((sample.len() - 1) as f64 * q) as usize];
+    [
+        at(0.5),
+        at(0.99),
+        at(0.9999),
+        sample.last().copied().unwrap_or(0),
+    ]
+}
+
+/// The tail of new keys while the tables grow: 2 threads, each inserting a new key every
+/// 4 operations and otherwise checking a key it inserted before, until `keys` keys exist
+/// (100 per hour: every key stays in use);
+/// every operation timed alone. Rounds alternate tollgate and governor. Prints each
+/// round's p50, p99, p99.99 and max, for new keys' first checks and existing keys'
+/// checks.
+fn growth_tail(quick: bool) {
+    let (keys, rounds) = if quick {
+        (20_000u64, 1)
+    } else {
+        (2_000_000u64, 3)
+    };
+    let per_thread = keys / 2;
+    println!("\ngrowth_tail: 0 → {keys} keys on 2 threads, a new key every 4 operations (ns)");
+    for round in 0..rounds {
+        type Make = Box<dyn Fn() -> Box<dyn Check>>;
+        let contenders: [(&str, Make); 2] = [
+            (
+                "tollgate",
+                Box::new(|| {
+                    let quota = Quota::per_hour(100).expect("valid quota");
+                    Box::new(Tollgate(tollgate(Algorithm::TokenBucket, quota)))
+                }),
+            ),
+            (
+                "governor",
+                Box::new(|| {
+                    Box::new(Governor(governor::RateLimiter::keyed(
+                        governor::Quota::per_hour(NonZeroU32::new(100).expect("non-zero")),
+                    )))
+                }),
+            ),
+        ];
+        // Each round, the other one first: the first to run in a process maps its heap.
+        let mut contenders = contenders;
+        if round % 2 == 1 {
+            contenders.reverse();
+        }
+        for (name, make) in contenders {
+            let limiter = make();
+            let start = Barrier::new(2);
+            let (mut new, mut old): (Vec<u32>, Vec<u32>) = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..2u64)
+                    .map(|thread| {
+                        let (limiter, start) = (&limiter, &start);
+                        s.spawn(move || {
+                            let mut new = Vec::with_capacity(per_thread as usize);
+                            let mut old = Vec::with_capacity(3 * per_thread as usize);
+                            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ thread;
+                            start.wait();
+                            for i in 0..per_thread {
+                                let key = (i << 1) | thread;
+                                let t0 = Instant::now();
+                                black_box(limiter.check(key));
+                                new.push(t0.elapsed().as_nanos() as u32);
+                                for _ in 0..3 {
+                                    x ^= x << 13;
+                                    x ^= x >> 7;
+                                    x ^= x << 17;
+                                    let key = ((x % (i + 1)) << 1) | thread;
+                                    let t0 = Instant::now();
+                                    black_box(limiter.check(key));
+                                    old.push(t0.elapsed().as_nanos() as u32);
+                                }
+                            }
+                            (new, old)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .fold((Vec::new(), Vec::new()), |(mut n, mut o), h| {
+                        let (a, b) = h.join().expect("growth thread");
+                        n.extend(a);
+                        o.extend(b);
+                        (n, o)
+                    })
+            });
+            let [n50, n99, n9999, nmax] = percentiles(&mut new);
+            let [o50, o99, o9999, omax] = percentiles(&mut old);
+            println!(
+                "growth_tail/{name}/round {round}: new key p50 {n50} p99 {n99} p99.99 {n9999} max {nmax}; existing p50 {o50} p99 {o99} p99.99 {o9999} max {omax}"
+            );
+        }
+    }
+}
+
+/// Checks while the default quota changes: 2 threads check `keys` existing keys (each
+/// check timed alone) for a while, with and without a third thread calling
+/// `set_default_quota` every 10 ms (alternating two quotas). Prints p50, p99, p99.99 and
+/// max of the checks, and the mean time of a quota change.
+fn quota_change_tail(quick: bool) {
+    let (keys, checks) = if quick {
+        (20_000u64, 200_000u64)
+    } else {
+        (2_000_000u64, 3_000_000u64)
+    };
+    println!(
+        "\nquota_change_tail: 2 threads checking {keys} keys; a quota change every 10 ms or none (ns)"
+    );
+    let quotas = [
+        Quota::per_second(100).expect("valid quota"),
+        Quota::per_second(200).expect("valid quota"),
+    ];
+    let limiter = tollgate(Algorithm::TokenBucket, quotas[0]);
+    for key in 0..keys {
+        limiter.check(&key);
+    }
+    for changing in [false, true, false, true] {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let start = Barrier::new(2);
+        let (mut sample, changes) = std::thread::scope(|s| {
+            let changer = s.spawn(|| {
+                let mut times = Vec::new();
+                let mut i = 0;
+                while changing && !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(10));
+                    let t0 = Instant::now();
+                    limiter
+                        .set_default_quota(quotas[i % 2])
+                        .expect("valid quota");
+                    times.push(t0.elapsed());
+                    i += 1;
+                }
+                times
+            });
+            let handles: Vec<_> = (0..2u64)
+                .map(|thread| {
+                    let (limiter, start) = (&limiter, &start);
+                    s.spawn(move || {
+                        let mut sample = Vec::with_capacity(checks as usize);
+                        let mut x = 0x2545_f491_4f6c_dd1du64 ^ (thread + 1);
+                        start.wait();
+                        for _ in 0..checks {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let key = x % keys;
+                            let t0 = Instant::now();
+                            black_box(limiter.check(&key));
+                            sample.push(t0.elapsed().as_nanos() as u32);
+                        }
+                        sample
+                    })
+                })
+                .collect();
+            let sample: Vec<u32> = handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("checking thread"))
+                .collect();
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            (sample, changer.join().expect("changer"))
+        });
+        let [p50, p99, p9999, max] = percentiles(&mut sample);
+        let mean_change = if changes.is_empty() {
+            Duration::ZERO
+        } else {
+            changes.iter().sum::<Duration>() / changes.len() as u32
+        };
+        println!(
+            "quota_change_tail/{}: checks p50 {p50} p99 {p99} p99.99 {p9999} max {max}; {} changes, mean {mean_change:?} each",
+            if changing { "changing" } else { "idle" },
+            changes.len()
+        );
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
@@ -1281,5 +1460,7 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--test" || a == "--list");
     memory_per_key(quick);
     reclamation_memory(quick);
+    growth_tail(quick);
+    quota_change_tail(quick);
     Criterion::default().configure_from_args().final_summary();
 }

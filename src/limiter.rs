@@ -365,7 +365,11 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        on_store!(&self.inner.engine, s => s.remove(key));
+        let now = || self.inner.common.clock.now_ns();
+        match &self.inner.engine {
+            Engine::Word(s) => s.remove(key, now),
+            Engine::Log(s) => s.remove(key),
+        };
     }
 
     /// Gives `key` its own quota (a paid tier, say), with the limiter's algorithm. The
@@ -378,13 +382,16 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// # Locking behaviour
     /// Takes the writer lock of the key's shard. For the token bucket, leaky bucket and
     /// window counters the shard then migrates to a table carrying the new quota
-    /// (O(keys in the shard)); checks go on, each key waiting only while it is moved.
+    /// (O(keys in the shard)), taking the lock for each batch of 1,024 slots only; checks
+    /// go on (a key is decided by the old quota until its slot moves, and a check waits
+    /// only if it meets its key in the middle of its move), and so do inserts, between
+    /// batches.
     pub fn set_quota<Q>(&self, key: &Q, quota: Quota) -> Result<(), ConfigError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.inner.common.clock.now_ns();
+        let now = || self.inner.common.clock.now_ns();
         on_store!(&self.inner.engine, s => {
             let policy = s.default_policy().with_quota(quota)?;
             s.set_key_quota(key.to_owned(), Some(policy), now);
@@ -401,7 +408,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.inner.common.clock.now_ns();
+        let now = || self.inner.common.clock.now_ns();
         on_store!(&self.inner.engine, s => s.set_key_quota(key.to_owned(), None, now));
     }
 
@@ -426,9 +433,13 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// nothing changes then.
     ///
     /// # Locking behaviour
-    /// Takes each shard's writer lock in turn, for as long as converting its keys takes;
-    /// checks on the other shards go on meanwhile (for the token bucket, leaky bucket and
-    /// window counters, on that shard's keys too, each waiting only while it is moved).
+    /// For the token bucket, leaky bucket and window counters: every shard starts
+    /// migrating to a table carrying the new quota, then this call moves the keys, taking
+    /// a shard's writer lock for each batch of 1,024 slots only. Checks go on throughout
+    /// (a key is decided by the old quota until its slot moves, and a check waits only if
+    /// it meets its key in the middle of its move), and inserts between batches. For the
+    /// sliding log, each shard's writer lock in turn, for as long as converting its keys
+    /// takes.
     /// Concurrent calls are serialised.
     pub fn set_default_quota(&self, quota: Quota) -> Result<(), ConfigError> {
         let now = || self.inner.common.clock.now_ns();

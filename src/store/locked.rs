@@ -282,11 +282,11 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
     /// converting its state.
     ///
     /// Takes the key's shard write lock.
-    pub(crate) fn set_key_quota(&self, key: K, policy: Option<S::Policy>, now: u64) {
+    pub(crate) fn set_key_quota(&self, key: K, policy: Option<S::Policy>, now: impl Fn() -> u64) {
         let hash = self.hasher.hash_one(&key);
-        self.shard(hash)
-            .write()
-            .set_key_quota(hash, key, policy, now, self.rehash());
+        let mut shard = self.shard(hash).write();
+        shard.set_key_quota(hash, key, policy, now(), self.rehash());
+        drop(shard);
         self.denies.invalidate();
     }
 

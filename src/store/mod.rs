@@ -85,13 +85,13 @@ impl Room {
 }
 
 /// One pass of an eviction hand, as both stores run it: each key visited is dropped if
-/// it is back to untouched (which changes no decision). With a `grace` (the time the
-/// shard's table was last swept full), only keys untouched for a while go: for
-/// [`IDLE_PERIODS`] periods of their quota and [`IDLE_FLOOR_NS`] at least, or for one
-/// period and since that last sweep. A key that comes back at any point of a table's
-/// span, or within a second, stays, so keys in use are not dropped and re-inserted over
-/// and over, whatever their period; a flood of keys that go idle is dropped after about
-/// one span.
+/// it is back to untouched (which changes no decision). With a `grace` (when the shard's
+/// table last filled up: the word store's last rebuild of a full table, the locked
+/// store's last full sweep), only keys untouched for a while go: for [`IDLE_PERIODS`]
+/// periods of their quota and [`IDLE_FLOOR_NS`] at least, or for one period and since
+/// the table last filled. A key that comes back at any point of a table's span, or
+/// within a second, stays, so keys in use are not dropped and re-inserted over and over,
+/// whatever their period; a flood of keys that go idle is dropped after about one span.
 struct Sweep {
     now: u64,
     grace: Option<u64>,

@@ -5,13 +5,17 @@
 //! key takes a guard (two plain stores to its thread's own record), loads its shard's
 //! table, reads the key's policy from it, probes for the key and runs the algorithm on
 //! the state word with one CAS. The policies travel with the table: a quota change migrates
-//! the shard to a new table whose states are converted while frozen, so a check never
-//! pairs a new quota with an unconverted state, or the reverse.
+//! the shard to a new table whose states are converted as they move, while frozen, so a
+//! check never pairs a new quota with an unconverted state, or the reverse; until its
+//! slot moves, a key is decided by the old quota.
 //!
-//! A new key, a removal, the eviction hand and a resize take the shard's writer mutex;
-//! checks on other keys go on meanwhile. Removal and eviction mark slots removed, and
-//! the next resize (when removed and live slots pass 86% of the table) leaves them
-//! behind, so a key flood under `max_keys` cycles through a table of bounded size.
+//! A new key, a removal, the eviction sweep and a migration's steps take the shard's
+//! writer mutex; checks go on meanwhile. Migrations (growth, shrinking, quota changes)
+//! move a few slots per insert (see [`epoch_table`](super::epoch_table)), so no insert
+//! pays for a whole table. Removal and eviction mark slots removed, and the next rebuild
+//! leaves them behind, so a key flood under `max_keys` cycles through a table of bounded
+//! size. A full table is swept for idle keys before it is rebuilt (see
+//! [`WordStore::rebuild_full`]).
 //!
 //! # Reclamation
 //! A thread holds its guard only for the length of a check (see
@@ -29,7 +33,9 @@ use parking_lot::Mutex;
 
 use super::counts::Counts;
 use super::deny_cache::Denies;
-use super::epoch_table::{EpochTable, Guard, Slot, Table, Word, Writer, reclaim};
+use super::epoch_table::{
+    Carry, EpochTable, Guard, Located, STEP_PER_INSERT, Slot, Table, Word, Writer, reclaim,
+};
 use super::hash::{KeyHashing, for_table};
 use super::key_quotas::KeyQuotas;
 use super::{
@@ -43,6 +49,9 @@ use crate::rng::XorShift;
 
 /// The smallest table a shard keeps.
 const MIN_CAPACITY: usize = 8;
+/// How many slots an operator's path (a quota change, a removal that shrinks) moves per
+/// hold of the writer mutex while it runs a migration to its end.
+const DRIVE_BATCH: usize = 1_024;
 /// A shrink sizes the table for this load: 72%.
 const TARGET_LOAD_NUM: usize = 18;
 const TARGET_LOAD_DEN: usize = 25;
@@ -101,13 +110,26 @@ impl<K: Hash + Eq> Policies<K> {
     }
 }
 
+impl<K: Hash + Eq> Carry<K> for Policies<K> {
+    /// A key whose policy changes has its state converted; the others keep theirs.
+    fn carry(&self, from: &Self, key: &K, hash: u64, state: u64, now: u64) -> u64 {
+        let (old, new) = (from.policy_for(hash, key), self.policy_for(hash, key));
+        if old == new {
+            state
+        } else {
+            new.convert(state, now, old)
+        }
+    }
+}
+
 /// What the writers of one shard keep.
 struct Hand {
-    /// Live keys in the current table.
+    /// Live keys, in the current table and the one a migration moves to.
     live: usize,
-    /// When (clock ns) the last full table was rebuilt: the sweep of the next full table
-    /// keeps every key touched since.
+    /// When (clock ns) the table was last rebuilt as it filled: the sweep keeps every key
+    /// touched since (see [`Sweep`]).
     built: u64,
+
     /// The next slot the eviction hand looks at.
     at: usize,
     /// Xorshift state for sampling.
@@ -215,6 +237,7 @@ impl<K: crate::Key> WordStore<K> {
                     let hand = Hand {
                         live: 0,
                         built: 0,
+
                         at: 0,
                         rng: XorShift::new(hasher.hash_one(i)),
                     };
@@ -307,7 +330,7 @@ impl<K: crate::Key> WordStore<K> {
     }
 
     /// Every case the fast path leaves: a cost above capacity, an absent key (peeked or
-    /// inserted), a key being migrated (waits for the writer) or just removed.
+    /// inserted), a key being migrated (read in the table it moved to) or just removed.
     #[cold]
     #[inline(never)]
     fn decide_slow<Q>(
@@ -325,17 +348,29 @@ impl<K: crate::Key> WordStore<K> {
         let shard = self.shard(hash);
         with_guard(|guard| {
             loop {
-                let table = shard.read(guard);
-                let policy = table.meta.policy_for(hash, key);
-                fits(policy, cost)?;
-                match table.find_raw(hash, |k| k.borrow() == key) {
-                    Some((slot, raw)) => match apply(slot, raw, policy, now, cost, max_delay) {
-                        Applied::Done(decision) => return Ok(decision),
-                        Applied::Frozen => shard.wait_for_writer(),
-                        Applied::Removed => {}
-                    },
-                    None if cost == 0 => return Ok(policy.peek(UNTOUCHED, now, 0)),
-                    None => {
+                let current = shard.read(guard);
+                match current.locate(hash, |k| k.borrow() == key) {
+                    Located::Found { table, slot, raw } => {
+                        let policy = table.meta.policy_for(hash, key);
+                        fits(policy, cost)?;
+                        match apply(slot, raw, policy, now, cost, max_delay) {
+                            Applied::Done(decision) => {
+                                if current.next().is_some() {
+                                    // Read through a migration: help it along.
+                                    self.help(shard, guard, now);
+                                }
+                                return Ok(decision);
+                            }
+                            // Frozen or removed meanwhile: look again.
+                            Applied::Frozen | Applied::Removed => {}
+                        }
+                    }
+                    Located::Absent { table } if cost == 0 => {
+                        let policy = table.meta.policy_for(hash, key);
+                        return Ok(policy.peek(UNTOUCHED, now, 0));
+                    }
+                    // Absent, or being moved (the writer path tells which).
+                    Located::Absent { .. } | Located::Moving => {
                         if let Some(decision) =
                             self.insert(shard, guard, hash, key, now, cost, max_delay)?
                         {
@@ -347,9 +382,57 @@ impl<K: crate::Key> WordStore<K> {
         })
     }
 
-    /// The write path of a check on a key that was absent: under the writer mutex, finds
-    /// the key again (another thread may have inserted it), makes room, inserts it and
-    /// decides. `None`: look again.
+    /// Moves a batch of a migration's slots if no writer is busy (a check that read
+    /// through the migration helps it end). Allocates nothing: a table it unlinks is
+    /// retired by the next writer.
+    fn help(&self, shard: &WordShard<K>, guard: &Guard<'_>, now: u64) {
+        if let Some(mut writer) = shard.try_write() {
+            if writer.help(guard, STEP_PER_INSERT, self.rehash(), now) {
+                self.published(&mut writer);
+            }
+        }
+    }
+
+    /// Moves up to `budget` slots of the shard's migration, if one runs. Returns true if
+    /// the migration ended.
+    fn step(
+        &self,
+        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        guard: &Guard<'_>,
+        budget: usize,
+        now: u64,
+    ) -> bool {
+        let published = writer.step(guard, budget, self.rehash(), now);
+        if published {
+            self.published(writer);
+        }
+        published
+    }
+
+    /// Runs a migration under way to its end, under this hold of the writer mutex.
+    fn finish(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>, guard: &Guard<'_>, now: u64) {
+        self.step(writer, guard, usize::MAX, now);
+    }
+
+    /// Runs the shard's migration to its end, a batch at a time, taking the writer mutex
+    /// for each batch only (for the paths that start one for an operator: quota changes,
+    /// removals): checks and inserts go on between batches.
+    fn drive(&self, shard: &WordShard<K>, now: impl Fn() -> u64) {
+        loop {
+            let running = with_guard(|guard| {
+                let mut writer = shard.write();
+                self.step(&mut writer, guard, DRIVE_BATCH, now());
+                writer.migrating(guard)
+            });
+            if !running {
+                return;
+            }
+        }
+    }
+
+    /// The write path of a check on a key that was absent: under the writer mutex, moves
+    /// a batch of a migration under way, finds the key again (another thread may have
+    /// inserted it), makes room, inserts it and decides. `None`: look again.
     #[allow(clippy::too_many_arguments)]
     #[cold]
     fn insert<Q>(
@@ -367,17 +450,26 @@ impl<K: crate::Key> WordStore<K> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut writer = shard.write();
-        let table = writer.table(guard);
+        self.step(&mut writer, guard, STEP_PER_INSERT, now);
+        let newest = match writer.table(guard).locate(hash, |k| k.borrow() == key) {
+            Located::Found { table, slot, raw } => {
+                let policy = table.meta.policy_for(hash, key);
+                fits(policy, cost)?;
+                return Ok(match apply(slot, raw, policy, now, cost, max_delay) {
+                    Applied::Done(decision) => Some(decision),
+                    Applied::Frozen | Applied::Removed => None,
+                });
+            }
+            // Under the writer mutex no key is half moved: frozen and absent from the
+            // next table means removed after its move.
+            Located::Absent { table } => table,
+            Located::Moving => writer.target(guard),
+        };
         // The policy may have changed since the lock-free read.
-        let policy = *table.meta.policy_for(hash, key);
+        let policy = *newest.meta.policy_for(hash, key);
         fits(&policy, cost)?;
-        let decide =
-            |slot: &Slot<K>| match apply(slot, slot.load_raw(), &policy, now, cost, max_delay) {
-                Applied::Done(decision) => Some(decision),
-                Applied::Frozen | Applied::Removed => None,
-            };
-        if let Some((slot, _)) = table.find(hash, |k| k.borrow() == key) {
-            return Ok(decide(slot));
+        if cost == 0 {
+            return Ok(Some(policy.peek(UNTOUCHED, now, 0)));
         }
         if let Err(retry_after_ns) = self.counts.take_place(
             || self.make_room(&mut writer, guard, now),
@@ -391,7 +483,12 @@ impl<K: crate::Key> WordStore<K> {
         match writer.insert(guard, hash, key.to_owned(), UNTOUCHED) {
             Ok(slot) => {
                 writer.state().live += 1;
-                Ok(decide(slot))
+                Ok(
+                    match apply(slot, slot.load_raw(), &policy, now, cost, max_delay) {
+                        Applied::Done(decision) => Some(decision),
+                        Applied::Frozen | Applied::Removed => None,
+                    },
+                )
             }
             Err(_) => {
                 // The shard is at its largest table (2³² slots).
@@ -419,12 +516,18 @@ impl<K: crate::Key> WordStore<K> {
     ///   at least 30% of the larger table, so its next span inserts at most 56% of it, all
     ///   of which a rebuild's sweep finds under 60%: growth stops, and the flood is held to
     ///   about two spans' worth of keys. (Growth by more than 2.3× would not stop.)
+    ///
+    /// The sweep reads every slot under the writer mutex (O(1) per insert, amortised, but
+    /// not bounded per insert); the rebuild itself is a migration: this call only starts
+    /// it, and inserts and checks move its slots a batch at a time.
     fn rebuild_full(
         &self,
         writer: &mut Writer<'_, K, Policies<K>, Hand>,
         guard: &Guard<'_>,
         now: u64,
     ) {
+        // A migration under way ends first: then the current table is the full one.
+        self.finish(writer, guard, now);
         let capacity = writer.table(guard).capacity();
         let mut dropped = 0;
         if self.limits.sweep {
@@ -445,47 +548,72 @@ impl<K: crate::Key> WordStore<K> {
         } else {
             grown(capacity).min(capacity * 2)
         };
-        self.resize_to(writer, guard, capacity);
+        self.resize_to(writer, guard, capacity, now);
     }
 
-    /// Migrates the shard to a table sized for `live` keys at the target load, with the
-    /// same policies, leaving removed slots behind.
+    /// Starts migrating the shard to a table sized for `live` keys at the target load.
     fn resize(
         &self,
         writer: &mut Writer<'_, K, Policies<K>, Hand>,
         guard: &Guard<'_>,
         live: usize,
+        now: u64,
     ) {
         let capacity = (live * TARGET_LOAD_DEN / TARGET_LOAD_NUM).max(MIN_CAPACITY);
-        self.resize_to(writer, guard, capacity);
+        self.resize_to(writer, guard, capacity, now);
     }
 
-    /// Migrates the shard to a table of `capacity` slots (more if its live keys need
+    /// Starts migrating the shard to a table of `capacity` slots (more if its keys need
     /// them), with the same policies, leaving removed slots behind.
     fn resize_to(
         &self,
         writer: &mut Writer<'_, K, Policies<K>, Hand>,
         guard: &Guard<'_>,
         capacity: usize,
+        now: u64,
     ) {
-        let meta = writer.table(guard).meta.clone();
-        writer.migrate(guard, capacity, meta, self.rehash(), |_, state| state);
-        self.retired(writer);
+        let meta = writer.target(guard).meta.clone();
+        self.begin(writer, guard, capacity, meta, now);
     }
 
-    /// Bookkeeping after a migration published a new table.
-    fn retired(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>) {
-        writer.state().at = 0;
+    /// Starts a migration to a table of `capacity` slots carrying `meta` (finishing one
+    /// under way first).
+    fn begin(
+        &self,
+        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        guard: &Guard<'_>,
+        capacity: usize,
+        meta: Policies<K>,
+        now: u64,
+    ) {
+        self.finish(writer, guard, now);
+        let live = writer.state().live;
+        writer.begin_migration(guard, capacity, live, meta, self.rehash(), now);
         self.counts.resized();
+    }
+
+    /// Bookkeeping after a migration published its table: the hand starts over.
+    fn published(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>) {
+        writer.state().at = 0;
     }
 
     /// Shrinks the shard's table once it is under a quarter full, so memory taken by a
     /// flood is given back.
-    fn shrink_if_sparse(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>, guard: &Guard<'_>) {
+    fn shrink_if_sparse(
+        &self,
+        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        guard: &Guard<'_>,
+        now: u64,
+    ) {
         let live = writer.state().live;
-        let capacity = writer.table(guard).capacity();
+        let capacity = writer.target(guard).capacity();
         if capacity > MIN_CAPACITY && live * 4 < capacity {
-            self.resize(writer, guard, live * 2 * TARGET_LOAD_NUM / TARGET_LOAD_DEN);
+            self.resize(
+                writer,
+                guard,
+                live * 2 * TARGET_LOAD_NUM / TARGET_LOAD_DEN,
+                now,
+            );
         }
     }
 
@@ -498,34 +626,28 @@ impl<K: crate::Key> WordStore<K> {
             .unwrap_or(&table.meta.default)
     }
 
-    /// Moves the eviction hand over up to `steps` live keys (see [`Sweep`]). Returns how
-    /// many were removed and the soonest time, in ns, at which a visited survivor will be
-    /// droppable.
+    /// Moves the eviction hand over `slots` slots of the current table, dropping the keys
+    /// back to untouched (see [`Sweep`]; with a `grace`, only those untouched for a period
+    /// and since then, or for 4 periods and 1 s). Returns how many were removed and the
+    /// soonest time, in ns, at which a visited survivor will be droppable.
     fn sweep(
         &self,
         writer: &mut Writer<'_, K, Policies<K>, Hand>,
         guard: &Guard<'_>,
         now: u64,
-        steps: usize,
+        slots: usize,
         grace: Option<u64>,
     ) -> (usize, u64) {
         let table = writer.table(guard);
         let capacity = table.capacity();
         let mut sweep = Sweep::new(now, grace);
-        let mut visited = 0;
-        // Live slots are at least a quarter of the table (it shrinks below that), so
-        // 8 slots per step find the steps' keys.
-        for _ in 0..(steps * 8).min(capacity) {
-            if visited == steps {
-                break;
-            }
+        for _ in 0..slots.min(capacity) {
             let at = writer.state().at % capacity;
             writer.state().at = at + 1;
             let slot = table.slot(at);
             let Word::Live(state) = slot.load() else {
                 continue;
             };
-            visited += 1;
             let policy = self.slot_policy(table, slot);
             let since = sweep.since(policy.quota().period_ns());
             let wait = policy.untouched_wait(state, now, since);
@@ -546,9 +668,9 @@ impl<K: crate::Key> WordStore<K> {
         guard: &Guard<'_>,
         now: u64,
     ) -> Room {
-        let (dropped, soonest) = self.sweep(writer, guard, now, SCAN_WHEN_FULL, None);
+        let (dropped, soonest) = self.sweep(writer, guard, now, SCAN_WHEN_FULL * 8, None);
         if dropped > 0 {
-            self.shrink_if_sparse(writer, guard);
+            self.shrink_if_sparse(writer, guard, now);
             return Room::Untouched;
         }
         let table = writer.table(guard);
@@ -556,13 +678,28 @@ impl<K: crate::Key> WordStore<K> {
         if self.limits.when_full == WhenFull::DenyNewKeys || writer.state().live == 0 {
             return Room::none_until(soonest, fallback);
         }
+        // While a migration runs, the live keys are in both tables: positions past the
+        // current table's are the new one's.
+        let target = writer.target(guard);
+        let positions = if std::ptr::eq(table, target) {
+            table.capacity()
+        } else {
+            table.capacity() + target.capacity()
+        };
+        let slot_at = |at: usize| {
+            if at < table.capacity() {
+                (table, table.slot(at))
+            } else {
+                (target, target.slot(at - table.capacity()))
+            }
+        };
         // With no more live keys than samples, every key is a candidate (the table is
         // then small: it shrinks below a quarter full): random draws could miss the one
         // that loses least.
         let every = writer.state().live <= SAMPLES;
         let mut rng = writer.state().rng;
-        let victim = least_costly(table.capacity(), every, SAMPLES * 8, &mut rng, |at| {
-            let slot = table.slot(at);
+        let victim = least_costly(positions, every, SAMPLES * 8, &mut rng, |at| {
+            let (table, slot) = slot_at(at);
             let Word::Live(state) = slot.load() else {
                 return None;
             };
@@ -572,13 +709,21 @@ impl<K: crate::Key> WordStore<K> {
                 snapshot.reset_after_ns(),
             ))
         });
+        // The draws can all miss in tables of mostly removed slots (a flood evicts a key
+        // per insert): then the first live key from a random position.
+        let start = (rng.next_u64() % positions as u64) as usize;
         writer.state().rng = rng;
+        let victim = victim.or_else(|| {
+            (0..positions)
+                .map(|i| (start + i) % positions)
+                .find(|&at| matches!(slot_at(at).1.load(), Word::Live(_)))
+        });
         let Some(at) = victim else {
             return Room::None {
                 retry_after_ns: fallback,
             };
         };
-        if writer.remove(table.slot(at)).is_some() {
+        if writer.remove(slot_at(at).1).is_some() {
             writer.state().live -= 1;
             Room::Active
         } else {
@@ -588,8 +733,35 @@ impl<K: crate::Key> WordStore<K> {
         }
     }
 
+    /// Where `key` is, settled: a key being moved right now is waited for (under the
+    /// writer mutex no move is half done, so there it is found or absent).
+    fn locate<'g, Q>(
+        &self,
+        shard: &'g WordShard<K>,
+        guard: &'g Guard<'_>,
+        hash: u64,
+        key: &Q,
+    ) -> Located<'g, K, Policies<K>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match shard.read(guard).locate(hash, |k| k.borrow() == key) {
+            Located::Moving => {
+                let writer = shard.write();
+                match writer.table(guard).locate(hash, |k| k.borrow() == key) {
+                    Located::Moving => Located::Absent {
+                        table: writer.target(guard),
+                    },
+                    settled => settled,
+                }
+            }
+            settled => settled,
+        }
+    }
+
     /// The decision a request of `cost` for `key` would get at `now`, consuming nothing
-    /// and storing nothing. Takes no lock.
+    /// and storing nothing. Takes no lock (unless the key is being moved right now).
     pub(crate) fn peek<Q>(
         &self,
         key: &Q,
@@ -604,14 +776,20 @@ impl<K: crate::Key> WordStore<K> {
         let shard = self.shard(hash);
         with_guard(|guard| {
             loop {
-                let table = shard.read(guard);
-                let policy = table.meta.policy_for(hash, key);
-                fits(policy, cost)?;
-                match table.find(hash, |k| k.borrow() == key) {
-                    Some((_, Word::Live(state))) => return Ok(policy.peek(state, now, cost)),
-                    Some((_, Word::Frozen)) => shard.wait_for_writer(),
-                    Some((_, Word::Removed)) => {}
-                    None => return Ok(policy.peek(UNTOUCHED, now, cost)),
+                match self.locate(shard, guard, hash, key) {
+                    Located::Found { table, raw, .. } => {
+                        let policy = table.meta.policy_for(hash, key);
+                        fits(policy, cost)?;
+                        if let Word::Live(state) = Word::from_raw(raw) {
+                            return Ok(policy.peek(state, now, cost));
+                        }
+                    }
+                    Located::Absent { table } => {
+                        let policy = table.meta.policy_for(hash, key);
+                        fits(policy, cost)?;
+                        return Ok(policy.peek(UNTOUCHED, now, cost));
+                    }
+                    Located::Moving => {}
                 }
             }
         })
@@ -619,47 +797,50 @@ impl<K: crate::Key> WordStore<K> {
 
     /// Removes `key`'s state (not its key quota); true if it held state.
     ///
-    /// Takes the key's shard writer mutex.
-    pub(crate) fn remove<Q>(&self, key: &Q) -> bool
+    /// Takes the key's shard writer mutex (and, if the removal shrinks the table, again
+    /// for each batch of the migration).
+    pub(crate) fn remove<Q>(&self, key: &Q, now: impl Fn() -> u64) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hash(key);
+        let shard = self.shard(hash);
         let removed = with_guard(|guard| {
-            let mut writer = self.shard(hash).write();
-            let table = writer.table(guard);
-            let Some((slot, _)) = table.find(hash, |k| k.borrow() == key) else {
+            let mut writer = shard.write();
+            let Located::Found { slot, .. } =
+                writer.table(guard).locate(hash, |k| k.borrow() == key)
+            else {
                 return false;
             };
             if writer.remove(slot).is_none() {
                 return false;
             }
             writer.state().live -= 1;
-            self.shrink_if_sparse(&mut writer, guard);
+            self.shrink_if_sparse(&mut writer, guard, now());
             true
         });
         if removed {
             self.counts.removed();
             self.denies.invalidate();
+            self.drive(shard, now);
         }
         removed
     }
 
     /// Gives `key` its own policy (`Some`) or returns it to the default (`None`),
-    /// converting its state. The shard migrates to a table carrying the new policies.
+    /// converting its state. The shard migrates to a table carrying the new policies;
+    /// until its slot has moved, the key is decided by the old ones.
     ///
-    /// Takes the key's shard writer mutex.
-    pub(crate) fn set_key_quota(&self, key: K, policy: Option<WordPolicy>, now: u64) {
+    /// Takes the key's shard writer mutex, once to start the migration and once for each
+    /// batch of it: checks go on meanwhile.
+    pub(crate) fn set_key_quota(&self, key: K, policy: Option<WordPolicy>, now: impl Fn() -> u64) {
         let hash = self.hash(&key);
+        let shard = self.shard(hash);
         with_guard(|guard| {
-            let mut writer = self.shard(hash).write();
+            let mut writer = shard.write();
+            self.finish(&mut writer, guard, now());
             let table = writer.table(guard);
-            let old = *table.meta.policy_for(hash, &key);
-            let new = policy.unwrap_or(table.meta.default);
-            let target = table
-                .find(hash, |k| *k == key)
-                .and_then(|(slot, _)| slot_index(table, slot));
             let mut key_quotas = table
                 .meta
                 .key_quotas
@@ -678,15 +859,10 @@ impl<K: crate::Key> WordStore<K> {
                 key_quotas: (!key_quotas.is_empty()).then(|| Arc::new(key_quotas)),
             };
             let capacity = table.capacity();
-            writer.migrate(guard, capacity, meta, self.rehash(), |index, state| {
-                if Some(index) == target {
-                    new.convert(state, now, &old)
-                } else {
-                    state
-                }
-            });
-            self.retired(&mut writer);
+            self.begin(&mut writer, guard, capacity, meta, now());
         });
+        self.denies.invalidate();
+        self.drive(shard, &now);
         self.denies.invalidate();
     }
 
@@ -697,16 +873,34 @@ impl<K: crate::Key> WordStore<K> {
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hash(key);
-        with_guard(|guard| *self.shard(hash).read(guard).meta.policy_for(hash, key))
+        with_guard(
+            |guard| match self.locate(self.shard(hash), guard, hash, key) {
+                Located::Found { table, .. } | Located::Absent { table } => {
+                    *table.meta.policy_for(hash, key)
+                }
+                Located::Moving => *self
+                    .shard(hash)
+                    .read(guard)
+                    .newest()
+                    .meta
+                    .policy_for(hash, key),
+            },
+        )
     }
 
     /// The default policy. Takes no lock.
     pub(crate) fn default_policy(&self) -> WordPolicy {
-        with_guard(|guard| self.shards[0].read(guard).meta.default)
+        with_guard(|guard| self.shards[0].read(guard).newest().meta.default)
     }
 
-    /// Replaces the default quota, keeping the algorithm, converting every key without an
-    /// key quota. Shards migrate one at a time, each under its writer mutex.
+    /// Replaces the default quota, keeping the algorithm, converting every key without a
+    /// key quota. Each shard migrates to a table carrying the new default; until a key's
+    /// slot has moved, it is decided by the old one, and its state is converted as it
+    /// moves (at that instant).
+    ///
+    /// Takes each shard's writer mutex once to start its migration and once for each
+    /// batch of it: checks never wait on it (a check meeting a key in the middle of its
+    /// move, a few nanoseconds, waits for that move), and inserts go on between batches.
     pub(crate) fn set_default_quota(
         &self,
         quota: Quota,
@@ -717,35 +911,19 @@ impl<K: crate::Key> WordStore<K> {
         for shard in self.shards.iter() {
             with_guard(|guard| {
                 let mut writer = shard.write();
+                self.finish(&mut writer, guard, now());
                 let table = writer.table(guard);
-                let old = table.meta.default;
-                // Which slots keep their own policy: looked up before anything freezes.
-                let mut own = vec![false; table.capacity()];
-                if let Some(key_quotas) = &table.meta.key_quotas {
-                    for (index, flag) in own.iter_mut().enumerate() {
-                        *flag = table
-                            .slot(index)
-                            .with_key(|key| {
-                                key_quotas.get(self.hash(key), |k| **k == *key).is_some()
-                            })
-                            .unwrap_or(false);
-                    }
-                }
                 let meta = Policies {
                     default: policy,
                     key_quotas: table.meta.key_quotas.clone(),
                 };
-                let now = now();
                 let capacity = table.capacity();
-                writer.migrate(guard, capacity, meta, self.rehash(), |index, state| {
-                    if own[index] {
-                        state
-                    } else {
-                        policy.convert(state, now, &old)
-                    }
-                });
-                self.retired(&mut writer);
+                self.begin(&mut writer, guard, capacity, meta, now());
             });
+        }
+        self.denies.invalidate();
+        for shard in self.shards.iter() {
+            self.drive(shard, &now);
         }
         self.denies.invalidate();
         Ok(())
@@ -781,11 +959,6 @@ impl<K: crate::Key> WordStore<K> {
     }
 }
 
-/// The index of `slot` in `table`.
-fn slot_index<K, M>(table: &Table<K, M>, slot: &Slot<K>) -> Option<usize> {
-    (0..table.capacity()).find(|&i| std::ptr::eq(table.slot(i), slot))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -813,8 +986,8 @@ mod tests {
         assert!(!store.check("a", || 0, 1, u64::MAX).unwrap().is_allowed());
         assert!(store.peek("b", 0, 1).unwrap().is_allowed());
         assert_eq!(store.len(), 1);
-        assert!(store.remove("a"));
-        assert!(!store.remove("a"));
+        assert!(store.remove("a", || 0));
+        assert!(!store.remove("a", || 0));
         assert_eq!(store.len(), 0);
     }
 
@@ -875,7 +1048,7 @@ mod tests {
         assert!(store.check("k", || 100, 1, u64::MAX).unwrap().is_allowed());
         // A reset must not leave a stale deny behind.
         assert!(!store.check("k", || 110, 1, u64::MAX).unwrap().is_allowed());
-        store.remove("k");
+        store.remove("k", || 0);
         assert!(store.check("k", || 111, 1, u64::MAX).unwrap().is_allowed());
     }
 
@@ -894,12 +1067,12 @@ mod tests {
             .set_default_quota("100/s".parse().unwrap(), || 0)
             .unwrap();
         assert_eq!(store.peek("k", 0, 1).unwrap().remaining(), 95);
-        store.set_key_quota("k".to_owned(), Some(policy), 0);
+        store.set_key_quota("k".to_owned(), Some(policy), || 0);
         assert_eq!(store.peek("k", 0, 1).unwrap().remaining(), 5);
         assert_eq!(store.policy_of("k").quota().limit(), 10);
         assert_eq!(store.policy_of("j").quota().limit(), 100);
         // Back to the default: the key's 5 consumed units carry over.
-        store.set_key_quota("k".to_owned(), None, 0);
+        store.set_key_quota("k".to_owned(), None, || 0);
         assert_eq!(store.peek("k", 0, 1).unwrap().remaining(), 95);
         assert_eq!(store.policy_of("k").quota().limit(), 100);
     }
@@ -938,7 +1111,7 @@ mod tests {
         }
         let grown = store.stats().resizes;
         for i in 10..10_000 {
-            assert!(store.remove(format!("k{i}").as_str()));
+            assert!(store.remove(format!("k{i}").as_str(), || 0));
         }
         assert!(store.stats().resizes > grown, "no shrink");
         let capacity = with_guard(|g| store.shards[0].read(g).capacity());

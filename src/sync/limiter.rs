@@ -263,7 +263,7 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
     {
         let now = self.inner.common.clock.now_ns();
         let store = &self.inner.store;
-        store.set_key_quota(key.to_owned(), policy, now);
+        store.set_key_quota(key.to_owned(), policy, || now);
         // (A store full of keys that cannot go refuses the cell: the change then goes
         // with the key's first round.)
         store.upsert(key, now, |cell| {

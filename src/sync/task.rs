@@ -1230,12 +1230,12 @@ impl Task {
                 };
                 Some(policy)
             };
-            store.set_key_quota(key.clone(), policy, (self.now)());
+            store.set_key_quota(key.clone(), policy, || (self.now)());
         } else if mine.shared.is_default()
             && mine.shared.version > 0
             && held.version >= mine.shared.version
         {
-            store.set_key_quota(key.clone(), None, (self.now)());
+            store.set_key_quota(key.clone(), None, || (self.now)());
         }
     }
 

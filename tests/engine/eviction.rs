@@ -57,8 +57,11 @@ fn dropping_untouched_keys_changes_no_decision() {
             "{algorithm:?}: the sweep hardly ran: {swept:?}"
         );
         assert_eq!(kept.evicted_untouched, 0);
+        // A fifth of the requests go to a key drawn from all the keys ever seen, so keys
+        // dropped come back, and a table holds what a span of it brings back (the
+        // sweep's hysteresis): a third of the keys, not all.
         assert!(
-            swept.keys * 4 < kept.keys,
+            swept.keys * 3 < kept.keys,
             "{algorithm:?}: {} vs {} keys",
             swept.keys,
             kept.keys
@@ -115,6 +118,8 @@ fn a_full_limiter_evicts_the_least_active_key() {
 fn a_key_set_in_use_is_never_swept() {
     const KEYS: u64 = 1_000;
     const ROUNDS: u64 = 200;
+    // Rounds before the tables fit the set: they grow as the keys dropped come back.
+    const WARM: u64 = 50;
     for (period, algorithm) in [
         (Duration::from_micros(100), Algorithm::TokenBucket),
         (Duration::from_micros(100), Algorithm::LeakyBucket),
@@ -151,7 +156,7 @@ fn a_key_set_in_use_is_never_swept() {
                 clock.advance(Duration::from_millis(1));
             }
             limiter.check(&(KEYS + round));
-            if round == 9 {
+            if round == WARM - 1 {
                 warm = Some(limiter.stats());
             }
         }
@@ -159,7 +164,7 @@ fn a_key_set_in_use_is_never_swept() {
         // Every key inserted is either held or was dropped, so the keys of the set that
         // came back after a drop are what the inserts add beyond one passer-by per round.
         let inserted = |s: &tollgate::StoreStats| s.keys as u64 + s.evicted_untouched;
-        let returned = inserted(&stats) - inserted(&warm) - (ROUNDS - 10);
+        let returned = inserted(&stats) - inserted(&warm) - (ROUNDS - WARM);
         assert_eq!(
             returned, 0,
             "{algorithm:?} at {period:?}: keys in use were swept: {warm:?} then {stats:?}"

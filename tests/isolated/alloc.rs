@@ -216,12 +216,12 @@ impl CloneRequests for Vec<http::Request<()>> {
 }
 
 /// The bytes a flood may add to the heap with `max_keys` keys held (`u64` keys): each
-/// key's 16-byte slot in a table sized for 72% load (a resize sizes it `live × 25/18`),
-/// twice over, since a resize holds the table it replaces until the checks in flight
-/// when it was replaced are done.
+/// key's 16-byte slot in a table at least 60% full (a table grows when its keys fill 72%
+/// of it, by 1.25× at this size), twice over, since a migration holds the table it
+/// replaces until its last slot has moved and the checks in flight then are done.
 fn flood_heap_bound(max_keys: u64) -> u64 {
     const SLOT: u64 = 16;
-    2 * max_keys * SLOT * 25 / 18
+    2 * max_keys * SLOT * 5 / 3
 }
 
 /// Two million distinct keys against `max_keys = 100_000` while one client is being

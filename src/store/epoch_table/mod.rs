@@ -40,13 +40,26 @@
 //! guard that was in force then has dropped) or when the `EpochTable` itself is dropped,
 //! so no reader holding a guard ever sees freed memory.
 //!
-//! # Resizing without losing an update
+//! # Resizing without losing an update, a few slots at a time
 //!
-//! A migration freezes each live slot with a CAS (`state → FROZEN`) and copies the state
-//! it replaced. A check whose CAS raced with the freeze fails and sees `FROZEN`, so no
-//! check can update a copy that has already been taken: every admission lands either
-//! before the freeze (and is in the copy) or in the new table. A check that meets `FROZEN`
-//! waits for the writer mutex, after which the new table is published, and starts again.
+//! A migration links the new table from the current one (`next`, set before any slot
+//! freezes) and then moves slots in batches, each under the writer mutex: the inserts
+//! move [`STEP_PER_INSERT`] slots each, a check that read through the migration helps
+//! with as many if the mutex is free, and an operator's path (a quota change) drives it
+//! to its end. No one pays for the whole table. A move freezes the slot with a CAS
+//! (`state → FROZEN`), copies the state it replaced into the new table and leaves the key
+//! bytes in place for readers. A check whose CAS raced with the freeze fails and sees
+//! `FROZEN`, so no check can update a copy that has already been taken: every admission
+//! lands either before the freeze (and is in the copy) or in the new table. A check that
+//! meets `FROZEN`, or misses its key, looks in the next table ([`Table::locate`]); a key
+//! frozen and not there yet is in the middle of its move (nanoseconds, under the writer
+//! mutex): the check waits for the mutex. New keys go to the new table. Once the last
+//! slot has moved, the new table is published and the old one retired (by a writer: a
+//! check that ends a migration leaves the retire, which may allocate, to the next one).
+//!
+//! New tables come zeroed from the allocator (a slot stores its word inverted, so zero
+//! is `EMPTY`): the kernel maps their pages on first write, which the migration does
+//! ahead of the moves ([`Writer::prefault`]), so creating a large table costs no pass.
 //!
 //! The loom models at the bottom of this file check these steps and the reclamation of
 //! retired tables; `tests/stress.rs` checks every decision against a reference model while
@@ -92,6 +105,10 @@ mod sync {
     pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         mutex.lock()
     }
+
+    pub(super) fn try_lock<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+        mutex.try_lock()
+    }
 }
 
 /// The std and parking_lot primitives, or loom's under `--cfg tollgate_loom`.
@@ -108,6 +125,14 @@ mod sync {
     pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         mutex.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    pub(super) fn try_lock<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+        match mutex.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
 }
 
 /// The largest state a slot holds. Larger values are clamped to it; the word
@@ -117,6 +142,14 @@ pub(crate) const STATE_MAX: u64 = u64::MAX - 3;
 const FROZEN: u64 = u64::MAX - 2;
 const REMOVED: u64 = u64::MAX - 1;
 const EMPTY: u64 = u64::MAX;
+
+/// A slot stores its word inverted, so that an all-zero slot is `EMPTY` and a table's
+/// slots come from a zeroed allocation: a new table costs no pass over its slots, which
+/// for a large table would be the one step of a migration that is not incremental.
+#[inline(always)]
+const fn stored(word: u64) -> u64 {
+    !word
+}
 
 /// A table is resized before `used / capacity` passes `MAX_LOAD_NUM / MAX_LOAD_DEN`.
 const MAX_LOAD_NUM: usize = 43;
@@ -162,7 +195,7 @@ unsafe impl<K: Send + Sync> Sync for Slot<K> {}
 impl<K> Slot<K> {
     fn empty() -> Self {
         Self {
-            word: AtomicU64::new(EMPTY),
+            word: AtomicU64::new(stored(EMPTY)),
             key: UnsafeCell::new(MaybeUninit::uninit()),
         }
     }
@@ -176,7 +209,7 @@ impl<K> Slot<K> {
     /// The slot's word, raw: a live state is at most [`STATE_MAX`].
     #[inline(always)]
     pub(crate) fn load_raw(&self) -> u64 {
-        self.word.load(Ordering::Acquire)
+        stored(self.word.load(Ordering::Acquire))
     }
 
     /// Replaces the live state `current` with `next` (clamped to [`STATE_MAX`]); on
@@ -185,18 +218,19 @@ impl<K> Slot<K> {
     pub(crate) fn update(&self, current: u64, next: u64) -> Result<(), u64> {
         self.word
             .compare_exchange_weak(
-                current,
-                next.min(STATE_MAX),
+                stored(current),
+                stored(next.min(STATE_MAX)),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             )
             .map(|_| ())
+            .map_err(stored)
     }
 
     /// Runs `f` on the slot's key; `None` if the slot never held one.
     #[inline]
     pub(crate) fn with_key<R>(&self, f: impl FnOnce(&K) -> R) -> Option<R> {
-        if self.word.load(Ordering::Acquire) == EMPTY {
+        if self.load_raw() == EMPTY {
             return None;
         }
         // SAFETY: the word was not EMPTY when loaded with Acquire, so the key bytes were
@@ -220,17 +254,19 @@ impl<K> Slot<K> {
     /// Replaces a live state, whatever it is, with the final word `to` (REMOVED or
     /// FROZEN); returns the state it replaced, or `None` if the slot was not live.
     fn end(&self, to: u64) -> Option<u64> {
-        let mut raw = self.word.load(Ordering::Acquire);
+        let mut raw = self.load_raw();
         loop {
             if raw > STATE_MAX {
                 return None;
             }
-            match self
-                .word
-                .compare_exchange_weak(raw, to, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match self.word.compare_exchange_weak(
+                stored(raw),
+                stored(to),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return Some(raw),
-                Err(actual) => raw = actual,
+                Err(actual) => raw = stored(actual),
             }
         }
     }
@@ -267,6 +303,9 @@ pub(crate) struct Table<K, M> {
     used: AtomicUsize,
     /// Read by checks with the slots; replaced only by publishing a new table.
     pub(crate) meta: M,
+    /// While a migration moves this table's keys: the table they move to (null
+    /// otherwise). Set before the first slot is frozen, never changed after.
+    next: sync::AtomicPtr<Table<K, M>>,
     /// The tables of this table's shard not yet destroyed (this one among them).
     alive: Arc<std::sync::atomic::AtomicUsize>,
     /// Read by every probe and written by the destructor, so that loom reports a table
@@ -283,10 +322,11 @@ impl<K, M> Table<K, M> {
         let tags = if Self::TAGGED { capacity } else { 0 };
         alive.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Self {
-            slots: (0..capacity).map(|_| Slot::empty()).collect(),
-            tags: (0..tags).map(|_| AtomicU8::new(0)).collect(),
+            slots: zeroed(capacity),
+            tags: zeroed(tags),
             used: AtomicUsize::new(0),
             meta,
+            next: sync::AtomicPtr::new(std::ptr::null_mut()),
             alive: Arc::clone(alive),
             #[cfg(tollgate_loom)]
             canary: UnsafeCell::new(()),
@@ -307,14 +347,63 @@ impl<K, M> Table<K, M> {
         self.slots.len()
     }
 
+    /// The table this one's keys are moving to, while a migration runs.
+    #[inline]
+    pub(crate) fn next(&self) -> Option<&Table<K, M>> {
+        let next = self.next.load(Ordering::Acquire);
+        // SAFETY: a non-null `next` was made by `Box::into_raw` and set before any slot
+        // of `self` froze. It is the current table of the shard or becomes it, and it is
+        // retired only by a later migration, after `self` was: whoever borrows `self`
+        // under a guard holds a guard that was in force when `next` was retired, and the
+        // domain frees it only after that guard drops (see `reclaim`). Unpublished, it is
+        // freed with the shard, which no borrow of `self` outlives.
+        (!next.is_null()).then(|| unsafe { &*next })
+    }
+
+    /// The last table of the chain from this one: where new keys go.
+    pub(crate) fn newest(&self) -> &Table<K, M> {
+        let mut table = self;
+        while let Some(next) = table.next() {
+            table = next;
+        }
+        table
+    }
+
+    /// Where the key matching `eq` is, following the migration chain: in this table, or,
+    /// if it is absent or frozen here, in the one it moves to. A key frozen here and
+    /// absent from the next table is being moved right now, or was removed after its move:
+    /// [`Located::Moving`] says so, and the writer mutex tells which (under it, no move is
+    /// half done).
+    #[inline]
+    pub(crate) fn locate(&self, hash: u64, mut eq: impl FnMut(&K) -> bool) -> Located<'_, K, M> {
+        let mut table = self;
+        let mut moving = false;
+        loop {
+            match table.find_raw(hash, &mut eq) {
+                Some((slot, raw)) if raw != FROZEN => {
+                    return Located::Found { table, slot, raw };
+                }
+                found => {
+                    moving |= found.is_some();
+                    match table.next() {
+                        Some(next) => table = next,
+                        None if moving => return Located::Moving,
+                        None => return Located::Absent { table },
+                    }
+                }
+            }
+        }
+    }
+
     /// The slot at `index` (`< capacity`), for the eviction hand and sampling.
     pub(crate) fn slot(&self, index: usize) -> &Slot<K> {
         &self.slots[index]
     }
 
-    /// The slot whose key matches `eq`, with its word; `None` when absent. Skips removed
-    /// slots; stops at the first empty one.
-    #[inline]
+    /// The slot of this table whose key matches `eq`, with its word; `None` when absent.
+    /// Skips removed slots; stops at the first empty one. (The store uses
+    /// [`locate`](Self::locate), which follows a migration.)
+    #[cfg(test)]
     pub(crate) fn find(&self, hash: u64, eq: impl FnMut(&K) -> bool) -> Option<(&Slot<K>, Word)> {
         self.find_raw(hash, eq)
             .map(|(slot, raw)| (slot, Word::from_raw(raw)))
@@ -336,7 +425,7 @@ impl<K, M> Table<K, M> {
         let tag = tag(hash);
         loop {
             let slot = &self.slots[index];
-            let raw = slot.word.load(Ordering::Acquire);
+            let raw = slot.load_raw();
             if raw == EMPTY {
                 return None;
             }
@@ -365,7 +454,7 @@ impl<K, M> Table<K, M> {
     unsafe fn place(&self, hash: u64, key: K, state: u64) -> &Slot<K> {
         let capacity = self.slots.len();
         let mut index = home(hash, capacity);
-        while self.slots[index].word.load(Ordering::Relaxed) != EMPTY {
+        while stored(self.slots[index].word.load(Ordering::Relaxed)) != EMPTY {
             index += 1;
             if index == capacity {
                 index = 0;
@@ -380,15 +469,83 @@ impl<K, M> Table<K, M> {
             self.tags[index].store(tag(hash), Ordering::Relaxed);
         }
         self.used.fetch_add(1, Ordering::Relaxed);
-        slot.word.store(state.min(STATE_MAX), Ordering::Release);
+        slot.word
+            .store(stored(state.min(STATE_MAX)), Ordering::Release);
         slot
+    }
+}
+
+/// Where [`Table::locate`] found a key.
+pub(crate) enum Located<'a, K, M> {
+    /// In `table`'s `slot`, whose raw word was `raw` (live when loaded).
+    Found {
+        table: &'a Table<K, M>,
+        slot: &'a Slot<K>,
+        raw: u64,
+    },
+    /// Frozen in one table and absent from the next: being moved by the writer right
+    /// now, or removed after its move. Under the writer mutex, absent.
+    Moving,
+    /// Nowhere; `table` is the newest of the chain, where it would be inserted.
+    Absent { table: &'a Table<K, M> },
+}
+
+/// `len` values of `T` whose all-zero bytes are a valid value, from a zeroed allocation
+/// (untouched pages of a large one are mapped on first use, so it costs no pass).
+#[cfg(not(tollgate_loom))]
+fn zeroed<T: Zeroable>(len: usize) -> Box<[T]> {
+    if len == 0 || std::mem::size_of::<T>() == 0 {
+        return (0..len).map(|_| T::zero()).collect();
+    }
+    let layout = std::alloc::Layout::array::<T>(len).unwrap_or_else(|_| {
+        // At most 2³² slots of a few words: never on a 64-bit target.
+        panic!("a table of {len} slots does not fit the address space")
+    });
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: `ptr` is a live allocation of `layout`, the layout of `[T; len]`, from the
+    // global allocator (which a `Box<[T]>` frees with), zeroed, and all-zero bytes are a
+    // valid `T` (`T: Zeroable`), so it holds `len` initialised values.
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) }
+}
+
+/// Under loom, whose atomics are not plain memory: built one by one.
+#[cfg(tollgate_loom)]
+fn zeroed<T: Zeroable>(len: usize) -> Box<[T]> {
+    (0..len).map(|_| T::zero()).collect()
+}
+
+/// Types whose all-zero bytes are a valid value.
+///
+/// # Safety
+/// All-zero bytes must be a valid value of the type (equal to `zero()`).
+unsafe trait Zeroable {
+    fn zero() -> Self;
+}
+
+// SAFETY: a slot is an `AtomicU64` (0 is valid, and `stored(EMPTY)`) and key bytes that
+// are `MaybeUninit` (any bytes are valid).
+unsafe impl<K> Zeroable for Slot<K> {
+    fn zero() -> Self {
+        Slot::empty()
+    }
+}
+
+// SAFETY: an `AtomicU8` of 0.
+unsafe impl Zeroable for AtomicU8 {
+    fn zero() -> Self {
+        AtomicU8::new(0)
     }
 }
 
 impl<K, M> Drop for Table<K, M> {
     fn drop(&mut self) {
-        for slot in self.slots.iter() {
-            let raw = slot.word.load(Ordering::Relaxed);
+        // Keys that need no drop need no pass over the slots either.
+        for slot in self.slots.iter().filter(|_| std::mem::needs_drop::<K>()) {
+            let raw = stored(slot.word.load(Ordering::Relaxed));
             if raw != EMPTY && raw != FROZEN {
                 // SAFETY: `&mut self`: no reader is left. A live or REMOVED word means the
                 // key was written and is still owned by this table (a FROZEN one was moved
@@ -404,14 +561,39 @@ impl<K, M> Drop for Table<K, M> {
     }
 }
 
+/// What a migration does with each key it moves to a table of new `meta`.
+pub(crate) trait Carry<K> {
+    /// The state for `self`'s table of a key (of `hash`) whose state was `state` under
+    /// `from`'s, at `now`.
+    fn carry(&self, from: &Self, key: &K, hash: u64, state: u64, now: u64) -> u64;
+}
+
 /// The current table of one shard, and the mutex its writers take.
 pub(crate) struct EpochTable<K, M, W> {
     /// Never null: a table made by `Box::into_raw`.
     current: sync::AtomicPtr<Table<K, M>>,
-    writer: Mutex<W>,
-    /// This shard's tables not yet destroyed: the current one and the retired ones.
+    writer: Mutex<Locked<W>>,
+    /// This shard's tables not yet destroyed: the current one, the one a migration
+    /// moves to, and the retired ones.
     alive: Arc<std::sync::atomic::AtomicUsize>,
+    /// 1 while a migration runs (its table is alive but not retired), else 0.
+    migrating: std::sync::atomic::AtomicUsize,
+    /// A table a check's help unlinked but did not retire (retiring may allocate, and a
+    /// check on an existing key does not): the next writer retires it. Null otherwise.
+    /// Changed only under the writer mutex.
+    unretired: sync::AtomicPtr<Table<K, M>>,
     _owns: PhantomData<Table<K, M>>,
+}
+
+/// What the writer mutex guards: the writers' own state, and how far the migration in
+/// progress (if any) has come.
+struct Locked<W> {
+    user: W,
+    /// The next slot of the current table to move.
+    cursor: usize,
+    /// The slots of the new table whose pages the migration has touched (see
+    /// [`Writer::prefault`]).
+    faulted: usize,
 }
 
 impl<K, M, W> EpochTable<K, M, W>
@@ -426,8 +608,14 @@ where
         let table = Table::new(capacity.clamp(2, MAX_CAPACITY), meta, &alive);
         Self {
             current: sync::AtomicPtr::new(Box::into_raw(Box::new(table))),
-            writer: Mutex::new(writer),
+            writer: Mutex::new(Locked {
+                user: writer,
+                cursor: 0,
+                faulted: 0,
+            }),
             alive,
+            migrating: std::sync::atomic::AtomicUsize::new(0),
+            unretired: sync::AtomicPtr::new(std::ptr::null_mut()),
             _owns: PhantomData,
         }
     }
@@ -437,7 +625,7 @@ where
     pub(crate) fn read<'a>(&'a self, _guard: &'a Guard<'_>) -> &'a Table<K, M> {
         let table = self.current.load(Ordering::Acquire);
         // SAFETY: `current` is never null (set in `new`, replaced only by non-null tables
-        // in `migrate`). A table it pointed to while `guard` was in force is destroyed
+        // in `step`). A table it pointed to while `guard` was in force is destroyed
         // only by the domain after every guard in force when it was retired has dropped
         // (see `reclaim`), or by `drop(&mut self)`, which no `&self` borrow outlives.
         unsafe { &*table }
@@ -445,13 +633,15 @@ where
 
     /// How many of this shard's retired tables are not destroyed yet.
     pub(crate) fn retired_unfreed(&self) -> usize {
+        let ordering = std::sync::atomic::Ordering::Relaxed;
         self.alive
-            .load(std::sync::atomic::Ordering::Relaxed)
-            .saturating_sub(1)
+            .load(ordering)
+            .saturating_sub(1 + self.migrating.load(ordering))
     }
 
-    /// Waits until no writer holds the mutex (after a check met a frozen slot: the
-    /// migration that froze it has published its table by then).
+    /// Waits until no writer holds the mutex (after a check met a key being moved: the
+    /// writer that froze it has placed it in the next table by then).
+    #[cfg(all(test, tollgate_loom))]
     pub(crate) fn wait_for_writer(&self) {
         drop(sync::lock(&self.writer));
     }
@@ -463,6 +653,11 @@ where
             state: sync::lock(&self.writer),
         }
     }
+
+    /// Takes the writer mutex if no one holds it.
+    pub(crate) fn try_write(&self) -> Option<Writer<'_, K, M, W>> {
+        sync::try_lock(&self.writer).map(|state| Writer { owner: self, state })
+    }
 }
 
 impl<K, M, W> Drop for EpochTable<K, M, W> {
@@ -471,7 +666,22 @@ impl<K, M, W> Drop for EpochTable<K, M, W> {
         // SAFETY: `&mut self`: no borrow of the current table is left (`read` ties it to
         // `&self`), and no other thread can reach it (a retired table never points back
         // here). It was made by `Box::into_raw`.
-        drop(unsafe { Box::from_raw(current) });
+        let current = unsafe { Box::from_raw(current) };
+        let next = current.next.load(Ordering::Relaxed);
+        drop(current);
+        let unretired = self.unretired.load(Ordering::Relaxed);
+        if !unretired.is_null() {
+            // SAFETY: a table unlinked by a check's help and never retired: made by
+            // `Box::into_raw`, reachable from nothing but this pointer, and, with
+            // `&mut self`, borrowed by no reader.
+            drop(unsafe { Box::from_raw(unretired) });
+        }
+        if !next.is_null() {
+            // SAFETY: the table of a migration that did not finish: made by
+            // `Box::into_raw`, reachable only through the current table, dropped above.
+            // It owns the keys moved so far (the current table skipped them, FROZEN).
+            drop(unsafe { Box::from_raw(next) });
+        }
     }
 }
 
@@ -479,7 +689,7 @@ impl<K, M, W> Drop for EpochTable<K, M, W> {
 /// migrate.
 pub(crate) struct Writer<'a, K, M, W> {
     owner: &'a EpochTable<K, M, W>,
-    state: MutexGuard<'a, W>,
+    state: MutexGuard<'a, Locked<W>>,
 }
 
 impl<'a, K, M, W> Writer<'a, K, M, W>
@@ -489,7 +699,7 @@ where
 {
     /// The state the writers keep.
     pub(crate) fn state(&mut self) -> &mut W {
-        &mut self.state
+        &mut self.state.user
     }
 
     /// The current table. While this writer lives, no one else publishes another.
@@ -500,8 +710,23 @@ where
         self.owner.read(guard)
     }
 
-    /// Inserts `key`, known to be absent, with `state`; gives the key back when the table
-    /// has no room within its load limit (then [`migrate`](Self::migrate) first).
+    /// Where new keys go: the table a migration moves to, else the current one.
+    pub(crate) fn target<'g>(&self, guard: &'g Guard<'_>) -> &'g Table<K, M>
+    where
+        'a: 'g,
+    {
+        let table = self.table(guard);
+        table.next().unwrap_or(table)
+    }
+
+    /// Whether a migration is under way.
+    pub(crate) fn migrating(&self, guard: &Guard<'_>) -> bool {
+        self.table(guard).next().is_some()
+    }
+
+    /// Inserts `key`, known to be absent (from both tables while a migration runs), with
+    /// `state` into the [`target`](Self::target); gives the key back when that table has
+    /// no room within its load limit (then [`begin_migration`](Self::begin_migration)).
     pub(crate) fn insert<'g>(
         &mut self,
         guard: &'g Guard<'_>,
@@ -512,13 +737,13 @@ where
     where
         'a: 'g,
     {
-        let table = self.table(guard);
+        let table = self.target(guard);
         if !fits(table.used.load(Ordering::Relaxed) + 1, table.capacity()) {
             return Err(key);
         }
-        // SAFETY: this writer holds the mutex and `table` is current (only mutex holders
-        // publish), so no one else writes its empty slots; the load limit is below 1, so
-        // an empty slot remains.
+        // SAFETY: this writer holds the mutex and `table` is the insert target (only
+        // mutex holders publish or start migrations), so no one else writes its empty
+        // slots; the load limit is below 1, so an empty slot remains.
         Ok(unsafe { table.place(hash, key, state) })
     }
 
@@ -534,82 +759,218 @@ where
         state <= STATE_MAX
             && slot
                 .word
-                .compare_exchange(state, REMOVED, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(
+                    stored(state),
+                    stored(REMOVED),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
                 .is_ok()
     }
 
-    /// Whether one more key fits the current table within its load limit.
+    /// Whether one more key fits the insert target within its load limit.
     pub(crate) fn has_room(&self, guard: &Guard<'_>) -> bool {
-        let table = self.table(guard);
+        let table = self.target(guard);
         fits(table.used.load(Ordering::Relaxed) + 1, table.capacity())
     }
 
-    /// Moves every live key into a new table of at least `capacity` slots (more if the
-    /// live keys need them; at most 2³²) carrying `meta`, publishes it, and retires the
-    /// old one. Each key's state is frozen, passed through `convert` and stored in the new
-    /// table (`convert` gets the slot's index in the old table); removed keys are left
-    /// behind. Returns the new capacity.
-    ///
-    /// `rehash` (the key's `Hash`, user code) first runs over every key before anything
-    /// is frozen, so a panicking `Hash` leaves the table as it was. From the first freeze
-    /// to the publication a panic would strand frozen slots, so there it aborts the
-    /// process (only a `Hash` that panics on its second call, or a panicking `convert`,
-    /// could cause one).
-    pub(crate) fn migrate(
+    /// Starts moving every live key into a new table of at least `capacity` slots (more
+    /// if `live` keys, plus what inserts may add before the move ends, need them; at most
+    /// 2³²) carrying `meta`. A migration already under way is finished first. Nothing
+    /// moves yet: [`step`](Self::step) moves slots, and publishes the new table once all
+    /// have moved. New keys go to the new table from now on. Returns its capacity.
+    pub(crate) fn begin_migration(
         &mut self,
         guard: &Guard<'_>,
         capacity: usize,
+        live: usize,
         meta: M,
         rehash: impl Fn(&K) -> u64,
-        mut convert: impl FnMut(usize, u64) -> u64,
-    ) -> usize {
+        now: u64,
+    ) -> usize
+    where
+        M: Carry<K>,
+    {
+        self.step(guard, usize::MAX, &rehash, now);
+        self.retire_unretired(guard);
         let old = self.table(guard);
-        // `rehash` is user code: run it over every key before anything is frozen, so a
-        // panic leaves the table as it was (a panicking `Hash` panics here, not below).
-        let mut live = 0;
-        for slot in old.slots.iter() {
-            if matches!(slot.load(), Word::Live(_)) && slot.with_key(&rehash).is_some() {
-                live += 1;
-            }
-        }
+        // Inserts move `STEP_PER_INSERT` slots each, so at most this many come before
+        // the last slot has moved: the new table takes them without filling up.
+        let inserts = old.capacity() / STEP_PER_INSERT + 1;
         let mut capacity = capacity.clamp(2, MAX_CAPACITY);
-        while !fits(live + 1, capacity) {
+        while !fits(live + inserts + 1, capacity) && capacity < MAX_CAPACITY {
             capacity = (capacity + capacity / 4 + 1).min(MAX_CAPACITY);
         }
-        let new = Table::new(capacity, meta, &self.owner.alive);
-        // From the first freeze until the new table is published, a panic (a `Hash` that
-        // panics on its second call only, or a `convert` that panics) would leave frozen
-        // slots that checks wait on forever: abort instead.
-        let no_unwind = AbortOnUnwind;
-        for (index, slot) in old.slots.iter().enumerate() {
+        let new = Box::into_raw(Box::new(Table::new(capacity, meta, &self.owner.alive)));
+        self.owner
+            .migrating
+            .store(1, std::sync::atomic::Ordering::Relaxed);
+        self.state.cursor = 0;
+        self.state.faulted = 0;
+        old.next.store(new, Ordering::Release);
+        capacity
+    }
+
+    /// Moves up to `budget` slots of the current table to the table a migration moves
+    /// to, each state through [`Carry::carry`] at `now`; once the last has moved,
+    /// publishes the new table and retires the old one. Returns true if it published.
+    /// Removed keys are left behind.
+    ///
+    /// `rehash` (the key's `Hash`, user code) runs on a key before it freezes, so a
+    /// panicking `Hash` leaves the slot as it was. Between the freeze and the key's
+    /// placement in the new table a panic (a `Hash` that panics on its second call only,
+    /// or a panicking `Eq` in `carry`) would strand a frozen key: there it aborts.
+    pub(crate) fn step(
+        &mut self,
+        guard: &Guard<'_>,
+        budget: usize,
+        rehash: impl Fn(&K) -> u64,
+        now: u64,
+    ) -> bool
+    where
+        M: Carry<K>,
+    {
+        self.step_inner(guard, budget, rehash, now, false)
+    }
+
+    /// [`step`](Self::step) for a check that helps: a table it unlinks is not retired
+    /// (that may allocate) but left for the next writer to retire.
+    pub(crate) fn help(
+        &mut self,
+        guard: &Guard<'_>,
+        budget: usize,
+        rehash: impl Fn(&K) -> u64,
+        now: u64,
+    ) -> bool
+    where
+        M: Carry<K>,
+    {
+        self.step_inner(guard, budget, rehash, now, true)
+    }
+
+    /// Retires the table a check's help unlinked, if any.
+    pub(crate) fn retire_unretired(&mut self, guard: &Guard<'_>) {
+        let old = self
+            .owner
+            .unretired
+            .swap(std::ptr::null_mut(), Ordering::Relaxed);
+        if !old.is_null() {
+            // SAFETY: as in `step_inner`: unlinked from `current` before this writer took
+            // the mutex (so only guards in force now can hold it), made by `Box::into_raw`,
+            // and retired once, here (the swap took the only pointer to it).
+            unsafe { guard.retire(old.cast(), Table::<K, M>::destroy) };
+        }
+    }
+
+    fn step_inner(
+        &mut self,
+        guard: &Guard<'_>,
+        budget: usize,
+        rehash: impl Fn(&K) -> u64,
+        now: u64,
+        defer_retire: bool,
+    ) -> bool
+    where
+        M: Carry<K>,
+    {
+        if !defer_retire {
+            self.retire_unretired(guard);
+        }
+        let old = self.table(guard);
+        let Some(new) = old.next() else {
+            return false;
+        };
+        let end = old.capacity();
+        let stop = self.state.cursor.saturating_add(budget).min(end);
+        self.prefault(new, stop, end);
+        for index in self.state.cursor..stop {
+            let slot = &old.slots[index];
             let Some(hash) = slot.with_key(&rehash) else {
                 continue;
             };
-            let Some(state) = slot.freeze() else {
-                continue;
-            };
-            // SAFETY: this writer froze the slot, so it alone moves the key out: the old
-            // table's `Drop` skips FROZEN slots, and readers only read the bytes (which
-            // stay valid: `new` keeps the value alive and outlives `old`).
-            let key = slot.key.with(|key| unsafe { (*key).assume_init_read() });
-            let state = convert(index, state);
-            // SAFETY: `new` is not published yet, so this writer alone touches it, and it
-            // was sized above for every live key within the load limit (no key becomes
-            // live meanwhile: only this writer inserts).
-            unsafe { new.place(hash, key, state) };
+            let no_unwind = AbortOnUnwind;
+            if let Some(state) = slot.freeze() {
+                // SAFETY: this writer froze the slot, so it alone moves the key out: the old
+                // table's `Drop` skips FROZEN slots, and readers only read the bytes (which
+                // stay valid: `new` keeps the value alive and outlives `old`).
+                let key = slot.key.with(|key| unsafe { (*key).assume_init_read() });
+                let state = new.meta.carry(&old.meta, &key, hash, state, now);
+                // SAFETY: this writer holds the mutex and `new` is the insert target; it was
+                // sized in `begin_migration` for every live key and every insert that can
+                // come before the last slot moves, within the load limit.
+                unsafe { new.place(hash, key, state) };
+            }
+            std::mem::forget(no_unwind);
         }
-        let old = self
-            .owner
-            .current
-            .swap(Box::into_raw(Box::new(new)), Ordering::AcqRel);
+        self.state.cursor = stop;
+        if stop < end {
+            return false;
+        }
+        let new = old.next.load(Ordering::Relaxed);
+        let old = self.owner.current.swap(new, Ordering::AcqRel);
+        self.owner
+            .migrating
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        self.state.cursor = 0;
+        if defer_retire {
+            // Left for the next writer: no table is pending (each writer path retires the
+            // pending one first, and a migration spans at least one writer path: its
+            // `begin_migration`).
+            self.owner.unretired.store(old, Ordering::Relaxed);
+            return true;
+        }
         // SAFETY: `old` (made by `Box::into_raw`, in `new` or an earlier migration) is no
         // longer reachable from `current`, so only guards in force now can hold it, and
         // the domain destroys it after they have all dropped; it is retired once, here.
         // Its keys and meta are `Send + 'static`, so destroying it later on another thread
-        // is sound.
+        // is sound. (Its `next`, the new current table, is not its to drop.)
         unsafe { guard.retire(old.cast(), Table::<K, M>::destroy) };
-        std::mem::forget(no_unwind);
-        capacity
+        true
+    }
+}
+
+/// The tests' metas carry every state over as it is.
+#[cfg(test)]
+impl<K> Carry<K> for () {
+    fn carry(&self, _: &Self, _: &K, _: u64, state: u64, _: u64) -> u64 {
+        state
+    }
+}
+
+#[cfg(test)]
+impl<K> Carry<K> for u64 {
+    fn carry(&self, _: &Self, _: &K, _: u64, state: u64, _: u64) -> u64 {
+        state
+    }
+}
+
+/// How many slots an insert moves while a migration is under way: enough for the
+/// migration to end long before the new table fills, few enough to take microseconds.
+pub(crate) const STEP_PER_INSERT: usize = 16;
+
+impl<K, M, W> Writer<'_, K, M, W> {
+    /// Touches the pages of the migration's new table ahead of the keys moving in: its
+    /// slots come from a zeroed allocation whose pages the kernel maps on first write,
+    /// and keys land at random, so without this each move of the first steps would take
+    /// a page fault of its own. Pages are touched in order, four times as fast as the
+    /// migration moves (all of them by a quarter of the way), a word each, by an atomic
+    /// add of 0 (a write that changes nothing: the writer alone writes the new table's
+    /// slots, and readers see the same word).
+    fn prefault(&mut self, new: &Table<K, M>, moved: usize, of: usize) {
+        if cfg!(tollgate_loom) {
+            return;
+        }
+        let per_page = (4096 / std::mem::size_of::<Slot<K>>()).max(1);
+        let capacity = new.capacity();
+        let target = (moved.saturating_mul(4).saturating_mul(capacity) / of.max(1))
+            .saturating_add(per_page)
+            .min(capacity);
+        while self.state.faulted < target {
+            new.slots[self.state.faulted]
+                .word
+                .fetch_add(0, Ordering::Relaxed);
+            self.state.faulted += per_page;
+        }
     }
 }
 
@@ -632,19 +993,40 @@ mod tests {
         ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(key)
     }
 
+    /// A migration done in one go, as the store's operator paths end theirs.
+    fn migrate<K: Send + Sync + 'static, M: Carry<K> + Send + Sync + 'static>(
+        writer: &mut Writer<'_, K, M, ()>,
+        guard: &Guard<'_>,
+        capacity: usize,
+        live: usize,
+        meta: M,
+        rehash: impl Fn(&K) -> u64,
+    ) {
+        writer.begin_migration(guard, capacity, live, meta, &rehash, 0);
+        assert!(writer.step(guard, usize::MAX, &rehash, 0));
+    }
+
+    /// Inserts, updates and removals against a `HashMap`, with migrations that move a
+    /// few slots per operation (lookups read through them), as the store runs them.
     #[test]
-    fn matches_a_hashmap_through_inserts_removals_and_migrations() {
+    fn matches_a_hashmap_through_inserts_removals_and_incremental_migrations() {
         let table: EpochTable<u64, (), ()> = EpochTable::new(2, (), ());
         let guard = reclaim::pin();
         let mut model: HashMap<u64, u64> = HashMap::new();
         let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut migrations = 0;
         for step in 0..100_000u64 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             let key = x % 3_000;
             let mut writer = table.write();
-            let found = writer.table(&guard).find(h(&key), |k| *k == key);
+            writer.step(&guard, 3, h, 0);
+            let found = match writer.table(&guard).locate(h(&key), |k| *k == key) {
+                Located::Found { slot, raw, .. } => Some((slot, Word::from_raw(raw))),
+                Located::Absent { .. } => None,
+                Located::Moving => panic!("a key half moved under the writer"),
+            };
             if x % 3 < 2 {
                 match found {
                     Some((slot, Word::Live(state))) => {
@@ -655,7 +1037,8 @@ mod tests {
                     None => {
                         if let Err(key) = writer.insert(&guard, h(&key), key, step) {
                             let live = model.len();
-                            writer.migrate(&guard, live * 2, (), h, |_, s| s);
+                            writer.begin_migration(&guard, live * 2, live, (), h, 0);
+                            migrations += 1;
                             assert!(writer.insert(&guard, h(&key), key, step).is_ok());
                         }
                         model.insert(key, step);
@@ -669,13 +1052,14 @@ mod tests {
             if step % 1_000 == 0 {
                 let current = table.read(&guard);
                 for (k, v) in &model {
-                    assert_eq!(
-                        current.find(h(k), |x| x == k).map(|(_, w)| w),
-                        Some(Word::Live(*v))
-                    );
+                    match current.locate(h(k), |x| x == k) {
+                        Located::Found { raw, .. } => assert_eq!(raw, *v),
+                        _ => panic!("step {step}: key {k} lost"),
+                    }
                 }
             }
         }
+        assert!(migrations > 10, "{migrations} migrations");
     }
 
     #[test]
@@ -708,7 +1092,7 @@ mod tests {
             assert_eq!(Arc::strong_count(&counter), 4);
             let slot = writer.table(&guard).find(0, |_| true).unwrap().0;
             writer.remove(slot);
-            writer.migrate(&guard, 16, (), |k| Arc::as_ptr(k) as u64, |_, s| s);
+            migrate(&mut writer, &guard, 16, 2, (), |k| Arc::as_ptr(k) as u64);
             // Two keys moved to the new table, one left behind, removed, in the retired
             // one: nothing dropped yet, and the guard in force holds the retired table.
             assert_eq!(Arc::strong_count(&counter), 4);
@@ -768,16 +1152,22 @@ mod loom_models {
         thread::spawn(move || f(&shard, &domain))
     }
 
-    /// A check as the store runs it: find the key, add `by` to its state by CAS, waiting
-    /// for the writer and looking again on FROZEN; `false` if the key is absent or was
+    /// A check as the store runs it: locate the key (reading through a migration), add
+    /// `by` to its state by CAS, looking again if it froze meanwhile and waiting for the
+    /// writer if it is in the middle of its move; `false` if the key is absent or was
     /// removed.
     fn add(shard: &Shard, domain: &Domain, key: u64, by: u64) -> bool {
         let handle = domain.register();
         loop {
             let guard = handle.pin();
-            let table = shard.read(&guard);
-            let Some((slot, mut word)) = table.find(key, |k| *k == key) else {
-                return false;
+            let (slot, mut word) = match shard.read(&guard).locate(key, |k| *k == key) {
+                Located::Found { slot, raw, .. } => (slot, Word::from_raw(raw)),
+                Located::Absent { .. } => return false,
+                Located::Moving => {
+                    drop(guard);
+                    shard.wait_for_writer();
+                    continue;
+                }
             };
             loop {
                 match word {
@@ -789,17 +1179,16 @@ mod loom_models {
                     Word::Frozen => break,
                 }
             }
-            drop(guard);
-            shard.wait_for_writer();
         }
     }
 
     fn state_of(shard: &Shard, domain: &Domain, key: u64) -> Option<u64> {
         let handle = domain.register();
         let guard = handle.pin();
-        match shard.read(&guard).find(key, |k| *k == key)? {
-            (_, Word::Live(state)) => Some(state),
-            (_, word) => panic!("{word:?} after every thread joined"),
+        match shard.read(&guard).locate(key, |k| *k == key) {
+            Located::Found { raw, .. } => Some(raw),
+            Located::Absent { .. } => None,
+            Located::Moving => panic!("a key half moved after every thread joined"),
         }
     }
 
@@ -809,15 +1198,23 @@ mod loom_models {
         shard.write().insert(&guard, key, key, 0).ok().unwrap();
     }
 
-    /// A migration as the store runs it: under a guard, then a collect once the guard
-    /// has dropped.
+    /// A whole migration, as an operator's path runs it: begun, then moved a slot at a
+    /// time, each under its own hold of the writer mutex and its own guard, with a
+    /// collect after the last.
     fn migrate(shard: &Shard, domain: &Domain, capacity: usize, meta: u64) {
         let handle = domain.register();
         {
             let guard = handle.pin();
+            let live = 1;
             shard
                 .write()
-                .migrate(&guard, capacity, meta, |k| *k, |_, s| s);
+                .begin_migration(&guard, capacity, live, meta, |k| *k, 0);
+        }
+        loop {
+            let guard = handle.pin();
+            if shard.write().step(&guard, 1, |k| *k, 0) {
+                break;
+            }
         }
         domain.collect();
     }
@@ -838,6 +1235,39 @@ mod loom_models {
             assert_eq!(state_of(&shard, &domain, 1), Some(11));
             let handle = domain.register();
             assert_eq!(shard.read(&handle.pin()).meta, 1);
+        });
+    }
+
+    /// A check races a migration moving one slot at a time, during which a key is
+    /// inserted (into the new table) and checked (read through the old one): the check
+    /// lands once, in whichever table holds the key then, and nothing is lost.
+    #[test]
+    fn loom_a_check_racing_an_incremental_migration_lands_once() {
+        model(|| {
+            let (shard, domain) = setup();
+            insert(&shard, &domain, 1);
+            let check = spawn(&shard, &domain, |shard, domain| {
+                assert!(add(shard, domain, 1, 10));
+            });
+            let handle = domain.register();
+            {
+                let guard = handle.pin();
+                let mut writer = shard.write();
+                writer.begin_migration(&guard, 8, 1, 1, |k| *k, 0);
+                writer.insert(&guard, 2, 2, 5).ok().unwrap();
+            }
+            assert!(add(&shard, &domain, 2, 1));
+            loop {
+                let guard = handle.pin();
+                if shard.write().step(&guard, 1, |k| *k, 0) {
+                    break;
+                }
+            }
+            drop(handle);
+            domain.collect();
+            check.join().unwrap();
+            assert_eq!(state_of(&shard, &domain, 1), Some(10));
+            assert_eq!(state_of(&shard, &domain, 2), Some(6));
         });
     }
 
@@ -873,7 +1303,10 @@ mod loom_models {
             let guard = handle.pin();
             let before = {
                 let mut writer = shard.write();
-                let slot = writer.table(&guard).find(2, |k| *k == 2).unwrap().0;
+                let Located::Found { slot, .. } = writer.table(&guard).locate(2, |k| *k == 2)
+                else {
+                    panic!("the key is there")
+                };
                 writer.remove(slot).unwrap()
             };
             drop(guard);
