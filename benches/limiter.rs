@@ -503,6 +503,22 @@ fn keyed_1m(c: &mut Criterion) {
 /// The way a Redis token bucket is usually written, as the baseline for ours: the client
 /// passes its clock in seconds, tokens are floats in a hash, every call writes.
 #[cfg(feature = "redis")]
+/// The issue's peer for the plain path: a minimal GCRA that a user would write, with the
+/// server's `TIME`, one `GET`, and a `SET` with a TTL on admission (exact integers, as
+/// tollgate's script keeps them), returning only whether it admitted.
+const BARE_GCRA: &str = r"
+local t, tau = tonumber(ARGV[1]), tonumber(ARGV[2])
+local time = redis.call('TIME')
+local now = time[1] * 1000000 + time[2]
+local tat = math.max(tonumber(redis.call('GET', KEYS[1])) or now, now)
+local new = tat + t
+if new - now > tau + t then
+  return 0
+end
+redis.call('SET', KEYS[1], string.format('%.0f', new), 'PX', string.format('%.0f', math.ceil((new - now) / 1000)))
+return 1
+";
+
 const COMMON_LUA_TOKEN_BUCKET: &str = r"
 local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
@@ -549,9 +565,9 @@ fn redis_quota() -> Quota {
         .expect("valid quota")
 }
 
-/// A check through the Redis tier against the common Lua token bucket (EVALSHA over the
-/// same kind of connection), with 1 and with 50 requests in flight, and a local check for
-/// scale. Needs `redis-server` (./scripts/test.sh installs it).
+/// A check through the Redis tier against the common Lua token bucket and a bare GCRA
+/// script (EVALSHA over the same kind of connection), with 1, 16 and 64 requests in
+/// flight, every check admitted, and a local check for scale. Needs `redis-server` (./scripts/test.sh installs it).
 #[cfg(feature = "redis")]
 fn redis_tier(c: &mut Criterion) {
     use std::sync::Arc;
@@ -575,6 +591,7 @@ fn redis_tier(c: &mut Criterion) {
         })
         .expect("connect");
     let baseline = Arc::new(redis::Script::new(COMMON_LUA_TOKEN_BUCKET));
+    let bare = Arc::new(redis::Script::new(BARE_GCRA));
     let names: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("user-{i}")).collect());
     let order = Arc::new(key_sequence(0xbeef, KEYS));
     let start = Instant::now();
@@ -620,9 +637,40 @@ fn redis_tier(c: &mut Criterion) {
         }
     };
 
+    // The bare GCRA at the same quota: T and tau in µs.
+    let t_us = (quota.emission_interval().as_nanos() / 1_000).max(1) as u64;
+    let tau_us = t_us * (quota.burst() - 1);
+    let call_bare = {
+        let (connection, bare, names, order) = (
+            connection.clone(),
+            bare.clone(),
+            names.clone(),
+            order.clone(),
+        );
+        move |i: usize| {
+            let (mut connection, bare, names, order) = (
+                connection.clone(),
+                bare.clone(),
+                names.clone(),
+                order.clone(),
+            );
+            async move {
+                let key = format!("bare:{}", names[order[i & (SEQUENCE - 1)] as usize]);
+                let reply: i64 = bare
+                    .key(key)
+                    .arg(t_us)
+                    .arg(tau_us)
+                    .invoke_async(&mut connection)
+                    .await
+                    .expect("bare script");
+                reply == 1
+            }
+        }
+    };
+
     let mut group = c.benchmark_group("redis_tier");
     group.sample_size(20);
-    for in_flight in [1usize, 50] {
+    for in_flight in [1usize, 16, 64] {
         let id = |name: &str| BenchmarkId::new(name, format!("{in_flight}_in_flight"));
         group.bench_function(id("tollgate_script"), |b| {
             b.iter_custom(|iters| {
@@ -634,18 +682,25 @@ fn redis_tier(c: &mut Criterion) {
                 runtime.block_on(run_in_flight(iters, in_flight, call_baseline.clone()))
             })
         });
+        group.bench_function(id("bare_gcra"), |b| {
+            b.iter_custom(|iters| {
+                runtime.block_on(run_in_flight(iters, in_flight, call_bare.clone()))
+            })
+        });
     }
     // What each script costs the server itself, from Redis's own accounting.
     let mut admin = connection.clone();
     type BoxedCall =
         Box<dyn Fn(usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>>;
-    let (ours_call, baseline_call) = (call_ours.clone(), call_baseline.clone());
-    let calls: [(&str, BoxedCall); 2] = [
+    let (ours_call, baseline_call, bare_call) =
+        (call_ours.clone(), call_baseline.clone(), call_bare.clone());
+    let calls: [(&str, BoxedCall); 3] = [
         ("tollgate_script", Box::new(move |i| Box::pin(ours_call(i)))),
         (
             "common_lua_baseline",
             Box::new(move |i| Box::pin(baseline_call(i))),
         ),
+        ("bare_gcra", Box::new(move |i| Box::pin(bare_call(i)))),
     ];
     for (name, call) in calls {
         let calls = 20_000;
