@@ -181,9 +181,32 @@ fn bench_keyed(
     threads: usize,
     keys: &[Vec<u64>],
 ) {
-    for key in 0..KEYS {
+    bench_keyed_set(group, id, limiter, threads, keys, KEYS);
+}
+
+/// As [`bench_keyed`], over a set of `set` keys.
+fn bench_keyed_set(
+    group: &mut Group<'_>,
+    id: BenchmarkId,
+    limiter: &dyn Check,
+    threads: usize,
+    keys: &[Vec<u64>],
+    set: u64,
+) {
+    for key in 0..set {
         limiter.check(key);
     }
+    bench_sequences(group, id, limiter, threads, keys);
+}
+
+/// Benches `limiter`, whose keys exist, on `threads` threads over the key sequences.
+fn bench_sequences(
+    group: &mut Group<'_>,
+    id: BenchmarkId,
+    limiter: &dyn Check,
+    threads: usize,
+    keys: &[Vec<u64>],
+) {
     let check = |thread: usize, i: usize| limiter.check(keys[thread][i & (SEQUENCE - 1)]);
     group.bench_function(id, |b| {
         b.iter_custom(|iters| run_threads(threads, iters, &check))
@@ -237,10 +260,7 @@ fn churn_1k(c: &mut Criterion) {
                 contender.check(key);
             }
             let before = contender.0.stats();
-            let check = |thread: usize, i: usize| contender.check(keys[thread][i & (SEQUENCE - 1)]);
-            group.bench_function(id, |b| {
-                b.iter_custom(|iters| run_threads(threads, iters, &check))
-            });
+            bench_sequences(&mut group, id, &contender, threads, &keys);
             let after = contender.0.stats();
             eprintln!(
                 "churn_1k/{name}/{threads}_thread: {} keys evicted, {} resizes while measured",
@@ -255,24 +275,6 @@ fn churn_1k(c: &mut Criterion) {
         bench_keyed_set(&mut group, id, &governor, threads, &keys, SET);
     }
     group.finish();
-}
-
-/// As [`bench_keyed`], over a set of `set` keys.
-fn bench_keyed_set(
-    group: &mut Group<'_>,
-    id: BenchmarkId,
-    limiter: &dyn Check,
-    threads: usize,
-    keys: &[Vec<u64>],
-    set: u64,
-) {
-    for key in 0..set {
-        limiter.check(key);
-    }
-    let check = |thread: usize, i: usize| limiter.check(keys[thread][i & (SEQUENCE - 1)]);
-    group.bench_function(id, |b| {
-        b.iter_custom(|iters| run_threads(threads, iters, &check))
-    });
 }
 
 /// The check path's reference designs (benches/support/reference.rs) on the keyed_10k
