@@ -850,6 +850,10 @@ where
 
     /// Retires the table a check's help unlinked, if any.
     pub(crate) fn retire_unretired(&mut self, guard: &Guard<'_>) {
+        // Every insert passes here: a load, not a swap, when nothing is pending.
+        if self.owner.unretired.load(Ordering::Relaxed).is_null() {
+            return;
+        }
         let old = self
             .owner
             .unretired
