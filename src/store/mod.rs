@@ -31,7 +31,7 @@ mod key_quotas;
 mod locked;
 mod shard;
 pub(crate) mod state;
-mod table;
+pub(crate) mod table;
 mod word;
 
 pub(crate) use locked::Store;

@@ -48,7 +48,9 @@ fn position(slot: u32) -> usize {
     (slot & POSITION_MASK) as usize - 1
 }
 
-/// A key with its state.
+/// A key with its state, the key first: a state whose hot words lead it (the synced cell)
+/// shares the key's cache line.
+#[repr(C)]
 pub(crate) struct Entry<K, S> {
     pub(crate) key: K,
     pub(crate) state: S,

@@ -77,7 +77,7 @@ pub(crate) fn turn_hot(cell: &SyncCell, books: &mut Books, t_ns: u64, now: u64) 
     let flags = cell.flags.fetch_and(!(NEW | WANT_HOT), Ordering::AcqRel);
     if flags & WANT_HOT == 0 {
         // Turned hot because another node did: it wants a lease all the same.
-        cell.ran_out_at.store(now, Ordering::Relaxed);
+        cell.aside.ran_out_at.store(now, Ordering::Relaxed);
     }
     cell.flags.fetch_or(WANTED, Ordering::Release);
     *books = Books {
@@ -166,7 +166,7 @@ fn used(cell: &SyncCell, books: &Books) -> u64 {
         + books
             .overdraft_base
             .saturating_sub(cell.overdraft.load(Ordering::Acquire))
-        + cell.overdrawn.load(Ordering::Acquire)
+        + cell.aside.overdrawn.load(Ordering::Acquire)
 }
 
 /// What the key needs from the next round at `now`, without changing anything; `None`
@@ -267,7 +267,8 @@ pub(crate) fn collect(
         (0, 0)
     } else {
         let ran_out_after_us = ran_out.then(|| {
-            cell.ran_out_at
+            cell.aside
+                .ran_out_at
                 .load(Ordering::Acquire)
                 .saturating_sub(books.last_round)
                 / 1_000
@@ -302,7 +303,7 @@ pub(crate) fn collect(
     };
     books.spent += books.lease_base.saturating_sub(left)
         + books.overdraft_base.saturating_sub(overdraft)
-        + cell.overdrawn.swap(0, Ordering::AcqRel);
+        + cell.aside.overdrawn.swap(0, Ordering::AcqRel);
     books.lease_base = keep;
     books.overdraft_base = overdraft;
     books.demand = demand;
@@ -560,7 +561,7 @@ mod tests {
             ..params()
         };
         let cell = cell();
-        let mut books = cell.books.lock();
+        let mut books = cell.aside.books.lock();
         books.share = WEIGHT_ONE / 2;
         books.share_until = 1_000_000_000;
         // 100/s at half the rate: 5 tokens per 100 ms interval.
@@ -606,7 +607,7 @@ mod tests {
     #[test]
     fn a_key_is_released_locally_only_with_nothing_to_report() {
         let cell = cell();
-        let mut books = cell.books.lock();
+        let mut books = cell.aside.books.lock();
         cell.allowance.store(3, Ordering::Release);
         books.lease_base = 3;
         cell.overdraft.store(2, Ordering::Release);
@@ -651,7 +652,7 @@ mod tests {
     fn an_idle_key_gives_everything_back_and_is_released() {
         let p = params();
         let cell = cell();
-        let mut books = cell.books.lock();
+        let mut books = cell.aside.books.lock();
         cell.allowance.store(3, Ordering::Release);
         books.lease_base = 3;
         books.last_active = 1;

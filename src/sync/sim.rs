@@ -522,7 +522,7 @@ impl Scenario {
                                     .saturating_sub((now - f.sent_at) * 1_000);
                                 let settled = node::settle(
                                     &node.cell,
-                                    &mut node.cell.books.lock(),
+                                    &mut node.cell.aside.books.lock(),
                                     &node.params,
                                     request,
                                     &answer,
@@ -588,16 +588,25 @@ impl Scenario {
                         if node::is_cold(&node.cell) && (wants_hot || node.knows_hot) {
                             let t_ns =
                                 Cold::t_ns(shape.ticks_per_token(), node.cold_nodes, windowed);
-                            node::turn_hot(&node.cell, &mut node.cell.books.lock(), t_ns, now_ns);
+                            node::turn_hot(
+                                &node.cell,
+                                &mut node.cell.aside.books.lock(),
+                                t_ns,
+                                now_ns,
+                            );
                             node.announce = true;
                         }
-                        let need =
-                            node::need(&node.cell, &node.cell.books.lock(), &node.params, now_ns);
+                        let need = node::need(
+                            &node.cell,
+                            &node.cell.aside.books.lock(),
+                            &node.params,
+                            now_ns,
+                        );
                         let request = need.map(|_| Request {
                             quota: node.policy.shared,
                             ..node::collect(
                                 &node.cell,
-                                &mut node.cell.books.lock(),
+                                &mut node.cell.aside.books.lock(),
                                 &node.params,
                                 node.seq,
                                 now_ns,
@@ -662,7 +671,7 @@ impl Scenario {
                     if silent {
                         node::refill_locally(
                             &node.cell,
-                            &mut node.cell.books.lock(),
+                            &mut node.cell.aside.books.lock(),
                             &node.params,
                             node.nodes,
                             now_ns,

@@ -654,7 +654,7 @@ impl Task {
                     }
                     return;
                 }
-                let mut books = cell.books.lock();
+                let mut books = cell.aside.books.lock();
                 if flags & NEW != 0 {
                     books.fleet = node::fleet_hash(&self.redis_key(key));
                     cell.flags.fetch_and(!NEW, Ordering::AcqRel);
@@ -671,7 +671,7 @@ impl Task {
                 }
                 hot.turned += 1;
             }
-            let mut books = cell.books.lock();
+            let mut books = cell.aside.books.lock();
             let need = if stopping && !books.released {
                 Some(Need::Release)
             } else {
@@ -888,7 +888,7 @@ impl Task {
         for key in chosen {
             let request = store.with_state_policy(&key, |cell, policy| {
                 let params = node::key_params(&self.node_params, policy);
-                let mut books = cell.books.lock();
+                let mut books = cell.aside.books.lock();
                 let request = Request {
                     quota: policy.shared,
                     ..node::collect(
@@ -956,7 +956,7 @@ impl Task {
                     let until = server_ms + tier.lifetime_ms;
                     for &i in &announce {
                         store.with_state(&items[i].0, |cell| {
-                            cell.books.lock().announced_until = until;
+                            cell.aside.books.lock().announced_until = until;
                         });
                     }
                 }
@@ -1062,7 +1062,7 @@ impl Task {
                 )
                 .saturating_sub(u64::try_from(round_trip.as_nanos()).unwrap_or(u64::MAX));
             let done = store.with_state(key, |cell| {
-                let mut books = cell.books.lock();
+                let mut books = cell.aside.books.lock();
                 let ok = node::settle(
                     cell,
                     &mut books,
@@ -1298,7 +1298,7 @@ impl Task {
             if node::is_cold(cell) && !never_read {
                 return;
             }
-            let mut books = cell.books.lock();
+            let mut books = cell.aside.books.lock();
             node::turn_hot(cell, &mut books, t_ns, now);
             budgets += u64::from(node::refill_locally(
                 cell,
