@@ -731,6 +731,7 @@ fn redis_tier(c: &mut Criterion) {
             "redis_tier/server_cost/{name}: {per_call} µs of server time per call (INFO commandstats, {calls} calls)"
         );
     }
+    alternating_rounds(&runtime, &mut admin, &call_ours, &call_bare);
     let local = tollgate(Algorithm::TokenBucket, quota);
     group.bench_function(BenchmarkId::new("local_rate_limiter", "1_thread"), |b| {
         b.iter_custom(|iters| {
@@ -742,6 +743,79 @@ fn redis_tier(c: &mut Criterion) {
         })
     });
     group.finish();
+}
+
+/// tollgate's script against the bare GCRA in alternating rounds at 1, 16 and 64 in flight:
+/// on this VM a criterion group runs one contender for seconds and then the other, and
+/// the machine's load moves between them by more than the gap measured, so the ratio is
+/// also taken round by round, each round timing the same calls of both back to back.
+/// Prints the median of the rounds' throughput ratios (bare time / tollgate time) and
+/// of each script's server time per call (`INFO commandstats`, reset before each half).
+#[cfg(feature = "redis")]
+fn alternating_rounds<O, OF, B, BF>(
+    runtime: &tokio::runtime::Runtime,
+    admin: &mut redis::aio::ConnectionManager,
+    ours: &O,
+    bare: &B,
+) where
+    O: Fn(usize) -> OF + Clone + Send + 'static,
+    OF: std::future::Future<Output = bool> + Send + 'static,
+    B: Fn(usize) -> BF + Clone + Send + 'static,
+    BF: std::future::Future<Output = bool> + Send + 'static,
+{
+    let quick = std::env::args().any(|a| a == "--test");
+    let rounds = if quick { 1 } else { 10 };
+    let mut server_time = || -> f64 {
+        runtime.block_on(async {
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(admin)
+                .await
+                .expect("info");
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(admin)
+                .await
+                .expect("resetstat");
+            stats
+                .lines()
+                .find(|l| l.starts_with("cmdstat_evalsha:"))
+                .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(f64::NAN)
+        })
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for in_flight in [1usize, 16, 64] {
+        let calls = if quick {
+            64
+        } else if in_flight == 1 {
+            3_000
+        } else {
+            30_000
+        } as u64;
+        let (mut ratios, mut ours_us, mut bare_us) = (Vec::new(), Vec::new(), Vec::new());
+        server_time();
+        for _ in 0..rounds {
+            let ours_time = runtime.block_on(run_in_flight(calls, in_flight, ours.clone()));
+            ours_us.push(server_time());
+            let bare_time = runtime.block_on(run_in_flight(calls, in_flight, bare.clone()));
+            bare_us.push(server_time());
+            ratios.push(bare_time.as_secs_f64() / ours_time.as_secs_f64());
+        }
+        let (lo, hi) = ratios
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        let (ours_us, bare_us) = (median(ours_us), median(bare_us));
+        println!(
+            "redis_tier/alternating/{in_flight}_in_flight: throughput tollgate / bare {:.3} (median of {rounds} rounds, {lo:.3}–{hi:.3}); server µs per call {ours_us:.2} vs {bare_us:.2} ({:.3}×)",
+            median(ratios),
+            ours_us / bare_us
+        );
+    }
 }
 
 /// `RedisLimiter` checks per second on a 3-master Redis Cluster (no replicas) against one

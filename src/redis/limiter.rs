@@ -10,7 +10,7 @@ use parking_lot::RwLock;
 
 use super::RedisError;
 use super::breaker::{Breaker, BreakerState, CircuitBreaker, Gate, Probe};
-use super::connection::{Link, Target};
+use super::connection::{Connection, Link, Target};
 use super::deny_cache::{CachePolicy, DenyCache, Lookup, lesson};
 use super::fallback::{FailMode, Fallbacks, LocalClock};
 use super::keys::{KeyHasher, write_key};
@@ -648,43 +648,50 @@ impl RedisLimiter {
             };
             cmd.arg(1).arg(&redis_key);
             match rule {
-                Rule::TokenBucket { t, tau, burst } => cmd.arg(t).arg(tau).arg(burst),
-                Rule::Window { limit, period } => cmd.arg(limit).arg(period),
-            };
-            cmd.arg(n);
-            match now_us {
-                Some(us) => cmd.arg(us),
-                None => cmd.arg(""),
-            };
+                // No `now` argument: the server's `TIME`.
+                Rule::TokenBucket { t, tau, .. } => {
+                    cmd.arg(t).arg(tau).arg(n);
+                    if let Some(us) = now_us {
+                        cmd.arg(us);
+                    }
+                }
+                // An empty `now`: the server's `TIME`.
+                Rule::Window { limit, period } => {
+                    cmd.arg(limit).arg(period).arg(n);
+                    match now_us {
+                        Some(us) => cmd.arg(us),
+                        None => cmd.arg(""),
+                    };
+                }
+            }
             cmd
         };
         let mut connection = inner.connection.get();
         let run = async {
-            match call(false).query_async::<Vec<i64>>(&mut connection).await {
-                // After a SCRIPT FLUSH, a restart or a failover (or a cluster node's first
-                // call): `EVAL` runs the script and caches it on that node.
-                Err(e) if e.code() == Some("NOSCRIPT") => {
-                    call(true).query_async(&mut connection).await
-                }
-                reply => reply,
+            match rule {
+                Rule::TokenBucket { t, tau, burst } => eval::<i64>(&mut connection, call)
+                    .await
+                    .map(|reply| gcra_decision(reply, t, tau, burst, n)),
+                Rule::Window { .. } => eval::<Vec<i64>>(&mut connection, call)
+                    .await
+                    .map(|reply| decision_from(&reply)),
             }
         };
         // One timer bounds the whole call, reconnection, retries and redirections included.
-        let reply = match tokio::time::timeout_at(deadline, run).await {
-            Ok(Ok(reply)) => reply,
+        match tokio::time::timeout_at(deadline, run).await {
+            Ok(Ok(decided)) => decided,
             Ok(Err(e)) => {
                 let e = self.classify(e, &redis_key);
                 if matches!(e, RedisError::Unavailable(_)) {
                     inner.connection.failed();
                 }
-                return Err(e);
+                Err(e)
             }
             Err(_) => {
                 inner.connection.failed();
-                return Err(RedisError::Timeout(inner.timeout));
+                Err(RedisError::Timeout(inner.timeout))
             }
-        };
-        decision_from(&reply)
+        }
     }
 
     fn classify(&self, e: redis::RedisError, key: &[u8]) -> RedisError {
@@ -820,7 +827,52 @@ impl RedisLimiter {
     }
 }
 
-/// Reads the scripts' `{allowed, limit, remaining, reset_after_us, retry_after_us}`.
+/// Runs a script by `EVALSHA` (`call(false)`), or by `EVAL` (`call(true)`) after a
+/// `SCRIPT FLUSH`, a restart or a failover (or on a cluster node's first call), which runs
+/// the script and caches it on that node.
+async fn eval<T: redis::FromRedisValue>(
+    connection: &mut Connection,
+    call: impl Fn(bool) -> redis::Cmd,
+) -> redis::RedisResult<T> {
+    match call(false).query_async::<T>(connection).await {
+        Err(e) if e.code() == Some("NOSCRIPT") => call(true).query_async(connection).await,
+        reply => reply,
+    }
+}
+
+/// Reads the token bucket's one-integer reply to a request of `cost` under the rule
+/// `t`, `tau`, `burst` it was called with: the µs until the bucket is full again, negated
+/// for a deny. The rest follows from the rule: remaining `⌊(τ + T − reset) / T⌋`, and a
+/// deny's retry-after `reset + T·(cost − 1) − τ`, which is at least 1 µs (a deny came
+/// from `now < tat + T·(cost − 1) − τ`).
+fn gcra_decision(
+    reply: i64,
+    t: u64,
+    tau: u64,
+    burst: u64,
+    cost: u64,
+) -> Result<Decision, RedisError> {
+    let unexpected = || RedisError::UnexpectedReply(format!("{reply} to a request of {cost}"));
+    let reset_us = reply.unsigned_abs();
+    let remaining = (tau + t).saturating_sub(reset_us) / t.max(1);
+    let reset = reset_us.saturating_mul(1_000);
+    if reply >= 0 {
+        return Ok(Decision::allow(burst, remaining, reset));
+    }
+    let retry_us = (reset_us + t * cost.saturating_sub(1))
+        .checked_sub(tau)
+        .filter(|&us| cost > 0 && us > 0)
+        .ok_or_else(unexpected)?;
+    Ok(Decision::deny(
+        burst,
+        remaining,
+        reset,
+        retry_us.saturating_mul(1_000),
+    ))
+}
+
+/// Reads the window scripts' `{allowed, limit, remaining, reset_after_us,
+/// retry_after_us}`.
 fn decision_from(reply: &[i64]) -> Result<Decision, RedisError> {
     let &[allowed, limit, remaining, reset_us, retry_us] = reply else {
         return Err(RedisError::UnexpectedReply(format!("{reply:?}")));
@@ -834,4 +886,67 @@ fn decision_from(reply: &[i64]) -> Result<Decision, RedisError> {
     } else {
         Decision::deny(limit, remaining, reset, ns(retry_us)?)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 1/s, burst 3, in µs: T = 10⁶, τ = 2·10⁶.
+    const T: u64 = 1_000_000;
+    const TAU: u64 = 2 * T;
+
+    #[test]
+    fn an_admission_reads_remaining_and_reset_from_the_reset_alone() {
+        let full = gcra_decision(0, T, TAU, 3, 0).unwrap();
+        assert!(full.is_allowed());
+        assert_eq!(
+            (
+                full.limit(),
+                full.remaining(),
+                full.reset_after().as_nanos()
+            ),
+            (3, 3, 0)
+        );
+        // The first unit of a full bucket: full again in one T, two left.
+        let first = gcra_decision(1_000_000, T, TAU, 3, 1).unwrap();
+        assert_eq!(
+            (first.remaining(), first.reset_after().as_nanos()),
+            (2, 1_000_000_000)
+        );
+        // The last unit: full again in τ + T, none left; a µs later, still none whole.
+        assert_eq!(
+            gcra_decision(3_000_000, T, TAU, 3, 1).unwrap().remaining(),
+            0
+        );
+        assert_eq!(
+            gcra_decision(2_000_001, T, TAU, 3, 1).unwrap().remaining(),
+            0
+        );
+        assert_eq!(
+            gcra_decision(2_000_000, T, TAU, 3, 1).unwrap().remaining(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_deny_retries_when_its_cost_fits_and_never_after_zero() {
+        // Empty for 2.5 s more: a unit fits in 0.5 s, three units in 2.5 s.
+        let one = gcra_decision(-2_500_000, T, TAU, 3, 1).unwrap();
+        assert!(!one.is_allowed());
+        assert_eq!(
+            (one.remaining(), one.reset_after().as_nanos()),
+            (0, 2_500_000_000)
+        );
+        assert_eq!(one.retry_after(), Some(Duration::from_millis(500)));
+        let three = gcra_decision(-2_500_000, T, TAU, 3, 3).unwrap();
+        assert_eq!(three.retry_after(), Some(Duration::from_millis(2_500)));
+        // A reply no deny can give: a deny of nothing, or one whose retry would be 0.
+        for (reply, cost) in [(-1, 0), (-2_000_000, 1), (-1, 1)] {
+            assert!(matches!(
+                gcra_decision(reply, T, TAU, 3, cost),
+                Err(RedisError::UnexpectedReply(_))
+            ));
+        }
+    }
 }

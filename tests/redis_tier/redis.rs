@@ -248,15 +248,15 @@ async fn a_script_flush_mid_run_is_survived() {
 async fn the_scripts_reject_bad_arguments() {
     let server = server();
     let mut con = server.connection().await.unwrap();
-    let cases: [(&str, &[&str]); 9] = [
-        (scripts::TOKEN_BUCKET, &["100000", "100000", "2", "-1", "0"]),
-        (
-            scripts::TOKEN_BUCKET,
-            &["100000", "100000", "2", "1.5", "0"],
-        ),
-        (scripts::TOKEN_BUCKET, &["100000", "100000", "2", "3", "0"]),
-        (scripts::TOKEN_BUCKET, &["0", "0", "1", "1", "0"]),
-        (scripts::TOKEN_BUCKET, &["100000", "5", "2", "1", "0"]),
+    let cases: [(&str, &[&str]); 10] = [
+        (scripts::TOKEN_BUCKET, &["100000", "100000", "-1", "0"]),
+        (scripts::TOKEN_BUCKET, &["100000", "100000", "1.5", "0"]),
+        // Three units of a burst of 2.
+        (scripts::TOKEN_BUCKET, &["100000", "100000", "3", "0"]),
+        (scripts::TOKEN_BUCKET, &["0", "0", "1", "0"]),
+        // tau is not a whole number of T.
+        (scripts::TOKEN_BUCKET, &["100000", "5", "1", "0"]),
+        (scripts::TOKEN_BUCKET, &["100000", "100000", "1", "-7"]),
         (scripts::SLIDING_WINDOW, &["10", "1000000", "-1", "0"]),
         (scripts::SLIDING_WINDOW, &["10", "1000000", "abc", "0"]),
         (scripts::FIXED_WINDOW, &["-3", "1000000", "1", "0"]),
