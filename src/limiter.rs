@@ -615,6 +615,7 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// What a limiter of another tier built from this builder keeps: its common part,
     /// its quota and algorithm, and its store's limits; checked as [`build`](Self::build)
     /// checks them.
+    #[cfg(feature = "redis")]
     pub(crate) fn into_parts(self) -> Result<(Common<C>, Limits, Quota), ConfigError> {
         let limits = self.checked_limits()?;
         let quota = self.quota;
