@@ -859,8 +859,9 @@ fn gcra_decision(
     if reply >= 0 {
         return Ok(Decision::allow(burst, remaining, reset));
     }
-    let retry_us = (reset_us + t * cost.saturating_sub(1))
-        .checked_sub(tau)
+    let retry_us = reset_us
+        .checked_add(t.saturating_mul(cost.saturating_sub(1)))
+        .and_then(|us| us.checked_sub(tau))
         .filter(|&us| cost > 0 && us > 0)
         .ok_or_else(unexpected)?;
     Ok(Decision::deny(
