@@ -44,9 +44,9 @@
 //!
 //! A migration links the new table from the current one (`next`, set before any slot
 //! freezes) and then moves slots in batches, each under the writer mutex: the inserts
-//! move [`STEP_PER_INSERT`] slots each, a check that read through the migration helps
-//! with as many if the mutex is free, and an operator's path (a quota change) drives it
-//! to its end. No one pays for the whole table. A move freezes the slot with a CAS
+//! move [`STEP_PER_INSERT`] slots each, a check that meets the migration helps with as
+//! many if the mutex is free (the word store has one such check in 64 per thread help),
+//! and an operator's path (a quota change) drives it to its end. No one pays for the whole table. A move freezes the slot with a CAS
 //! (`state → FROZEN`), copies the state it replaced into the new table and leaves the key
 //! bytes in place for readers. A check whose CAS raced with the freeze fails and sees
 //! `FROZEN`, so no check can update a copy that has already been taken: every admission
