@@ -707,28 +707,14 @@ fn redis_tier(c: &mut Criterion) {
     for (name, call) in calls {
         let calls = 20_000;
         let per_call = runtime.block_on(async {
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query_async(&mut admin)
-                .await
-                .expect("resetstat");
+            evalsha_usec_per_call(&mut admin).await;
             for i in 0..calls {
                 black_box(call(i).await);
             }
-            let stats: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut admin)
-                .await
-                .expect("info");
-            stats
-                .lines()
-                .find(|l| l.starts_with("cmdstat_evalsha:"))
-                .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
-                .unwrap_or("?")
-                .to_owned()
+            evalsha_usec_per_call(&mut admin).await
         });
         println!(
-            "redis_tier/server_cost/{name}: {per_call} µs of server time per call (INFO commandstats, {calls} calls)"
+            "redis_tier/server_cost/{name}: {per_call:.2} µs of server time per call (INFO commandstats, {calls} calls)"
         );
     }
     alternating_rounds(&runtime, &mut admin, &call_ours, &call_bare);
@@ -743,6 +729,28 @@ fn redis_tier(c: &mut Criterion) {
         })
     });
     group.finish();
+}
+
+/// µs of server time per `EVALSHA` since the previous call (Redis's own accounting, `INFO
+/// commandstats`), which it then resets (`CONFIG RESETSTAT`); NaN if Redis counted none.
+#[cfg(feature = "redis")]
+async fn evalsha_usec_per_call(admin: &mut redis::aio::ConnectionManager) -> f64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .expect("info");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(admin)
+        .await
+        .expect("resetstat");
+    stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
 }
 
 /// tollgate's script against the bare GCRA in alternating rounds at 1, 16 and 64 in flight:
@@ -765,26 +773,7 @@ fn alternating_rounds<O, OF, B, BF>(
 {
     let quick = std::env::args().any(|a| a == "--test");
     let rounds = if quick { 1 } else { 10 };
-    let mut server_time = || -> f64 {
-        runtime.block_on(async {
-            let stats: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(admin)
-                .await
-                .expect("info");
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query_async(admin)
-                .await
-                .expect("resetstat");
-            stats
-                .lines()
-                .find(|l| l.starts_with("cmdstat_evalsha:"))
-                .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(f64::NAN)
-        })
-    };
+    let mut server_time = || runtime.block_on(evalsha_usec_per_call(admin));
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
