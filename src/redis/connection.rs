@@ -398,6 +398,19 @@ impl redis::aio::ConnectionLike for Connection {
     }
 }
 
+/// Runs a script by `EVALSHA` (`call(false)`), or by `EVAL` (`call(true)`) after a
+/// `SCRIPT FLUSH`, a restart or a failover (or on a cluster node's first call), which runs
+/// the script and caches it on that node.
+pub(crate) async fn eval<T: redis::FromRedisValue>(
+    connection: &mut Connection,
+    call: impl Fn(bool) -> redis::Cmd,
+) -> redis::RedisResult<T> {
+    match call(false).query_async::<T>(connection).await {
+        Err(e) if e.code() == Some("NOSCRIPT") => call(true).query_async(connection).await,
+        reply => reply,
+    }
+}
+
 /// A URL's scheme, its user info (before the `@` of the authority) and what follows that
 /// `@`; `None` without user info.
 fn split_user_info(url: &str) -> Option<(&str, &str, &str)> {

@@ -10,7 +10,7 @@ use parking_lot::RwLock;
 
 use super::RedisError;
 use super::breaker::{Breaker, BreakerState, CircuitBreaker, Gate, Probe};
-use super::connection::{Connection, Link, Target};
+use super::connection::{Link, Target, eval};
 use super::deny_cache::{CachePolicy, DenyCache, Lookup, lesson};
 use super::fallback::{FailMode, Fallbacks, LocalClock};
 use super::keys::{KeyHasher, write_key};
@@ -824,19 +824,6 @@ impl RedisLimiter {
         };
         super::observe::redis_limiter(&inner.name, &stats);
         stats
-    }
-}
-
-/// Runs a script by `EVALSHA` (`call(false)`), or by `EVAL` (`call(true)`) after a
-/// `SCRIPT FLUSH`, a restart or a failover (or on a cluster node's first call), which runs
-/// the script and caches it on that node.
-async fn eval<T: redis::FromRedisValue>(
-    connection: &mut Connection,
-    call: impl Fn(bool) -> redis::Cmd,
-) -> redis::RedisResult<T> {
-    match call(false).query_async::<T>(connection).await {
-        Err(e) if e.code() == Some("NOSCRIPT") => call(true).query_async(connection).await,
-        reply => reply,
     }
 }
 

@@ -26,7 +26,7 @@ use super::{FailMode, RedisSync, Shared, SyncHandle, SyncMode};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::redis::connection::{Connection, Link};
+use crate::redis::connection::{Connection, Link, eval};
 use crate::redis::keys::write_key;
 use crate::redis::scripts::{SYNC_HOT_KEYS as HOT_KEYS, SYNC_ROUND as ROUND};
 use crate::store::Store;
@@ -806,17 +806,7 @@ impl Task {
             }
             cmd
         };
-        let query = async {
-            match call(false)
-                .query_async::<redis::Value>(&mut connection)
-                .await
-            {
-                Err(e) if e.code() == Some("NOSCRIPT") => {
-                    call(true).query_async(&mut connection).await
-                }
-                other => other,
-            }
-        };
+        let query = eval::<redis::Value>(&mut connection, call);
         let reply = match tokio::time::timeout(self.settings.timeout, query).await {
             Ok(reply) => reply?,
             Err(_) => return Err(redis::RedisError::from((redis::ErrorKind::Io, TIMED_OUT))),
