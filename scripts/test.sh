@@ -179,7 +179,7 @@ if [ "$layer" = all ] || [ "$layer" = redis ]; then
     run_job differential "$PWD" "$lib" --ignored
 fi
 if [ "$layer" = all ] || [ "$layer" = engine ]; then
-    run_job doctests "$PWD" cargo test --workspace --all-features --doc
+    run_job doctests "$PWD" ./scripts/doctests.sh
 fi
 wait_for_jobs "some tests failed (their output is above)"
 if [ "$layer" != all ]; then

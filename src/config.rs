@@ -132,6 +132,19 @@ impl<'de> Deserialize<'de> for Period {
 
 /// Everything a limiter is built from, as it appears in a configuration file. Only
 /// `quota` is required.
+///
+/// ```
+/// use tollgate::config::LimiterConfig;
+/// use tollgate::{Algorithm, RateLimiter};
+///
+/// let mut config = LimiterConfig::new("100/s".parse()?);
+/// config.algorithm = Algorithm::FixedWindow;
+/// config.quotas.insert("vip".to_owned(), "1000/s".parse()?);
+/// let limiter: RateLimiter<String> = config.build()?;
+/// assert_eq!(limiter.quota_for("vip").limit(), 1000);
+/// assert_eq!(limiter.algorithm(), Algorithm::FixedWindow);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "RawConfig")]
 #[non_exhaustive]

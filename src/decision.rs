@@ -25,6 +25,19 @@ enum Verdict {
 // pairs and the verdict word, and copies it the same way. With the verdict first (Rust's
 // order), the copy's 16-byte loads each straddled two stores, and stalled on store
 // forwarding: 13.5% of a 10k-key check's samples under `perf` (benches/README.md).
+///
+/// ```
+/// use tollgate::RateLimiter;
+///
+/// let limiter: RateLimiter<u64> = RateLimiter::new("1/s".parse()?);
+/// let first = limiter.check(&1);
+/// assert!(first.is_allowed());
+/// assert_eq!((first.limit(), first.remaining()), (1, 0));
+/// let second = limiter.check(&1);
+/// let wait = second.retry_after().expect("a deny says when to retry");
+/// assert!(wait > std::time::Duration::ZERO); // never "retry after 0"
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct Decision {

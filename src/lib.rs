@@ -37,20 +37,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! ## Choosing an algorithm
+//! ## The guide
 //!
-//! See [`Algorithm`] for each algorithm's guarantee as a formula. The token bucket
-//! ([`Algorithm::TokenBucket`], the default) allows short bursts and then a steady rate;
-//! its decisions equal governor's GCRA. The sliding window counter
-//! ([`Algorithm::SlidingWindow`]) smooths the fixed window's boundary burst in 8 bytes of
-//! state; the sliding log is exact at 8 bytes per unit of limit; the leaky bucket shapes
-//! traffic to a constant rate.
-//!
-//! ## Per-key quotas and live changes
-//!
-//! [`RateLimiter::set_quota`] gives one key its own quota and
-//! [`RateLimiter::set_default_quota`] changes everyone else's while checks go on; a key's
-//! consumed units carry over, so no change refills a key.
+//! The [`guide`] has a page per topic, each with code that compiles: choosing an
+//! [algorithm](guide::algorithms), [configuration](guide::configuration) (quotas,
+//! per-key quotas, live changes, files), [waiting](guide::waiting) instead of rejecting,
+//! the HTTP and gRPC layer, the Redis tier, the sync across nodes,
+//! [observability](guide::observability) (the metric names) and
+//! [testing](guide::testing).
 //!
 //! ## Local, Redis or synced
 //!
@@ -58,41 +52,26 @@
 //! |---|---|---|---|
 //! | [`RateLimiter`] | in process | per node: `N` nodes admit up to `N ×` the quota | nanoseconds |
 //! | `redis::RedisLimiter` (`redis`) | one Lua script in Redis per check | the quota, exactly | one round trip |
-//! | `sync::SyncedLimiter` (`redis`, from `Builder::build_synced`), lease | in process, spending leased units | `r·t + B + r·H + 2·N` (token bucket) | nanoseconds |
-//! | `sync::SyncedLimiter`, reconcile | in process; rounds charge what was admitted | `r·t + x`, `x` adding the overdrafts of one round (see `sync`) | nanoseconds |
+//! | `sync::SyncedLimiter` (`redis`, from `Builder::build_synced`), lease | in process, spending leased units | `B + r·(t + 2I) + 2N` | nanoseconds |
+//! | `sync::SyncedLimiter`, reconcile | in process; rounds charge what was admitted | `2B + r·(t + 5I + Δ) + 3N` | nanoseconds |
 //!
-//! (`r` the rate, `B` the burst, `N` nodes, `H` twice the sync interval.)
-//! The `sync` module documents the protocol, its bounds, and what happens while Redis is
-//! away (the fallback policy).
-//!
-//! ## HTTP and gRPC
-//!
-//! With `tower`, `http::RateLimitLayer` limits any axum, hyper or tonic service: the
-//! rate-limit headers on every response, a `429` with `Retry-After` (or a gRPC
-//! `RESOURCE_EXHAUSTED` status with the same metadata for `application/grpc` calls),
-//! request-aware keys of any type, exemptions, key checks, and leaky-bucket shaping.
-//!
-//! ## Metrics
-//!
-//! [`RateLimiter::stats`] counts allowed and denied decisions exactly (each thread into
-//! counters of its own), and keys, evictions and refusals. With `metrics`, the same
-//! totals (and the sync's rounds, fallback and nodes, and the Redis tier's errors) go to
-//! the `metrics` facade as `tollgate_decisions_total`, `tollgate_keys`, … — see the table
-//! in the README — labelled by the limiter's [`name`](Builder::name).
+//! (`r` the rate, `B` the burst, `N` nodes, `I` the sync interval, `Δ` the round
+//! timeout.) The `sync` module documents the protocol; the guide's sync page, its bounds
+//! and what happens while Redis is away.
 //!
 //! ## Feature flags
 //!
-//! The default build is the local limiter alone. `tokio` adds the waiting API;
-//! `redis` adds `redis` (exact global limits in Redis) and background sync (`tls` adds
-//! `rediss://`); `tower` adds the HTTP layer in `http`, `axum` and `tonic` let it read
-//! their connection info; `metrics` publishes to the `metrics` facade; `serde` makes
-//! quotas and algorithms (de)serializable and adds `config::LimiterConfig`.
-//!
-//! ## Waiting instead of rejecting
-//!
-//! With the `tokio` feature, `until_ready`, `until_ready_n`, `until_ready_with_jitter`
-//! and `acquire_timeout` wait for admission (and, for the leaky bucket, for the
-//! request's slot) instead of rejecting.
+//! | feature | adds |
+//! |---|---|
+//! | *(default)* | the local limiter alone |
+//! | `tokio` | the waiting API (`until_ready`, `acquire_timeout`) and `clock::TokioClock` |
+//! | `redis` | `redis` (exact global limits in Redis) and `sync` (local checks, one global limit); implies `tokio` |
+//! | `tls` | `rediss://` URLs, with rustls |
+//! | `tower` | the HTTP and gRPC layer, `http::RateLimitLayer` |
+//! | `axum`, `tonic` | the layer reads their connection info (implies `tower`) |
+//! | `metrics` | counters and gauges through the `metrics` facade |
+//! | `tracing` | `tracing` events: denies at `debug` (never the key), failures at `warn` |
+//! | `serde` | `Quota`, `Algorithm` and `WhenFull` (de)serialize; `config::LimiterConfig` |
 //!
 //! ## Testing with time
 //!
@@ -126,6 +105,7 @@ pub mod clock;
 pub mod config;
 mod decision;
 mod error;
+pub mod guide;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod http;
@@ -141,6 +121,11 @@ mod store;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod sync;
 mod tally;
+
+/// The README's examples, compiled (and the local one run) as doctests.
+#[cfg(all(doctest, feature = "axum", feature = "redis"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 #[cfg(feature = "tokio")]
 mod wait;
 

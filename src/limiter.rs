@@ -188,6 +188,17 @@ impl<K: Key, C> RateLimiter<K, C> {
     /// keys refused under [`max_keys`](Builder::max_keys). Every decision made before
     /// this call started is counted.
     ///
+    /// ```
+    /// use tollgate::RateLimiter;
+    ///
+    /// let limiter: RateLimiter<u64> = RateLimiter::new("1/s".parse()?);
+    /// limiter.check(&1);
+    /// limiter.check(&1);
+    /// let stats = limiter.stats();
+    /// assert_eq!((stats.allowed, stats.denied, stats.keys), (1, 1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Locking behaviour
     /// None: the decision counts are summed from every thread's counters without a
     /// lock. (A thread's first check on a limiter takes a short mutex to claim its
@@ -283,6 +294,17 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// once (the burst for the token and leaky buckets, the limit for the others): no
     /// wait would let it pass.
     ///
+    /// ```
+    /// use tollgate::RateLimiter;
+    ///
+    /// // 1 MB per second per tenant, in chunks of at most 256 kB.
+    /// let bytes: RateLimiter<String> = RateLimiter::new("1000000/s burst 256000".parse()?);
+    /// assert!(bytes.check_n("tenant-a", 200_000)?.is_allowed());
+    /// assert!(!bytes.check_n("tenant-a", 200_000)?.is_allowed()); // 56,000 left
+    /// assert!(bytes.check_n("tenant-a", 300_000).is_err()); // never fits the burst
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Locking behaviour
     /// As [`check`](Self::check).
     pub fn check_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
@@ -315,6 +337,18 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// The decision a unit request for `key` would get now, without consuming anything
     /// and without storing a new key. `remaining` and `reset_after` describe the state as
     /// it stands.
+    ///
+    /// ```
+    /// use tollgate::RateLimiter;
+    ///
+    /// let limiter: RateLimiter<u64> = RateLimiter::new("5/s".parse()?);
+    /// limiter.check(&1);
+    /// assert_eq!(limiter.peek(&1).remaining(), 4); // asks, consumes nothing
+    /// assert_eq!(limiter.peek(&1).remaining(), 4);
+    /// assert!(limiter.peek(&2).is_allowed()); // a key never seen: not stored
+    /// assert_eq!(limiter.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Locking behaviour
     /// None for the token bucket, leaky bucket and window counters (unless a resize is
@@ -358,6 +392,19 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// Forgets `key`'s state: its next request sees a full, untouched quota. A quota set
     /// with [`set_quota`](Self::set_quota) stays.
     ///
+    /// ```
+    /// use tollgate::RateLimiter;
+    ///
+    /// let logins: RateLimiter<String> = RateLimiter::new("3/h".parse()?);
+    /// for _ in 0..3 {
+    ///     logins.check("alice");
+    /// }
+    /// assert!(!logins.check("alice").is_allowed());
+    /// logins.reset("alice"); // she proved who she is another way
+    /// assert!(logins.check("alice").is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Locking behaviour
     /// Takes the writer lock of the key's shard; checks on the shard's other keys go on.
     pub fn reset<Q>(&self, key: &Q)
@@ -375,6 +422,16 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// Gives `key` its own quota (a paid tier, say), with the limiter's algorithm. The
     /// key's consumed units carry over (see [the type's docs](Self)). The quota stays
     /// until [`remove_quota`](Self::remove_quota), whether or not the key holds state.
+    ///
+    /// ```
+    /// use tollgate::RateLimiter;
+    ///
+    /// let limiter: RateLimiter<String> = RateLimiter::new("10/s".parse()?);
+    /// limiter.set_quota("partner", "1000/s".parse()?)?;
+    /// assert_eq!(limiter.quota_for("partner").limit(), 1000);
+    /// assert_eq!(limiter.quota_for("anyone-else").limit(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     /// [`ConfigError::LimitTooLarge`] when the algorithm cannot hold the quota's limit.
@@ -427,6 +484,19 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
 
     /// Changes the default quota while the limiter serves. Every key without its own
     /// quota has its consumed units carried over (see [the type's docs](Self)).
+    ///
+    /// ```
+    /// use tollgate::RateLimiter;
+    ///
+    /// let limiter: RateLimiter<u64> = RateLimiter::new("10/s".parse()?);
+    /// for _ in 0..10 {
+    ///     limiter.check(&1);
+    /// }
+    /// limiter.set_default_quota("20/s".parse()?)?; // under load, in a handler, anywhere
+    /// assert_eq!(limiter.quota().limit(), 20);
+    /// assert_eq!(limiter.peek(&1).remaining(), 10); // what was used stays used
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     /// [`ConfigError::LimitTooLarge`] when the algorithm cannot hold the quota's limit;

@@ -26,6 +26,22 @@ use crate::rng::XorShift;
 
 /// A random extra wait added to every retry, so that many waiters do not wake in
 /// lockstep.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tollgate::{Jitter, RateLimiter};
+///
+/// let limiter: RateLimiter<u64> = RateLimiter::new("100/s".parse()?);
+/// // Each retry waits its exact retry-after plus up to 5 ms more, at random.
+/// let decision = limiter
+///     .until_ready_with_jitter(&7, 1, Jitter::up_to(Duration::from_millis(5)))
+///     .await?;
+/// assert!(decision.is_allowed());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Jitter {
     min: Duration,
@@ -127,6 +143,21 @@ fn nanos(d: Duration) -> u64 {
 impl<K: crate::Key, C: Clock> RateLimiter<K, C> {
     /// Waits until one request for `key` can be admitted, then admits it. For the leaky
     /// bucket, also waits for the request's slot.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::RateLimiter;
+    ///
+    /// // A worker that may send 50 emails a second, 10 at once.
+    /// let limiter: RateLimiter<String> = RateLimiter::new("50/s burst 10".parse()?);
+    /// for _ in 0..12 {
+    ///     limiter.until_ready("smtp").await; // sleeps only once the burst is spent
+    ///     // send one email
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn until_ready<Q>(&self, key: &Q) -> Decision
     where
         K: Borrow<Q>,

@@ -219,6 +219,22 @@ pub(crate) fn client_ip<B>(req: &Request<B>, trusted: &[Cidr]) -> Option<IpAddr>
 pub type KeyFn = Arc<dyn Fn(&RequestHead<'_>) -> Option<String> + Send + Sync>;
 
 /// How the layer finds a request's bucket.
+///
+/// ```
+/// use tollgate::http::{KeyExtractor, RateLimitLayer};
+/// use tollgate::RateLimiter;
+///
+/// let limiter: RateLimiter<String> = RateLimiter::new("10/s".parse()?);
+/// let by_peer = KeyExtractor::peer_ip();
+/// let behind_proxies = KeyExtractor::client_ip(["10.0.0.0/8".parse()?, "fd00::/8".parse()?]);
+/// let by_api_key = KeyExtractor::header("x-api-key")?;
+/// let by_tenant = KeyExtractor::custom(|head| {
+///     head.uri.path().split('/').nth(1).map(str::to_owned)
+/// });
+/// let layer = RateLimitLayer::new(limiter).key(by_api_key);
+/// # let _ = (by_peer, behind_proxies, by_tenant, layer);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum KeyExtractor {

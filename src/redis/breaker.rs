@@ -26,6 +26,17 @@ use crate::error::ConfigError;
 /// long. The default: open after 3 consecutive failures within 1 s, for 250 ms at first,
 /// doubling while the background probes fail, up to 500 ms (so checks answer again at
 /// most 500 ms, plus a round trip, after Redis does).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::redis::{CircuitBreaker, RedisLimiter};
+///
+/// // Open after 5 failures within 2 s (a Redis farther away, or a flakier network).
+/// let builder = RedisLimiter::builder("redis://127.0.0.1:6379/", "100/s".parse()?)
+///     .circuit_breaker(CircuitBreaker::new(5, Duration::from_secs(2)));
+/// # let _ = builder;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CircuitBreaker {
     failures: u32,

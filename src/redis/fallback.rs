@@ -14,6 +14,21 @@ use crate::quota::Quota;
 /// What a check does when Redis fails or the circuit breaker is open: its policy,
 /// applied by [`RedisLimiter::check_or`](super::RedisLimiter::check_or) and by the HTTP
 /// layer's Redis backend.
+///
+/// ```no_run
+/// use tollgate::redis::{FailMode, RedisLimiter};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RedisLimiter::builder("redis://127.0.0.1:6379/", "100/s".parse()?)
+///     .build()
+///     .await?;
+/// // With 4 nodes, each admits a quarter of the global quota while Redis is away.
+/// let decision = limiter.check_or("user_1024", FailMode::Local("25/s".parse()?)).await;
+/// # let _ = decision;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FailMode {

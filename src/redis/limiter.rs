@@ -315,6 +315,24 @@ impl RedisBuilder {
 /// passwords replaced by `***`.
 ///
 /// [`RateLimiter`]: crate::RateLimiter
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tollgate::redis::{FailMode, RedisLimiter};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RedisLimiter::builder("redis://127.0.0.1:6379/", "100/s burst 200".parse()?)
+///     .prefix("api")
+///     .timeout(Duration::from_millis(50))
+///     .build()
+///     .await?;
+/// let exact = limiter.check("user_1024").await?; // Err(RedisError) if Redis fails
+/// let answered = limiter.check_or("user_1024", FailMode::Closed).await; // never an error
+/// println!("{} {}", exact.is_allowed(), answered.is_allowed());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct RedisLimiter {
     inner: Arc<Inner>,

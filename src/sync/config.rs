@@ -24,6 +24,16 @@ pub enum SyncMode {
 /// task has died: the sync's fail mode, with the variant names of the Redis tier's
 /// [`FailMode`](crate::redis::FailMode) (`Open` admits, `Closed` denies, `Local` decides
 /// in process; the sync's `Local` needs no quota: it is the node's share).
+///
+/// ```
+/// use tollgate::sync::{FailMode, RedisSync};
+///
+/// // Deny everything on this node while Redis has not answered for 2 s.
+/// let sync = RedisSync::new("redis://127.0.0.1:6379/")
+///     .fail_mode(FailMode::Closed)
+///     .staleness(std::time::Duration::from_secs(2));
+/// # let _ = sync;
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FailMode {
@@ -68,6 +78,18 @@ impl FailMode {
 /// The configuration of a limiter's background sync. Start it with
 /// [`Builder::build_synced`](crate::Builder::build_synced), which validates every
 /// setting.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::sync::{RedisSync, SyncMode};
+///
+/// let sync = RedisSync::cluster(&["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"])
+///     .prefix("api")
+///     .mode(SyncMode::Lease)
+///     .interval(Duration::from_millis(100))
+///     .hash_keys(b"a secret shared by every node");
+/// # let _ = sync;
+/// ```
 #[derive(Clone)]
 pub struct RedisSync {
     pub(crate) options: RedisOptions,

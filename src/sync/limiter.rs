@@ -27,6 +27,23 @@ use crate::store::{Store, StoreStats};
 /// `SyncedLimiter` is `Send + Sync` and cheap to clone; clones share the same state.
 /// Every method works on it. A key's own quota ([`set_quota`](Self::set_quota)) is set
 /// on every node at once: it travels with the key's rounds.
+///
+/// ```no_run
+/// use tollgate::sync::RedisSync;
+/// use tollgate::RateLimiter;
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let (limiter, handle) = RateLimiter::<String>::builder("100/s".parse()?)
+///     .build_synced(RedisSync::new("redis://127.0.0.1:6379/"))?;
+/// if !limiter.check("user_1024").is_allowed() {
+///     // 429
+/// }
+/// limiter.set_quota("partner", "1000/s".parse()?)?; // on every node at once
+/// handle.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
 pub struct SyncedLimiter<K, C = MonotonicClock> {
     inner: Arc<Inner<K, C>>,
 }

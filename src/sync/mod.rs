@@ -327,6 +327,24 @@ pub(crate) struct StatsCell {
 /// clone of the limiter has been dropped too, the task runs a last round that reports
 /// what was admitted and returns every lease (as `shutdown` does), then stops, within a
 /// second or one interval. `shutdown` stops it now, and returns once that round is done.
+///
+/// ```no_run
+/// use tollgate::sync::RedisSync;
+/// use tollgate::RateLimiter;
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let (limiter, handle) = RateLimiter::<u64>::builder("10/s".parse()?)
+///     .build_synced(RedisSync::new("redis://127.0.0.1:6379/"))?;
+/// limiter.check(&1);
+/// let stats = handle.stats();
+/// if stats.fallback_active {
+///     eprintln!("Redis unreachable: {:?}", stats.last_error);
+/// }
+/// handle.shutdown().await; // reports what this node admitted, returns its leases
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 #[must_use = "dropping the handle leaves the sync running until the limiter is dropped; \
               keep it for `stats()` and a flushing `shutdown().await`"]

@@ -13,9 +13,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// [`count_allocations`](Self::count_allocations) (each thread its own count, so
 /// tests on parallel threads do not see each other's).
 ///
-/// ```ignore
+/// ```
 /// #[global_allocator]
 /// static ALLOCATOR: tollgate_testing::CountingAllocator = tollgate_testing::CountingAllocator;
+///
+/// fn main() {
+///     let allocations = tollgate_testing::CountingAllocator::count_allocations(|| {
+///         std::hint::black_box(vec![1u8; 16]);
+///     });
+///     assert_eq!(allocations, 1);
+/// }
 /// ```
 pub struct CountingAllocator;
 
