@@ -51,14 +51,25 @@ impl Serialize for Quota {
 
 impl<'de> Deserialize<'de> for Quota {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(QuotaVisitor)
+        deserializer.deserialize_any(QuotaVisitor { field: None })
     }
 }
 
-/// Reads a quota's string or map form.
-struct QuotaVisitor;
+/// `error`, prefixed with the name of the file's field it is about, if any.
+fn named(field: Option<&str>, error: impl fmt::Display) -> String {
+    match field {
+        Some(field) => format!("field `{field}`: {error}"),
+        None => error.to_string(),
+    }
+}
 
-impl<'de> Visitor<'de> for QuotaVisitor {
+/// Reads a quota's string or map form. Its errors name `field`: they are made while the
+/// deserializer is on the value, so a TOML error points at the value's line and column.
+struct QuotaVisitor<'a> {
+    field: Option<&'a str>,
+}
+
+impl<'de> Visitor<'de> for QuotaVisitor<'_> {
     type Value = Quota;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -68,7 +79,7 @@ impl<'de> Visitor<'de> for QuotaVisitor {
     }
 
     fn visit_str<E: de::Error>(self, text: &str) -> Result<Quota, E> {
-        text.parse().map_err(E::custom)
+        text.parse().map_err(|e| E::custom(named(self.field, e)))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Quota, A::Error> {
@@ -88,9 +99,12 @@ impl<'de> Visitor<'de> for QuotaVisitor {
         }
         let limit = limit.ok_or_else(|| de::Error::missing_field("limit"))?;
         let period = period.ok_or_else(|| de::Error::missing_field("period"))?;
-        let quota = Quota::new(limit, period).map_err(de::Error::custom)?;
+        let quota =
+            Quota::new(limit, period).map_err(|e| de::Error::custom(named(self.field, e)))?;
         match burst {
-            Some(burst) => quota.with_burst(burst).map_err(de::Error::custom),
+            Some(burst) => quota
+                .with_burst(burst)
+                .map_err(|e| de::Error::custom(named(self.field, e))),
             None => Ok(quota),
         }
     }
@@ -146,7 +160,7 @@ impl<'de> Deserialize<'de> for Period {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "RawConfig")]
+#[serde(from = "RawConfig")]
 #[non_exhaustive]
 pub struct LimiterConfig {
     /// The limiter's name (metrics and logs); `"default"` unless given.
@@ -210,88 +224,181 @@ impl LimiterConfig {
     }
 }
 
-/// The file's form of a [`LimiterConfig`], checked field by field so that each error
-/// names its field.
+/// The file's form of a [`LimiterConfig`], each field checked as it is read, so that an
+/// error names its field and a TOML error points at the value's line and column.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     #[serde(default)]
     name: Option<String>,
-    quota: Raw<Quota>,
-    #[serde(default)]
-    algorithm: Option<String>,
-    #[serde(default)]
+    #[serde(deserialize_with = "quota_field")]
+    quota: Quota,
+    #[serde(default, deserialize_with = "algorithm_field")]
+    algorithm: Algorithm,
+    #[serde(default, deserialize_with = "shards_field")]
     shards: Option<usize>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "max_keys_field")]
     max_keys: Option<usize>,
-    #[serde(default)]
-    when_full: Option<String>,
-    #[serde(default)]
-    quotas: BTreeMap<String, Raw<Quota>>,
+    #[serde(default, deserialize_with = "when_full_field")]
+    when_full: WhenFull,
+    #[serde(default, deserialize_with = "quotas_field")]
+    quotas: BTreeMap<String, Quota>,
 }
 
-/// A value whose own error is kept, to be reported with its field's name.
-struct Raw<T>(Result<T, String>);
+fn quota_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Quota, D::Error> {
+    deserializer.deserialize_any(QuotaVisitor {
+        field: Some("quota"),
+    })
+}
 
-impl<'de> Deserialize<'de> for Raw<Quota> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        // Errors of the quota itself are kept; errors of the document (a truncated
-        // file) still end the parse.
-        Ok(Raw(deserializer
-            .deserialize_any(QuotaVisitor)
-            .map_err(|e: D::Error| e.to_string())))
+/// The `quotas` table: each value read with its key in the field's name
+/// (`quotas.partner`).
+fn quotas_field<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, Quota>, D::Error> {
+    struct Quotas;
+    impl<'de> Visitor<'de> for Quotas {
+        type Value = BTreeMap<String, Quota>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a table of keys and their quotas")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut quotas = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                let field = format!("quotas.{key}");
+                let quota = map.next_value_seed(QuotaSeed(&field))?;
+                quotas.insert(key, quota);
+            }
+            Ok(quotas)
+        }
+    }
+    deserializer.deserialize_map(Quotas)
+}
+
+/// A quota read as the value of the field it names.
+struct QuotaSeed<'a>(&'a str);
+
+impl<'de> de::DeserializeSeed<'de> for QuotaSeed<'_> {
+    type Value = Quota;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Quota, D::Error> {
+        deserializer.deserialize_any(QuotaVisitor {
+            field: Some(self.0),
+        })
     }
 }
 
-impl TryFrom<RawConfig> for LimiterConfig {
-    type Error = String;
+/// A string field parsed by `parse`, whose error names the field.
+struct Parsed<'a, T> {
+    field: &'a str,
+    expecting: &'a str,
+    parse: fn(&str) -> Result<T, String>,
+}
 
-    fn try_from(raw: RawConfig) -> Result<Self, String> {
-        let field = |name: &str, e: String| format!("field `{name}`: {e}");
-        let quota = raw.quota.0.map_err(|e| field("quota", e))?;
-        let algorithm = match raw.algorithm {
-            None => Algorithm::default(),
-            Some(name) => name
-                .parse()
-                .map_err(|e: ConfigError| field("algorithm", e.to_string()))?,
-        };
-        let when_full = match raw.when_full.as_deref() {
-            None | Some("evict-least-active") => WhenFull::EvictLeastActive,
-            Some("deny-new-keys") => WhenFull::DenyNewKeys,
-            Some(other) => {
-                return Err(field(
-                    "when_full",
-                    format!(
-                        "unknown policy {other:?}: use \"evict-least-active\" or \"deny-new-keys\""
-                    ),
-                ));
+impl<T> Visitor<'_> for Parsed<'_, T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<T, E> {
+        (self.parse)(text).map_err(|e| E::custom(named(Some(self.field), e)))
+    }
+}
+
+fn algorithm_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Algorithm, D::Error> {
+    deserializer.deserialize_str(Parsed {
+        field: "algorithm",
+        expecting: "an algorithm name such as \"token-bucket\"",
+        parse: |text| text.parse().map_err(|e: ConfigError| e.to_string()),
+    })
+}
+
+fn when_full_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<WhenFull, D::Error> {
+    deserializer.deserialize_str(Parsed {
+        field: "when_full",
+        expecting: "\"evict-least-active\" or \"deny-new-keys\"",
+        parse: |text| match text {
+            "evict-least-active" => Ok(WhenFull::EvictLeastActive),
+            "deny-new-keys" => Ok(WhenFull::DenyNewKeys),
+            other => Err(format!(
+                "unknown policy {other:?}: use \"evict-least-active\" or \"deny-new-keys\""
+            )),
+        },
+    })
+}
+
+/// A whole number field, checked by `check` as it is read.
+struct Count<'a> {
+    field: &'a str,
+    check: fn(usize) -> Result<usize, ConfigError>,
+}
+
+impl Visitor<'_> for Count<'_> {
+    type Value = Option<usize>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a whole number")
+    }
+
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Option<usize>, E> {
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        (self.check)(n)
+            .map(Some)
+            .map_err(|e| E::custom(named(Some(self.field), e)))
+    }
+
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Option<usize>, E> {
+        match u64::try_from(n) {
+            Ok(n) => self.visit_u64(n),
+            Err(_) => Err(E::custom(named(
+                Some(self.field),
+                format!("{n} is negative: use a whole number"),
+            ))),
+        }
+    }
+}
+
+fn shards_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<usize>, D::Error> {
+    deserializer.deserialize_any(Count {
+        field: "shards",
+        check: |shards| {
+            if crate::limiter::valid_shards(shards) {
+                Ok(shards)
+            } else {
+                Err(ConfigError::InvalidShards(shards))
             }
-        };
-        if let Some(shards) = raw.shards
-            && !crate::limiter::valid_shards(shards)
-        {
-            return Err(field(
-                "shards",
-                ConfigError::InvalidShards(shards).to_string(),
-            ));
-        }
-        if raw.max_keys == Some(0) {
-            return Err(field("max_keys", ConfigError::ZeroMaxKeys.to_string()));
-        }
-        let mut quotas = BTreeMap::new();
-        for (key, quota) in raw.quotas {
-            let quota = quota.0.map_err(|e| field(&format!("quotas.{key}"), e))?;
-            quotas.insert(key, quota);
-        }
-        Ok(Self {
+        },
+    })
+}
+
+fn max_keys_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<usize>, D::Error> {
+    deserializer.deserialize_any(Count {
+        field: "max_keys",
+        check: |max_keys| {
+            if max_keys == 0 {
+                Err(ConfigError::ZeroMaxKeys)
+            } else {
+                Ok(max_keys)
+            }
+        },
+    })
+}
+
+impl From<RawConfig> for LimiterConfig {
+    fn from(raw: RawConfig) -> Self {
+        Self {
             name: raw.name.unwrap_or_else(|| "default".to_owned()),
-            quota,
-            algorithm,
+            quota: raw.quota,
+            algorithm: raw.algorithm,
             shards: raw.shards,
             max_keys: raw.max_keys,
-            when_full,
-            quotas,
-        })
+            when_full: raw.when_full,
+            quotas: raw.quotas,
+        }
     }
 }
 

@@ -151,10 +151,15 @@ impl fmt::Display for ConfigError {
             ),
             Self::PeriodNotWholeMicroseconds(ns) => write!(
                 f,
-                "period {ns}ns is not a whole number of microseconds, which the Redis tier needs"
+                "period {ns}ns is not a whole number of microseconds, which the Redis tier needs: \
+                 round the period to whole microseconds (for example \"100/1ms\", not \"100/1500ns\")"
             ),
             Self::ExceedsRedisPrecision(what) => {
-                write!(f, "quota too large for the Redis tier: {what}")
+                write!(
+                    f,
+                    "quota too large for the Redis tier: {what}; lower the limit or the burst, \
+                     or use the local or synced limiter"
+                )
             }
             Self::InvalidPrefix(prefix) => write!(
                 f,
@@ -167,7 +172,10 @@ impl fmt::Display for ConfigError {
             Self::InvalidCidr(what) => {
                 write!(f, "invalid network {what}: write it as 10.0.0.0/8 or 2001:db8::/32")
             }
-            Self::InvalidHeaderName(name) => write!(f, "invalid header name {name:?}"),
+            Self::InvalidHeaderName(name) => write!(
+                f,
+                "invalid header name {name:?}: use letters, digits and dashes (for example x-api-key)"
+            ),
             Self::UnknownAlgorithm(name) => write!(
                 f,
                 "unknown algorithm {name:?}: use token-bucket, sliding-window, fixed-window, \
@@ -178,7 +186,9 @@ impl fmt::Display for ConfigError {
             }
             Self::InvalidKey(key) => write!(
                 f,
-                "the per-key quota's key {key:?} is not a key of this limiter's type"
+                "the per-key quota's key {key:?} is not a key of this limiter's type: write it \
+                 as that type parses it (for example a number for a RateLimiter<u64>), or build \
+                 the limiter with another key type"
             ),
             Self::InvalidSyncSetting {
                 setting,

@@ -105,10 +105,13 @@ impl fmt::Display for KeyRejection {
             Self::Missing => f.write_str(
                 "this request carries nothing to rate-limit it by (no client address or key)",
             ),
-            Self::NotUtf8 => f.write_str("the rate-limit key is not valid UTF-8"),
+            Self::NotUtf8 => {
+                f.write_str("the rate-limit key is not valid UTF-8: send it as UTF-8 text")
+            }
             Self::TooLong { len, max } => write!(
                 f,
-                "the rate-limit key is {len} bytes long; the most this server accepts is {max}"
+                "the rate-limit key is {len} bytes long; the most this server accepts is {max}: \
+                 send a shorter key"
             ),
         }
     }

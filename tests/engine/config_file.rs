@@ -53,3 +53,60 @@ fn a_bad_file_names_the_field() {
     assert!(e.contains("field `quotas.vip`"), "{e}");
     assert!(e.contains("the limit \"ten\" is not a whole number"), "{e}");
 }
+
+/// Each bad value's error names its field and points at the value itself: the line and
+/// column of the value, not of the table around it.
+#[test]
+fn a_bad_value_gets_its_line_and_column() {
+    let cases = [
+        (
+            "quota = \"100/parsec\"",
+            "line 2, column 9",
+            "field `quota`: invalid quota string",
+        ),
+        (
+            "quota = \"10/s\"\nalgorithm = \"gcra\"",
+            "line 3, column 13",
+            "field `algorithm`: unknown algorithm \"gcra\"",
+        ),
+        (
+            "quota = \"10/s\"\nwhen_full = \"drop\"",
+            "line 3, column 13",
+            "field `when_full`: unknown policy \"drop\"",
+        ),
+        (
+            "quota = \"10/s\"\nshards = 3",
+            "line 3, column 10",
+            "field `shards`",
+        ),
+        (
+            "quota = \"10/s\"\nmax_keys = 0",
+            "line 3, column 12",
+            "field `max_keys`",
+        ),
+        (
+            "quota = \"10/s\"\nmax_keys = -1",
+            "line 3, column 12",
+            "field `max_keys`: -1 is negative",
+        ),
+        (
+            "quota = { limit = 0, period = \"1s\" }",
+            "line 2, column 9",
+            "field `quota`",
+        ),
+        (
+            "quota = \"10/s\"\n[limiters.api.quotas]\nvip = \"ten/s\"",
+            "line 4, column 7",
+            "field `quotas.vip`: invalid quota string \"ten/s\"",
+        ),
+    ];
+    for (body, at, says) in cases {
+        let text = format!("[limiters.api]\n{body}\n");
+        let e = toml::from_str::<File>(&text).err().unwrap().to_string();
+        assert!(
+            e.contains(&format!("TOML parse error at {at}")),
+            "{text}: {e}"
+        );
+        assert!(e.contains(says), "{text}: {e}");
+    }
+}
