@@ -85,6 +85,7 @@ fn node(url: &str) -> Result<(), Box<dyn std::error::Error>> {
                         .prefix("fleet")
                         .mode(SyncMode::Reconcile),
                 )?;
+        handle.ready().await; // this node has heard Redis: its checks decide from now on
         let gap = Duration::from_secs(1) / OFFERED_PER_SECOND as u32;
         let start = Instant::now();
         let mut admitted = 0u64;

@@ -36,6 +36,7 @@ use crate::store::{Store, StoreStats};
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let (limiter, handle) = RateLimiter::<String>::builder("100/s".parse()?)
 ///     .build_synced(RedisSync::new("redis://127.0.0.1:6379/"))?;
+/// handle.ready().await; // the first round answered: new keys are admitted from now on
 /// if !limiter.check("user_1024").is_allowed() {
 ///     // 429
 /// }

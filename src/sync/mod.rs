@@ -308,9 +308,28 @@ pub(crate) struct Shared {
     pub(crate) stats: Mutex<StatsCell>,
     pub(crate) wake: tokio::sync::Notify,
     pub(crate) stop: tokio::sync::Notify,
+    /// Whether checks decide as they will from now on (see [`SyncHandle::ready`]).
+    settled: std::sync::atomic::AtomicBool,
+    /// Wakes [`SyncHandle::ready`] when `settled` turns true.
+    settled_now: tokio::sync::Notify,
     /// Makes the task panic at its next wake-up, to test the supervisor.
     #[cfg(test)]
     pub(crate) poison: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    /// Marks the sync settled (once): the first round has been answered and, with the
+    /// cold tier, the keys turned hot elsewhere have been read; or the fail mode applies;
+    /// or the task has stopped.
+    pub(crate) fn settle(&self) {
+        if !self.settled.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            self.settled_now.notify_waiters();
+        }
+    }
+
+    pub(crate) fn is_settled(&self) -> bool {
+        self.settled.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 /// The task's counters; ages are computed when read.
@@ -371,6 +390,44 @@ impl SyncHandle {
         SyncStats {
             last_success_age: cell.last_success.map(|t| t.elapsed()),
             ..cell.stats
+        }
+    }
+
+    /// Waits until the limiter's checks decide as they will from now on: until the first
+    /// round has been answered and, with the cold tier (`RedisSync::cold_keys`), this node
+    /// has read which keys are hot elsewhere. Until then a new key's check is denied
+    /// (with a `retry_after` of one interval), since this node cannot yet vouch for its
+    /// share. If Redis does not answer, it returns once the fail mode applies (at the
+    /// first failed round of a node that has never heard Redis, else after the
+    /// staleness); it also returns if the task has stopped.
+    ///
+    /// Await it before serving when the first requests matter, or bound it with
+    /// `tokio::time::timeout`.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::sync::RedisSync;
+    /// use tollgate::RateLimiter;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (limiter, handle) = RateLimiter::<String>::builder("100/s".parse()?)
+    ///     .build_synced(RedisSync::new("redis://127.0.0.1:6379/"))?;
+    /// tokio::time::timeout(Duration::from_secs(2), handle.ready()).await?;
+    /// assert!(limiter.check("first-request").is_allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn ready(&self) {
+        loop {
+            let notified = self.shared.settled_now.notified();
+            tokio::pin!(notified);
+            // Registered before the flag is read, so a settle in between still wakes it.
+            notified.as_mut().enable();
+            if self.shared.is_settled() {
+                return;
+            }
+            notified.await;
         }
     }
 

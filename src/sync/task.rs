@@ -263,6 +263,7 @@ async fn supervise<K, C>(
         cell.stats.task_died = true;
         cell.stats.fallback_active = true;
     }
+    task.shared.settle();
     super::observe::sync_died(&task.name, &task.config.fail_mode);
     task.apply_fail_mode(store);
     // The rest of the process's life is the dead task's, less its own clone.
@@ -478,6 +479,7 @@ impl Task {
             }
             if stopping {
                 self.flush(store, &mut p).await;
+                self.shared.settle();
                 return;
             }
             let now = p.now();
@@ -508,6 +510,13 @@ impl Task {
             // reserved share.
             if silent && timer && self.config.fail_mode == FailMode::Local {
                 self.refill_locally(store, p.nodes, p.hot.read_at.is_none());
+            }
+            if !self.shared.is_settled() {
+                let answered = self.shared.stats.lock().stats.syncs > 0;
+                let vouched = self.cold.is_none() || p.hot.read_at.is_some();
+                if (answered && vouched) || p.driver.in_fallback() {
+                    self.shared.settle();
+                }
             }
         }
     }

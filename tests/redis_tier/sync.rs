@@ -1227,3 +1227,51 @@ async fn keys_far_from_their_limit_are_never_denied_and_cost_redis_nothing() {
     }
     stop(nodes).await;
 }
+
+/// Right after the build, a new key's check is denied until this node has heard Redis
+/// (with the cold tier, until it has read which keys are hot elsewhere); `ready` waits
+/// for exactly that, so the first check after it is admitted. With Redis unreachable it
+/// returns once the fail mode applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_waits_for_the_first_answer_or_the_fail_mode() {
+    let server = server();
+    for cold in [true, false] {
+        let (limiter, handle) = RateLimiter::<String>::builder("100/s".parse().unwrap())
+            .build_synced(
+                RedisSync::new(&server.url())
+                    .prefix(&format!("ready-{cold}"))
+                    .cold_keys(cold),
+            )
+            .unwrap();
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), handle.ready())
+            .await
+            .expect("ready within 5 s of a live Redis");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        let stats = handle.stats();
+        assert!(stats.syncs >= 1 && !stats.fallback_active, "{stats:?}");
+        assert!(limiter.check("first").is_allowed(), "cold tier {cold}");
+        handle.ready().await; // settled stays settled
+        handle.shutdown().await;
+    }
+
+    // Nothing listens on this port: `ready` returns when the fail mode takes over.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    // (A node that has never heard Redis falls back at its first failed round.)
+    let (_limiter, handle) = RateLimiter::<String>::builder("100/s".parse().unwrap())
+        .build_synced(
+            RedisSync::new(&format!("redis://127.0.0.1:{port}/")).prefix("ready-unreachable"),
+        )
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), handle.ready())
+        .await
+        .expect("ready once the fail mode applies");
+    let stats = handle.stats();
+    assert!(stats.fallback_active && stats.syncs == 0, "{stats:?}");
+}
