@@ -18,8 +18,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate::config::LimiterConfig;
 use tollgate::http::{KeyExtractor, RateLimitLayer};
 
-// The example server's recorder: every series, rendered in Prometheus's text format.
-#[path = "../server/examples/server/prometheus.rs"]
+// The recorder the example server uses too: every series, in Prometheus's text format.
+#[path = "support/prometheus.rs"]
 mod prometheus;
 
 #[tokio::main]

@@ -32,6 +32,9 @@ use tollgate::redis::{FailMode, RedisLimiter};
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 
 mod args;
+// The recorder lives in the library's package, beside the examples that share it, so
+// that they build from the published crate too.
+#[path = "../../../examples/support/prometheus.rs"]
 mod prometheus;
 
 use args::{Args, Command, Headers, OnFailure, Sync};
