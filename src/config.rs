@@ -246,9 +246,7 @@ struct RawConfig {
 }
 
 fn quota_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Quota, D::Error> {
-    deserializer.deserialize_any(QuotaVisitor {
-        field: Some("quota"),
-    })
+    de::DeserializeSeed::deserialize(QuotaSeed("quota"), deserializer)
 }
 
 /// The `quotas` table: each value read with its key in the field's name
@@ -321,14 +319,25 @@ fn when_full_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<WhenFul
     deserializer.deserialize_str(Parsed {
         field: "when_full",
         expecting: "\"evict-least-active\" or \"deny-new-keys\"",
-        parse: |text| match text {
-            "evict-least-active" => Ok(WhenFull::EvictLeastActive),
-            "deny-new-keys" => Ok(WhenFull::DenyNewKeys),
-            other => Err(format!(
-                "unknown policy {other:?}: use \"evict-least-active\" or \"deny-new-keys\""
-            )),
-        },
+        parse: parse_when_full,
     })
+}
+
+/// A [`WhenFull`] policy's name in files.
+fn when_full_name(policy: WhenFull) -> &'static str {
+    match policy {
+        WhenFull::EvictLeastActive => "evict-least-active",
+        WhenFull::DenyNewKeys => "deny-new-keys",
+    }
+}
+
+fn parse_when_full(text: &str) -> Result<WhenFull, String> {
+    [WhenFull::EvictLeastActive, WhenFull::DenyNewKeys]
+        .into_iter()
+        .find(|policy| when_full_name(*policy) == text)
+        .ok_or_else(|| {
+            format!("unknown policy {text:?}: use \"evict-least-active\" or \"deny-new-keys\"")
+        })
 }
 
 /// A whole number field, checked by `check` as it is read.
@@ -417,10 +426,14 @@ impl<'de> Deserialize<'de> for Algorithm {
 
 impl Serialize for WhenFull {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(match self {
-            Self::EvictLeastActive => "evict-least-active",
-            Self::DenyNewKeys => "deny-new-keys",
-        })
+        serializer.serialize_str(when_full_name(*self))
+    }
+}
+
+impl<'de> Deserialize<'de> for WhenFull {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        parse_when_full(&name).map_err(de::Error::custom)
     }
 }
 
@@ -479,6 +492,17 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&WhenFull::DenyNewKeys).unwrap(),
             "\"deny-new-keys\""
+        );
+        // Both policies read back what they write, and only that.
+        for policy in [WhenFull::EvictLeastActive, WhenFull::DenyNewKeys] {
+            let text = serde_json::to_string(&policy).unwrap();
+            assert_eq!(serde_json::from_str::<WhenFull>(&text).unwrap(), policy);
+        }
+        assert!(
+            serde_json::from_str::<WhenFull>("\"drop\"")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown policy \"drop\"")
         );
     }
 
