@@ -3,7 +3,7 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `tollgate_decisions_total` | counter | `limiter`, `outcome` (`allowed`, `denied`) |
+//! | `tollgate_decisions_total` | counter | `limiter`, `outcome` (`allowed`, `denied`; the HTTP layer's `rejected` and `shadow_denied`) |
 //! | `tollgate_keys` | gauge | `limiter` |
 //! | `tollgate_evictions_total` | counter | `limiter`, `reason` (`untouched`, `active`, `refused`) |
 //! | `tollgate_sync_rounds_total` | counter | `limiter`, `result` (`ok`, `error`) |

@@ -37,6 +37,9 @@ pub struct DecisionEvent<'a> {
     /// The error the backend's failure policy answered for (the Redis tier with
     /// [`FailMode`](crate::redis::FailMode)): the decision is the policy's, not Redis's.
     pub backend_error: Option<&'a (dyn std::error::Error + Send + Sync)>,
+    /// The decision is a deny that the layer let through, because it runs in
+    /// [shadow mode](super::RateLimitLayer::shadow).
+    pub shadow: bool,
 }
 
 impl fmt::Debug for DecisionEvent<'_> {
@@ -49,6 +52,7 @@ impl fmt::Debug for DecisionEvent<'_> {
                 "backend_error",
                 &self.backend_error.map(ToString::to_string),
             )
+            .field("shadow", &self.shadow)
             .finish()
     }
 }
@@ -98,6 +102,8 @@ pub(crate) struct Config<K, E: ExtractKey<K>> {
     pub(crate) rejection_hook: Option<RejectionHook>,
     /// Leaky-bucket shaping: the longest an admitted request is held; `None`: off.
     pub(crate) shape: Option<Duration>,
+    /// Shadow mode: decide and report as usual, but never deny.
+    pub(crate) shadow: bool,
 }
 
 impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
@@ -114,6 +120,7 @@ impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
             decision_hook: self.decision_hook.clone(),
             rejection_hook: self.rejection_hook.clone(),
             shape: self.shape,
+            shadow: self.shadow,
         }
     }
 }

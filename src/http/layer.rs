@@ -76,6 +76,7 @@ impl<K: fmt::Debug, E: ExtractKey<K> + fmt::Debug> fmt::Debug for RateLimitLayer
             .field("limits", &self.config.limits)
             .field("exempt", &self.config.exempt)
             .field("shape", &self.config.shape)
+            .field("shadow", &self.config.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -130,6 +131,7 @@ where
                 decision_hook: None,
                 rejection_hook: None,
                 shape: None,
+                shadow: false,
             }),
         }
     }
@@ -159,6 +161,7 @@ where
                 decision_hook: config.decision_hook,
                 rejection_hook: config.rejection_hook,
                 shape: config.shape,
+                shadow: config.shadow,
             }),
         }
     }
@@ -242,6 +245,50 @@ where
     /// this changes nothing for them.
     pub fn shape(self, max_delay: Duration) -> Self {
         self.edit(|c| c.shape = Some(max_delay))
+    }
+
+    /// Shadow mode, for rolling a limit out on live traffic before enforcing it: the
+    /// layer decides as usual, consumes quota, adds the rate-limit headers and reports
+    /// every decision (metrics, [`on_decision`](Self::on_decision)), but never denies.
+    /// A request the limiter denied reaches the inner service like an admitted one,
+    /// with the deny's `RateLimit` fields (no `Retry-After`); the decision hook sees it
+    /// with [`DecisionEvent::shadow`] set, and the `metrics` feature counts it as
+    /// `tollgate_decisions_total{outcome="shadow_denied"}` (the limiter still counts
+    /// it as `denied`). Off by default.
+    ///
+    /// ```
+    /// use axum::{body::Body, routing::get, Router};
+    /// use http::{Request, StatusCode};
+    /// use tollgate::http::{KeyExtractor, RateLimitLayer};
+    /// use tollgate::RateLimiter;
+    /// use tower::ServiceExt;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// // Watch what 1/s per key would deny before enforcing it.
+    /// let limiter: RateLimiter<String> = RateLimiter::new("1/s".parse()?);
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(
+    ///     RateLimitLayer::new(limiter.clone())
+    ///         .key(KeyExtractor::header("x-api-key")?)
+    ///         .shadow(true)
+    ///         .on_decision(|event| {
+    ///             if event.shadow {
+    ///                 println!("would have denied {}", event.head.uri.path());
+    ///             }
+    ///         }),
+    /// );
+    /// let request = || Request::get("/").header("x-api-key", "k").body(Body::empty()).unwrap();
+    /// assert_eq!(app.clone().oneshot(request()).await?.status(), StatusCode::OK);
+    /// let shadowed = app.oneshot(request()).await?; // denied, yet served
+    /// assert_eq!(shadowed.status(), StatusCode::OK);
+    /// assert_eq!(shadowed.headers()["ratelimit-remaining"], "0");
+    /// assert!(shadowed.headers().get("retry-after").is_none());
+    /// assert_eq!(limiter.stats().denied, 1); // the limiter did decide a deny
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn shadow(self, on: bool) -> Self {
+        self.edit(|c| c.shadow = on)
     }
 
     /// The gRPC status of a denied gRPC call; [`GrpcCode::ResourceExhausted`] by default.

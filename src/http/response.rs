@@ -155,6 +155,9 @@ const REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
 const RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const STATE: HeaderName = HeaderName::from_static("ratelimit");
+/// gRFC A6's server pushback: a client with a retry policy waits this many ms before
+/// its next attempt.
+const GRPC_RETRY_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// The values of a decision's rate-limit headers, when every one was made once: in the
 /// order `RateLimit-Limit`, `-Remaining`, `-Reset`, `-Policy`, `RateLimit`; `None` for a
@@ -191,6 +194,12 @@ pub(crate) fn insert_made(values: &Made, headers: &mut HeaderMap) {
 }
 
 /// Whole seconds, rounded up.
+/// A deny's exact wait in whole milliseconds, rounded up (at least 1: a deny never waits
+/// 0): the value of `grpc-retry-pushback-ms`.
+fn pushback_ms(decision: &Decision) -> u64 {
+    decision.retry_after_ns().div_ceil(1_000_000).max(1)
+}
+
 fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
@@ -364,8 +373,9 @@ impl Style {
     }
 
     /// A denied gRPC call: HTTP 200 with `grpc-status` (the configured code), a
-    /// `grpc-message`, the rate-limit headers and `retry-after` as metadata, and an empty
-    /// body (a trailers-only response).
+    /// `grpc-message`, the rate-limit headers, `retry-after` and
+    /// `grpc-retry-pushback-ms` as metadata, and an empty body (a trailers-only
+    /// response).
     pub(crate) fn grpc_denied<B>(&self, decision: &Decision) -> Response<RateLimitBody<B>> {
         let retry = Self::wait_secs(decision);
         let message = format!(
@@ -376,6 +386,10 @@ impl Style {
         let headers = response.headers_mut();
         self.apply(decision, headers);
         headers.insert(RETRY_AFTER, values::number_value(retry));
+        headers.insert(
+            GRPC_RETRY_PUSHBACK,
+            values::number_value(pushback_ms(decision)),
+        );
         response
     }
 
@@ -600,6 +614,7 @@ mod tests {
         assert_eq!(r.headers()["grpc-status"], "8");
         assert_eq!(r.headers()["content-type"], "application/grpc");
         assert_eq!(r.headers()["retry-after"], "2");
+        assert_eq!(r.headers()["grpc-retry-pushback-ms"], "1500");
         assert_eq!(r.headers()["ratelimit-remaining"], "0");
         assert!(
             r.headers()["grpc-message"]
@@ -612,5 +627,16 @@ mod tests {
         let r: Response<RateLimitBody<String>> = s.grpc_denied(&d);
         assert_eq!(r.headers()["grpc-status"], "14");
         assert_eq!(grpc_message("50% €"), "50%25 %E2%82%AC");
+        // The pushback is exact to the millisecond, rounded up, never 0.
+        for (retry_ns, ms) in [
+            (1, "1"),
+            (1_000_000, "1"),
+            (1_000_001, "2"),
+            (59_999_999_999, "60000"),
+        ] {
+            let d = Decision::deny(10, 0, retry_ns, retry_ns);
+            let r: Response<RateLimitBody<String>> = s.grpc_denied(&d);
+            assert_eq!(r.headers()["grpc-retry-pushback-ms"], ms, "{retry_ns} ns");
+        }
     }
 }

@@ -146,24 +146,31 @@ where
 }
 
 impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
-    /// Gives the decision to the decision hook, if there is one.
+    /// Gives the decision to the decision hook, if there is one, and counts a deny that
+    /// shadow mode lets through.
     fn report<B>(
         &self,
         decision: &Decision,
         req: &Request<B>,
         backend_error: Option<&(dyn std::error::Error + Send + Sync)>,
     ) {
+        let shadow = self.config.shadow && !decision.is_allowed();
+        if shadow {
+            super::observe::shadow_denied(&self.config.name);
+        }
         if let Some(hook) = &self.config.decision_hook {
             hook(&DecisionEvent {
                 decision,
                 head: RequestHead::of(req),
                 backend_error,
+                shadow,
             });
         }
     }
 
     /// Calls the inner service for an admitted request (its response gets the headers;
-    /// under shaping, after its slot's delay), or answers a denied one.
+    /// under shaping, after its slot's delay), or answers a denied one; in shadow mode,
+    /// a denied request is served as an admitted one, with the deny's headers.
     fn respond<ReqBody, ResBody>(
         &mut self,
         decision: Decision,
@@ -176,7 +183,7 @@ impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
         ReqBody: Send + 'static,
         ResBody: Send + 'static,
     {
-        if decision.is_allowed() {
+        if decision.is_allowed() || self.config.shadow {
             let delay = decision.delay();
             if self.config.shape.is_some() && !delay.is_zero() {
                 let mut inner = self.take_inner();

@@ -237,3 +237,22 @@ fn metrics_show_exactly_what_the_clients_saw() {
         "{text}"
     );
 }
+
+#[test]
+fn shadow_mode_serves_every_request_and_counts_the_denies() {
+    let server = start(&["--shadow"]);
+    // 5/min: the same 8 requests as above are all served; the 3 the limiter denied are
+    // counted as shadow_denied (and, by the limiter, as denied).
+    assert_eq!(eight(&server), [200; 8]);
+    let (_, text) = get(&server, "/metrics");
+    for (outcome, count) in [("allowed", 5.0), ("denied", 3.0), ("shadow_denied", 3.0)] {
+        assert_eq!(
+            sample(
+                &text,
+                &format!(r#"tollgate_decisions_total{{limiter="api",outcome="{outcome}"}}"#)
+            ),
+            Some(count),
+            "{outcome}: {text}"
+        );
+    }
+}

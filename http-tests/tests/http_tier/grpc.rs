@@ -51,6 +51,8 @@ async fn a_limited_call_is_resource_exhausted_with_its_metadata() {
     assert_eq!(status.message(), "Too many requests: retry in 30 seconds.");
     let meta = status.metadata();
     assert_eq!(meta.get("retry-after").unwrap(), "30", "29.5s rounds up");
+    // gRFC A6's pushback, exact to the millisecond: the slot is 29.5 s away.
+    assert_eq!(meta.get("grpc-retry-pushback-ms").unwrap(), "29500");
     assert_eq!(meta.get("ratelimit-remaining").unwrap(), "0");
     assert_eq!(meta.get("ratelimit").unwrap(), "\"default\";r=0;t=30");
 
@@ -102,6 +104,14 @@ async fn quotas_hold_at_the_edges_over_grpc() {
         assert_eq!(
             status.metadata().get("retry-after").unwrap(),
             "1",
+            "{quota}"
+        );
+        // The manual clock stands still: the next slot is one emission interval away,
+        // 1 s at 1/s and 10 µs at 100,000/s, which rounds up to 1 ms, never 0.
+        let pushback = if quota == "1/s" { "1000" } else { "1" };
+        assert_eq!(
+            status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+            pushback,
             "{quota}"
         );
     }

@@ -319,24 +319,7 @@ async fn sync_rounds_and_redis_errors_are_published() {
 /// Sends one HTTP/1.1 GET with `headers` (raw bytes) to `addr` over a fresh connection:
 /// the status and the body.
 async fn raw_get(addr: std::net::SocketAddr, headers: &[(&str, &[u8])]) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut request = b"GET / HTTP/1.1\r\nhost: test\r\nconnection: close\r\n".to_vec();
-    for (name, value) in headers {
-        request.extend_from_slice(name.as_bytes());
-        request.extend_from_slice(b": ");
-        request.extend_from_slice(value);
-        request.extend_from_slice(b"\r\n");
-    }
-    request.extend_from_slice(b"\r\n");
-    stream.write_all(&request).await.unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.unwrap();
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map_or(String::new(), |(_, b)| b.to_owned());
+    let (status, _, body) = raw_get_head(addr, headers).await;
     (status, body)
 }
 
@@ -413,4 +396,108 @@ async fn requests_rejected_before_a_decision_are_counted_and_hooked() {
         seen.iter()
             .all(|(_, looked_for)| looked_for == "the `x-api-key` header")
     );
+}
+
+/// Shadow mode decides and reports as usual but never denies: over a real socket, every
+/// request is served, the ones the limiter denied carry the deny's `RateLimit` fields
+/// (and no `Retry-After`), the decision hook sees each of them with `shadow` set, and
+/// they are counted as `outcome="shadow_denied"` while the limiter counts them `denied`.
+/// At 1/s and at 100,000/s (burst 50), on a frozen clock so the counts are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_mode_serves_denied_requests_and_counts_them() {
+    use std::sync::{Arc, Mutex};
+    use tollgate::http::{KeyExtractor, RateLimitLayer};
+
+    let _serial = SERIAL.lock().await;
+    for (quota, admitted) in [("1/s", 1u64), ("100000/s burst 50", 50)] {
+        let _ = snap();
+        let name = format!("shadow-{admitted}");
+        let clock = ManualClock::new();
+        let limiter: RateLimiter<String, ManualClock> =
+            RateLimiter::builder(quota.parse().unwrap())
+                .name(&name)
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+        let seen: Arc<Mutex<Vec<(bool, bool)>>> = Arc::default();
+        let hook = Arc::clone(&seen);
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "served" }))
+            .layer(
+                RateLimitLayer::keyed(limiter.clone(), KeyExtractor::header("x-api-key").unwrap())
+                    .shadow(true)
+                    .on_decision(move |event| {
+                        hook.lock()
+                            .unwrap()
+                            .push((event.decision.is_allowed(), event.shadow));
+                    }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+        let total = admitted + 7;
+        for i in 0..total {
+            let (status, head, body) = raw_get_head(addr, &[("x-api-key", b"k")]).await;
+            assert_eq!(
+                (status, body.as_str()),
+                (200, "served"),
+                "{quota}: request {i}"
+            );
+            let left = admitted.saturating_sub(i + 1);
+            assert!(
+                head.contains(&format!("ratelimit-remaining: {left}\r\n")),
+                "{quota}: request {i}: {head}"
+            );
+            assert!(
+                !head.contains("retry-after"),
+                "{quota}: request {i}: {head}"
+            );
+        }
+        let seen = seen.lock().unwrap().clone();
+        let expected: Vec<(bool, bool)> =
+            (0..total).map(|i| (i < admitted, i >= admitted)).collect();
+        assert_eq!(
+            seen, expected,
+            "{quota}: the hook saw each decision, shadowed or not"
+        );
+
+        let stats = limiter.stats();
+        assert_eq!((stats.allowed, stats.denied), (admitted, 7), "{quota}");
+        let snap = snap();
+        let count = |outcome| {
+            snap.counter(
+                "tollgate_decisions_total",
+                &[("limiter", name.as_str()), ("outcome", outcome)],
+            )
+        };
+        assert_eq!(count("shadow_denied"), Some(7), "{quota}");
+        assert_eq!(count("denied"), Some(7), "{quota}");
+        assert_eq!(count("allowed"), Some(admitted), "{quota}");
+    }
+}
+
+/// [`raw_get`] with the response's head too (lower-cased).
+async fn raw_get_head(
+    addr: std::net::SocketAddr,
+    headers: &[(&str, &[u8])],
+) -> (u16, String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut request = b"GET / HTTP/1.1\r\nhost: test\r\nconnection: close\r\n".to_vec();
+    for (name, value) in headers {
+        request.extend_from_slice(name.as_bytes());
+        request.extend_from_slice(b": ");
+        request.extend_from_slice(value);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"\r\n");
+    stream.write_all(&request).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let status = response[9..12].parse().unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (status, head.to_ascii_lowercase(), body.to_owned())
 }

@@ -1,6 +1,6 @@
 //! The server's flags: `--name value` or `--name=value`, as `--help` lists them.
 //!
-//! A hand-written parser rather than clap: fifteen flags need a loop and a table, and the
+//! A hand-written parser rather than clap: sixteen flags need a loop and a table, and the
 //! README's main command then builds no argument-parsing crates at all. Every mistake is
 //! one line naming the flag and what to write instead; the server exits with status 2.
 
@@ -34,6 +34,8 @@ Options:
       --on-redis-failure <M>   With --sync off: when Redis fails (or its circuit breaker is
                                open), admit (open), deny (closed), or limit each key in this
                                process by --quota (local) [default: open]
+      --shadow                 Shadow mode: decide, send the headers and count denies as
+                               shadow_denied, but never deny a request
       --hash-keys              Store a keyed hash of each key in Redis instead of the key (for
                                API keys and tokens); the secret is read from the
                                TOLLGATE_KEY_SECRET environment variable
@@ -61,6 +63,7 @@ pub struct Args {
     pub sync: Sync,
     pub on_redis_failure: OnFailure,
     pub hash_keys: bool,
+    pub shadow: bool,
     pub sync_interval: Duration,
     pub share_ttl: Duration,
     pub cold_keys: Option<bool>,
@@ -111,6 +114,7 @@ impl Args {
             sync: Sync::Reconcile,
             on_redis_failure: OnFailure::Open,
             hash_keys: false,
+            shadow: false,
             sync_interval: Duration::from_millis(50),
             share_ttl: Duration::from_secs(10),
             cold_keys: None,
@@ -124,6 +128,10 @@ impl Args {
                 "-h" | "--help" => return Ok(Command::Help),
                 "--hash-keys" if inline.is_none() => {
                     args.hash_keys = true;
+                    continue;
+                }
+                "--shadow" if inline.is_none() => {
+                    args.shadow = true;
                     continue;
                 }
                 _ => {}
@@ -182,6 +190,7 @@ impl Args {
                     )?;
                 }
                 "--hash-keys" => args.hash_keys = parsed(&name, &value, bool::from_str)?,
+                "--shadow" => args.shadow = parsed(&name, &value, bool::from_str)?,
                 "--sync-interval" => args.sync_interval = parsed(&name, &value, parse_interval)?,
                 "--share-ttl" => args.share_ttl = parsed(&name, &value, parse_duration)?,
                 "--cold-keys" => args.cold_keys = Some(parsed(&name, &value, bool::from_str)?),
@@ -210,6 +219,7 @@ fn is_flag(name: &str) -> bool {
             | "--sync"
             | "--on-redis-failure"
             | "--hash-keys"
+            | "--shadow"
             | "--sync-interval"
             | "--share-ttl"
             | "--cold-keys"

@@ -175,7 +175,12 @@ async fn run(args: Args) -> Result<(), String> {
         )
         // `route_layer`: only these routes are limited; a request for an unknown path
         // (the fallback's 404) uses up no quota.
-        .route_layer(tier.layer(&args).key(key).headers(headers))
+        .route_layer(
+            tier.layer(&args)
+                .key(key)
+                .headers(headers)
+                .shadow(args.shadow),
+        )
         .route_layer(axum::middleware::map_response(count));
     let tier = Arc::new(tier);
     let scrape = Arc::clone(&tier);
