@@ -226,6 +226,56 @@ fn keyed_10k(c: &mut Criterion) {
     group.finish();
 }
 
+/// What a settlement bench does to a key: `check_n(key, 1)`, `charge(key, 1)` or
+/// `refund(key, 1)`.
+#[derive(Clone, Copy)]
+enum Settling {
+    CheckN,
+    Charge,
+    Refund,
+}
+
+/// A tollgate limiter driven by one kind of settlement.
+struct Settles(RateLimiter<u64>, Settling);
+
+impl Check for Settles {
+    #[inline]
+    fn check(&self, key: u64) -> bool {
+        match self.1 {
+            Settling::CheckN => self.0.check_n(&key, 1).is_ok_and(|d| d.is_allowed()),
+            Settling::Charge => self.0.charge(&key, 1).is_ok_and(|d| d.is_allowed()),
+            Settling::Refund => self.0.refund(&key, 1).is_ok_and(|d| d.is_allowed()),
+        }
+    }
+}
+
+/// `charge` and `refund` against `check_n` of the same cost, in the same run: 10k `u64`
+/// keys on the token bucket (T = 1 ns, a burst of 10^9: every check admitted, and the
+/// charges never run a key into debt), 1 and 2 threads.
+fn settle_10k(c: &mut Criterion) {
+    let keys = key_sequences();
+    let mut group = c.benchmark_group("settle_10k_u64");
+    for threads in [1, 2] {
+        for (name, kind) in [
+            ("check_n", Settling::CheckN),
+            ("charge", Settling::Charge),
+            ("refund", Settling::Refund),
+        ] {
+            let limiter = Settles(
+                tollgate(Algorithm::TokenBucket, generous(Algorithm::TokenBucket)),
+                kind,
+            );
+            // Every key held: the refunds find their keys.
+            for key in 0..KEYS {
+                limiter.0.check(&key);
+            }
+            let id = BenchmarkId::new(name, format!("{threads}_thread"));
+            bench_sequences(&mut group, id, &limiter, threads, &keys);
+        }
+    }
+    group.finish();
+}
+
 /// A 1,000-key set in steady use whose requests come about one period apart (T =
 /// 100 µs, burst 1: a client pacing itself at its limit; about half the checks denied),
 /// against the same T and burst over a 1 h period (nothing can ever be swept), the
@@ -1564,7 +1614,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, churn_1k, reference_10k, counters, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
+    targets = keyed_10k, settle_10k, churn_1k, reference_10k, counters, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
 }
 
 fn main() {

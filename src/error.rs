@@ -245,3 +245,59 @@ impl fmt::Display for InsufficientCapacity {
 }
 
 impl std::error::Error for InsufficientCapacity {}
+
+/// A [`charge`](crate::RateLimiter::charge) or [`refund`](crate::RateLimiter::refund)
+/// that was not recorded: nothing changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SettleError {
+    /// The algorithm cannot carry it. A charge beyond what is available needs a state
+    /// that can hold a debt: the token and leaky buckets have one (their state is an
+    /// instant, which can lie any distance ahead); the window counters' counts cannot
+    /// exceed their limit within a window, and the sliding log keeps one timestamp per
+    /// admitted unit, at most `limit` of them. The sliding log cannot refund either.
+    Unsupported {
+        /// The limiter's algorithm.
+        algorithm: crate::Algorithm,
+        /// `"charge"` or `"refund"`.
+        operation: &'static str,
+    },
+    /// The key is new, and the limiter holds [`max_keys`](crate::Builder::max_keys) keys
+    /// with [`WhenFull::DenyNewKeys`](crate::WhenFull::DenyNewKeys) and none could make
+    /// room: the charge was not recorded.
+    NoRoom {
+        /// When a key is expected to make room (an estimate, as for a capacity deny).
+        retry_after: std::time::Duration,
+    },
+}
+
+impl fmt::Display for SettleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unsupported {
+                algorithm,
+                operation: "charge",
+            } => write!(
+                f,
+                "the {algorithm} cannot charge beyond what is available (it cannot hold a \
+                 debt): use the token-bucket or leaky-bucket algorithm, or reserve with \
+                 check_n and refund what was not used"
+            ),
+            Self::Unsupported {
+                algorithm,
+                operation,
+            } => write!(
+                f,
+                "the {algorithm} cannot {operation}: use the token-bucket, leaky-bucket, \
+                 fixed-window or sliding-window algorithm"
+            ),
+            Self::NoRoom { retry_after } => write!(
+                f,
+                "the charge was not recorded: the limiter is at max_keys and denies new keys \
+                 (retry in {retry_after:?}, or raise max_keys)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SettleError {}

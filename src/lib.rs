@@ -133,7 +133,7 @@ pub use algorithm::{
     Algorithm, FIXED_WINDOW_MAX_LIMIT, SLIDING_LOG_MAX_LIMIT, SLIDING_WINDOW_MAX_LIMIT,
 };
 pub use decision::Decision;
-pub use error::{ConfigError, InsufficientCapacity};
+pub use error::{ConfigError, InsufficientCapacity, SettleError};
 pub use limiter::{Builder, Key, MAX_SHARDS, RateLimiter};
 pub use quota::Quota;
 pub use store::{StoreStats, WhenFull};

@@ -6,10 +6,10 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::algorithm::{Algorithm, Plan, Policy, WordPolicy};
+use crate::algorithm::{Algorithm, Plan, Policy, Settle, WordPolicy};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
-use crate::error::{ConfigError, InsufficientCapacity};
+use crate::error::{ConfigError, InsufficientCapacity, SettleError};
 use crate::quota::Quota;
 use crate::store::state::LogCell;
 use crate::store::{Limits, Store, StoreStats, WhenFull, WordStore};
@@ -514,6 +514,114 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     pub fn set_default_quota(&self, quota: Quota) -> Result<(), ConfigError> {
         let now = || self.inner.common.clock.now_ns();
         on_store!(&self.inner.engine, s => s.set_default_quota(quota, now))
+    }
+
+    /// Consumes `n` units of `key`'s quota now, **even beyond what is available**: for
+    /// costs known only after the fact, such as an LLM response's tokens. A key charged
+    /// past its quota is in debt: its checks are denied until the debt is repaid at the
+    /// quota's rate (at 10/s, a debt of 50 units takes 5 s, after which the key refills
+    /// as usual). Returns the decision a unit request would get right after the charge
+    /// (consuming nothing more): a deny, with the exact `retry_after`, while in debt.
+    ///
+    /// The pattern is to reserve an estimate with [`check_n`](Self::check_n) before the
+    /// work, then settle the difference once the real cost is known: `charge` what was
+    /// used beyond the estimate, or [`refund`](Self::refund) what was not.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::ManualClock, RateLimiter};
+    ///
+    /// // 10,000 tokens a minute per tenant, up to 4,000 at once (a manual clock, so the
+    /// // waits below are exact).
+    /// let clock = ManualClock::new();
+    /// let tokens: RateLimiter<String, ManualClock> =
+    ///     RateLimiter::builder("10000/min burst 4000".parse()?).clock(clock.clone()).build()?;
+    /// // Reserve an estimate of 1,000 before calling the model ...
+    /// assert!(tokens.check_n("tenant-a", 1_000)?.is_allowed());
+    /// // ... which used 4,500: charge the 3,500 beyond the estimate, 500 over the burst.
+    /// let after = tokens.charge("tenant-a", 3_500)?;
+    /// assert!(!after.is_allowed()); // in debt
+    /// // The next unit is due once 501 units have refilled (the debt and the unit
+    /// // itself), at 6 ms each.
+    /// assert_eq!(after.retry_after(), Some(Duration::from_millis(3_006)));
+    /// clock.advance(Duration::from_millis(3_006));
+    /// assert!(tokens.check("tenant-a").is_allowed());
+    /// // A call that failed upstream gives its reservation back.
+    /// assert!(tokens.check_n("tenant-b", 1_000)?.is_allowed());
+    /// assert_eq!(tokens.refund("tenant-b", 1_000)?.remaining(), 4_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`SettleError::Unsupported`] for the window counters and the sliding log, which
+    /// cannot hold a debt; [`SettleError::NoRoom`] when `key` is new and the limiter is
+    /// full under [`WhenFull::DenyNewKeys`]. Nothing changes then.
+    ///
+    /// # Locking behaviour
+    /// As [`check`](Self::check) for a key the limiter holds (no lock); a new key takes
+    /// its shard's writer mutex.
+    pub fn charge<Q>(&self, key: &Q, n: u64) -> Result<Decision, SettleError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.settle(key, Settle::Charge(n))
+    }
+
+    /// Gives back up to `n` units of `key`'s quota, never beyond a full quota: for
+    /// requests reserved with [`check_n`](Self::check_n) that turned out cheaper, or that
+    /// failed and should not count. Returns the decision a unit request would get right
+    /// after. A key the limiter does not hold is full already: nothing is stored.
+    ///
+    /// For the token and leaky buckets a refund moves the bucket's state `n` emission
+    /// intervals back (not before now); for the fixed window it lowers the current
+    /// window's count; for the sliding window, the current window's count first, then the
+    /// previous window's (whose units weigh in the estimate only as far as they have not
+    /// decayed). See [`charge`](Self::charge) for an example.
+    ///
+    /// # Errors
+    /// [`SettleError::Unsupported`] for the sliding log. Nothing changes then.
+    ///
+    /// # Locking behaviour
+    /// As [`check`](Self::check) for a key the limiter holds; none for an absent key.
+    pub fn refund<Q>(&self, key: &Q, n: u64) -> Result<Decision, SettleError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.settle(key, Settle::Refund(n))
+    }
+
+    #[inline]
+    fn settle<Q>(&self, key: &Q, op: Settle) -> Result<Decision, SettleError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let common = &self.inner.common;
+        let unsupported = SettleError::Unsupported {
+            algorithm: common.algorithm,
+            operation: match op {
+                Settle::Charge(_) => "charge",
+                Settle::Refund(_) => "refund",
+            },
+        };
+        let Engine::Word(store) = &self.inner.engine else {
+            return Err(unsupported);
+        };
+        if !WordPolicy::settles(common.algorithm, op) {
+            return Err(unsupported);
+        }
+        // A settlement takes any amount, so the store never finds it too large.
+        let decision = store
+            .settle(key, common.clock.now_ns(), op)
+            .map_err(|_| unsupported)?;
+        if decision.is_capacity_deny() {
+            return Err(SettleError::NoRoom {
+                retry_after: decision.retry_after().unwrap_or_default(),
+            });
+        }
+        Ok(decision)
     }
 }
 

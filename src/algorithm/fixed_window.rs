@@ -98,6 +98,16 @@ impl FixedWindow {
         self.pack(now / self.period, count)
     }
 
+    /// The state after `n` units of the window `now` falls in are given back (at most
+    /// its count).
+    pub(crate) fn refund(&self, word: u64, now: u64, n: u64) -> u64 {
+        let (window, _, _, count) = self.view(word, now);
+        if count == 0 {
+            return word;
+        }
+        self.pack(window, count - n.min(count))
+    }
+
     #[inline(always)]
     pub(crate) fn evaluate(&self, word: u64, now: u64, cost: u64) -> Outcome {
         let (window, elapsed, lead, count) = self.view(word, now);

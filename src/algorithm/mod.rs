@@ -126,6 +126,32 @@ impl Outcome {
     }
 }
 
+/// A settlement of units after the fact: [`RateLimiter::charge`](crate::RateLimiter::charge)
+/// and [`RateLimiter::refund`](crate::RateLimiter::refund).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// Consume this many units, even beyond what is available (the key goes into debt).
+    Charge(u64),
+    /// Give back up to this many units, never beyond a full quota.
+    Refund(u64),
+}
+
+impl Settle {
+    /// Whether a deny of the key cached before this settlement may now be wrong, judged
+    /// from `after`, the unit request's decision right after it. A cached deny is exact
+    /// until its retry instant, so one that is still live means the key denied a unit
+    /// request right before the settlement (`remaining` 0). A charge only lowers
+    /// `remaining`, so after a charge that still admits, none was live. A refund of `n`
+    /// raises `remaining` by at most `n`, so after one that leaves more than `n`, none
+    /// was live either. Otherwise: maybe.
+    pub(crate) fn may_outdate(self, after: &Decision) -> bool {
+        match self {
+            Settle::Charge(_) => !after.is_allowed(),
+            Settle::Refund(n) => after.remaining() <= n,
+        }
+    }
+}
+
 /// A quota's limits, precomputed for one algorithm.
 pub(crate) trait Policy: Copy + Send + Sync + 'static {
     /// The quota this policy enforces.
@@ -229,6 +255,43 @@ impl WordPolicy {
                 )
                 .with_delay(decision.delay_ns())
             }
+        }
+    }
+
+    /// Whether this algorithm can carry `op`: refunds always; a charge beyond what is
+    /// available only for the buckets, whose state is an instant that can lie any distance
+    /// ahead (a debt repaid at the quota's rate). The window counters' counts are capped
+    /// at the limit within one window, so they cannot hold a debt.
+    pub(crate) fn settles(algorithm: Algorithm, op: Settle) -> bool {
+        match op {
+            Settle::Refund(_) => algorithm != Algorithm::SlidingLog,
+            Settle::Charge(_) => {
+                matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+            }
+        }
+    }
+
+    /// The state after `op` at `now` (only the ops [`settles`](Self::settles) allows:
+    /// a window counter's state is returned unchanged by a charge).
+    pub(crate) fn settle(&self, state: u64, now: u64, op: Settle) -> u64 {
+        match (&self.kind, op) {
+            (WordKind::TokenBucket(g) | WordKind::LeakyBucket(LeakyBucket(g)), op) => {
+                g.settle(state, now, op)
+            }
+            (WordKind::FixedWindow(f), Settle::Refund(n)) => f.refund(state, now, n),
+            (WordKind::SlidingWindow(w), Settle::Refund(n)) => w.refund(state, now, n),
+            (WordKind::FixedWindow(_) | WordKind::SlidingWindow(_), Settle::Charge(_)) => state,
+        }
+    }
+
+    /// The decision a unit request would get at `now` with `state`, consuming nothing:
+    /// [`peek`](Self::peek) of cost 1, computed once rather than twice for the token
+    /// bucket (the settlements' answer).
+    #[inline]
+    pub(crate) fn unit_view(&self, state: u64, now: u64) -> Decision {
+        match &self.kind {
+            WordKind::TokenBucket(g) => g.unit_view(state, now),
+            _ => self.peek(state, now, 1),
         }
     }
 

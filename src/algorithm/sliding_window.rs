@@ -129,6 +129,19 @@ impl SlidingWindow {
         self.pack(now / self.period, 0, used)
     }
 
+    /// The state after `n` units are given back: from the current window's count
+    /// first, then from the previous window's (whose weight in the estimate is what
+    /// remains of its decay), never below zero.
+    pub(crate) fn refund(&self, word: u64, now: u64, n: u64) -> u64 {
+        let v = self.view(word, now);
+        if v.prev == 0 && v.cur == 0 {
+            return word;
+        }
+        let from_cur = n.min(v.cur);
+        let from_prev = (n - from_cur).min(v.prev);
+        self.pack(v.window, v.prev - from_prev, v.cur - from_cur)
+    }
+
     /// The instant from which `word` is untouched, judged at `now` (see
     /// [`FixedWindow::untouched_from`](super::fixed_window::FixedWindow::untouched_from)):
     /// two windows after its own if its current count is not zero, one if only the

@@ -62,6 +62,33 @@ impl Gcra {
         now.saturating_add(clamp_ns(capped))
     }
 
+    /// The TAT after a settlement at `now`. A charge of `n` moves it `n·T` later from
+    /// `max(tat, now)`, however far that is: the key is in debt while the TAT lies more
+    /// than `τ` ahead, and a unit request passes again once `now ≥ tat − τ`, so the debt
+    /// is repaid at the quota's rate. A refund of `n` moves it `n·T` earlier, but never
+    /// before `now` (a full bucket).
+    pub(crate) fn settle(&self, tat: u64, now: u64, op: super::Settle) -> u64 {
+        let amount = |n: u64| clamp_ns(u128::from(n) * u128::from(self.t));
+        match op {
+            super::Settle::Charge(n) => tat.max(now).saturating_add(amount(n)),
+            super::Settle::Refund(_) if tat <= now => tat,
+            super::Settle::Refund(n) => tat.saturating_sub(amount(n)).max(now),
+        }
+    }
+
+    /// What [`evaluate`](Self::evaluate) says of a unit request at `now` without
+    /// consuming it: a deny as it gives one, or an admission with the state as it stands.
+    #[inline]
+    pub(crate) fn unit_view(&self, tat: u64, now: u64) -> Decision {
+        let (remaining, reset) = (self.remaining(tat, now), tat.saturating_sub(now));
+        let earliest = tat.saturating_sub(self.tau);
+        if now < earliest {
+            Decision::deny(self.burst, remaining, reset, earliest - now)
+        } else {
+            Decision::allow(self.burst, remaining, reset)
+        }
+    }
+
     /// Unit requests admissible at `now` when the bucket's TAT is `tat`.
     fn remaining(&self, tat: u64, now: u64) -> u64 {
         self.per_t
@@ -160,6 +187,30 @@ mod tests {
         assert!(d.is_allowed());
         assert_eq!(d.remaining(), 0);
         assert_eq!(d.reset_after(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn the_unit_view_is_a_unit_peek() {
+        let g = gcra(10, 1000, 3);
+        let policy = crate::algorithm::WordPolicy::token_bucket(
+            Quota::new(10, Duration::from_secs(1))
+                .unwrap()
+                .with_burst(3)
+                .unwrap(),
+        );
+        let now = 10_000_000_000;
+        for tat in [
+            0,
+            now - 1,
+            now,
+            now + 1,
+            now + 99_999_999,
+            now + 200_000_000,
+            now + 200_000_001,
+            now + 5_000_000_000,
+        ] {
+            assert_eq!(g.unit_view(tat, now), policy.peek(tat, now, 1), "tat {tat}");
+        }
     }
 
     #[test]

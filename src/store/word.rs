@@ -34,14 +34,15 @@ use parking_lot::Mutex;
 use super::counts::Counts;
 use super::deny_cache::Denies;
 use super::epoch_table::{
-    Carry, EpochTable, Guard, Located, STEP_PER_INSERT, Slot, Table, Word, Writer, reclaim,
+    Carry, EpochTable, Guard, Located, STATE_MAX, STEP_PER_INSERT, Slot, Table, Word, Writer,
+    reclaim,
 };
 use super::hash::{KeyHashing, for_table};
 use super::key_quotas::KeyQuotas;
 use super::{
     Limits, Room, SAMPLES, SCAN_WHEN_FULL, StoreStats, Sweep, WhenFull, fits, least_costly,
 };
-use crate::algorithm::{Outcome, Policy, UNTOUCHED, WordPolicy};
+use crate::algorithm::{Outcome, Policy, Settle, UNTOUCHED, WordPolicy};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
@@ -179,30 +180,15 @@ enum Applied {
 /// probe to the CAS (an enum returned by the probe made the compiler pass it through the
 /// stack); the word is classified here, in registers.
 #[inline(always)]
-fn apply<K>(
-    slot: &Slot<K>,
-    mut raw: u64,
-    policy: &WordPolicy,
-    now: u64,
-    cost: u64,
-    max_delay: u64,
-) -> Applied {
+fn apply<K>(slot: &Slot<K>, mut raw: u64, policy: &WordPolicy, now: u64, op: Op) -> Applied {
     loop {
         let state = match Word::from_raw(raw) {
             Word::Live(state) => state,
             Word::Frozen => return Applied::Frozen,
             Word::Removed => return Applied::Removed,
         };
-        match policy.evaluate(state, now, cost) {
+        match op.outcome(policy, state, now) {
             Outcome::Deny(decision) => return Applied::Done(decision),
-            Outcome::Allow { decision, .. } if decision.delay_ns() > max_delay => {
-                return Applied::Done(Decision::deny(
-                    decision.limit(),
-                    decision.remaining(),
-                    decision.reset_after_ns(),
-                    decision.delay_ns() - max_delay,
-                ));
-            }
             Outcome::Allow {
                 decision,
                 state: next,
@@ -215,6 +201,66 @@ fn apply<K>(
                     Err(actual) => raw = actual,
                 }
             }
+        }
+    }
+}
+
+/// What a write does to a key's state word.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Op {
+    /// A check of `cost`; an admission delayed more than `max_delay` ns is refused, as a
+    /// deny whose `retry_after` is the excess.
+    Check { cost: u64, max_delay: u64 },
+    /// A charge or refund after the fact: always written; the decision is what a unit
+    /// request would get right after it.
+    Settle(Settle),
+}
+
+impl Op {
+    /// What `op` makes of `state` at `now`. Inlined with a constant `op` on the check
+    /// path, so a check pays nothing for the other kinds.
+    #[inline(always)]
+    fn outcome(self, policy: &WordPolicy, state: u64, now: u64) -> Outcome {
+        match self {
+            Op::Check { cost, max_delay } => match policy.evaluate(state, now, cost) {
+                Outcome::Allow { decision, .. } if decision.delay_ns() > max_delay => {
+                    Outcome::Deny(Decision::deny(
+                        decision.limit(),
+                        decision.remaining(),
+                        decision.reset_after_ns(),
+                        decision.delay_ns() - max_delay,
+                    ))
+                }
+                outcome => outcome,
+            },
+            Op::Settle(settle) => {
+                let state = policy.settle(state, now, settle).min(STATE_MAX);
+                Outcome::Allow {
+                    decision: policy.unit_view(state, now),
+                    state,
+                }
+            }
+        }
+    }
+
+    /// `Err` for a check whose cost exceeds what `policy` can ever admit; settlements
+    /// take any amount.
+    fn fits(self, policy: &WordPolicy) -> Result<(), InsufficientCapacity> {
+        match self {
+            Op::Check { cost, .. } => fits(policy, cost),
+            Op::Settle(_) => Ok(()),
+        }
+    }
+
+    /// The decision for a key that is absent, when the op stores nothing for it: a check
+    /// of cost 0 (admitted) and a refund (nothing to give back: the key is full).
+    fn on_absent(self, policy: &WordPolicy, now: u64) -> Option<Decision> {
+        match self {
+            Op::Check { cost: 0, .. } => Some(policy.peek(UNTOUCHED, now, 0)),
+            Op::Settle(Settle::Refund(_) | Settle::Charge(0)) => {
+                Some(policy.peek(UNTOUCHED, now, 1))
+            }
+            _ => None,
         }
     }
 }
@@ -316,6 +362,7 @@ impl<K: crate::Key> WordStore<K> {
         let now = now();
         let hash = self.hash(key);
         let shard = self.shard(hash);
+        let op = Op::Check { cost, max_delay };
         let cacheable = Denies::applies(true, cost, max_delay);
         let generation = if cacheable {
             self.denies.generation()
@@ -327,33 +374,89 @@ impl<K: crate::Key> WordStore<K> {
                 return Ok(denied);
             }
         }
-        let guard = reclaim::pin();
-        let table = shard.read(&guard);
-        let policy = table.meta.policy_for(hash, key);
         // Every policy admits at least one unit, so a unit check skips the capacity test.
-        let fast = if cost > 1 && cost > policy.capacity() {
-            None
-        } else {
-            match table.find_raw(hash, |k| k.borrow() == key) {
-                Some((slot, raw)) => match apply(slot, raw, policy, now, cost, max_delay) {
-                    Applied::Done(decision) => Some(decision),
-                    Applied::Frozen | Applied::Removed => None,
-                },
-                None => None,
-            }
-        };
-        if fast.is_some() && table.next().is_some() {
-            self.met_migration(shard, &guard, now);
-        }
-        drop(guard);
+        let fast = self.fast(shard, hash, key, now, op, |policy| {
+            cost <= 1 || cost <= policy.capacity()
+        });
         let decision = match fast {
             Some(decision) => decision,
-            None => self.decide_slow(hash, key, now, cost, max_delay)?,
+            None => self.decide_slow(hash, key, now, op)?,
         };
         if cacheable {
             self.denies.remember(generation, hash, key, now, &decision);
         }
         Ok(decision)
+    }
+
+    /// The lock-free path of a write to a key the shard holds, if `eligible` for its
+    /// policy: `None` for an absent key, one being moved or removed, or one not eligible
+    /// (then [`decide_slow`](Self::decide_slow) decides).
+    #[inline(always)]
+    fn fast<Q>(
+        &self,
+        shard: &WordShard<K>,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        op: Op,
+        eligible: impl FnOnce(&WordPolicy) -> bool,
+    ) -> Option<Decision>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let guard = reclaim::pin();
+        let table = shard.read(&guard);
+        let policy = table.meta.policy_for(hash, key);
+        let fast = if eligible(policy) {
+            match table.find_raw(hash, |k| k.borrow() == key) {
+                Some((slot, raw)) => match apply(slot, raw, policy, now, op) {
+                    Applied::Done(decision) => Some(decision),
+                    Applied::Frozen | Applied::Removed => None,
+                },
+                None => None,
+            }
+        } else {
+            None
+        };
+        if fast.is_some() && table.next().is_some() {
+            self.met_migration(shard, &guard, now);
+        }
+        fast
+    }
+
+    /// Charges or refunds `key` at `now` (the caller has checked that the algorithm
+    /// supports `settle`): a charge inserts a new key, a refund of an absent key changes
+    /// nothing. Returns what a unit request would get right after; a charge of a new key
+    /// that finds no room is that refusal (a capacity deny), with nothing written.
+    ///
+    /// Invalidates the cached denies after its write (so that no check caches a deny of
+    /// the state before it) if a deny of this key may be cached: a refund may admit a
+    /// cached deny's key, and a charge moves its retry-after later (see
+    /// [`Settle::may_outdate`]).
+    #[inline]
+    pub(crate) fn settle<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        settle: Settle,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let op = Op::Settle(settle);
+        let hash = self.hash(key);
+        let decided = match self.fast(self.shard(hash), hash, key, now, op, |_| true) {
+            Some(decision) => Ok(decision),
+            None => self.decide_slow(hash, key, now, op),
+        };
+        if let Ok(decision) = &decided {
+            if settle.may_outdate(decision) {
+                self.denies.invalidate();
+            }
+        }
+        decided
     }
 
     /// Every case the fast path leaves: a cost above capacity, an absent key (peeked or
@@ -365,8 +468,7 @@ impl<K: crate::Key> WordStore<K> {
         hash: u64,
         key: &Q,
         now: u64,
-        cost: u64,
-        max_delay: u64,
+        op: Op,
     ) -> Result<Decision, InsufficientCapacity>
     where
         K: Borrow<Q>,
@@ -379,8 +481,8 @@ impl<K: crate::Key> WordStore<K> {
                 match current.locate(hash, |k| k.borrow() == key) {
                     Located::Found { table, slot, raw } => {
                         let policy = table.meta.policy_for(hash, key);
-                        fits(policy, cost)?;
-                        match apply(slot, raw, policy, now, cost, max_delay) {
+                        op.fits(policy)?;
+                        match apply(slot, raw, policy, now, op) {
                             Applied::Done(decision) => {
                                 if current.next().is_some() {
                                     self.met_migration(shard, guard, now);
@@ -391,15 +493,18 @@ impl<K: crate::Key> WordStore<K> {
                             Applied::Frozen | Applied::Removed => {}
                         }
                     }
-                    Located::Absent { table } if cost == 0 => {
+                    Located::Absent { table } => {
                         let policy = table.meta.policy_for(hash, key);
-                        return Ok(policy.peek(UNTOUCHED, now, 0));
+                        if let Some(decision) = op.on_absent(policy, now) {
+                            return Ok(decision);
+                        }
+                        if let Some(decision) = self.insert(shard, guard, hash, key, now, op)? {
+                            return Ok(decision);
+                        }
                     }
-                    // Absent, or being moved (the writer path tells which).
-                    Located::Absent { .. } | Located::Moving => {
-                        if let Some(decision) =
-                            self.insert(shard, guard, hash, key, now, cost, max_delay)?
-                        {
+                    // Being moved (the writer path tells where).
+                    Located::Moving => {
+                        if let Some(decision) = self.insert(shard, guard, hash, key, now, op)? {
                             return Ok(decision);
                         }
                     }
@@ -468,7 +573,6 @@ impl<K: crate::Key> WordStore<K> {
     /// The write path of a check on a key that was absent: under the writer mutex, moves
     /// a batch of a migration under way, finds the key again (another thread may have
     /// inserted it), makes room, inserts it and decides. `None`: look again.
-    #[allow(clippy::too_many_arguments)]
     #[cold]
     fn insert<Q>(
         &self,
@@ -477,8 +581,7 @@ impl<K: crate::Key> WordStore<K> {
         hash: u64,
         key: &Q,
         now: u64,
-        cost: u64,
-        max_delay: u64,
+        op: Op,
     ) -> Result<Option<Decision>, InsufficientCapacity>
     where
         K: Borrow<Q>,
@@ -489,8 +592,8 @@ impl<K: crate::Key> WordStore<K> {
         let newest = match writer.table(guard).locate(hash, |k| k.borrow() == key) {
             Located::Found { table, slot, raw } => {
                 let policy = table.meta.policy_for(hash, key);
-                fits(policy, cost)?;
-                return Ok(match apply(slot, raw, policy, now, cost, max_delay) {
+                op.fits(policy)?;
+                return Ok(match apply(slot, raw, policy, now, op) {
                     Applied::Done(decision) => Some(decision),
                     Applied::Frozen | Applied::Removed => None,
                 });
@@ -502,9 +605,9 @@ impl<K: crate::Key> WordStore<K> {
         };
         // The policy may have changed since the lock-free read.
         let policy = *newest.meta.policy_for(hash, key);
-        fits(&policy, cost)?;
-        if cost == 0 {
-            return Ok(Some(policy.peek(UNTOUCHED, now, 0)));
+        op.fits(&policy)?;
+        if let Some(decision) = op.on_absent(&policy, now) {
+            return Ok(Some(decision));
         }
         if let Err(retry_after_ns) = self.counts.take_place(
             || self.make_room(&mut writer, guard, now),
@@ -518,12 +621,10 @@ impl<K: crate::Key> WordStore<K> {
         match writer.insert(guard, hash, key.to_owned(), UNTOUCHED) {
             Ok(slot) => {
                 writer.state().live += 1;
-                Ok(
-                    match apply(slot, slot.load_raw(), &policy, now, cost, max_delay) {
-                        Applied::Done(decision) => Some(decision),
-                        Applied::Frozen | Applied::Removed => None,
-                    },
-                )
+                Ok(match apply(slot, slot.load_raw(), &policy, now, op) {
+                    Applied::Done(decision) => Some(decision),
+                    Applied::Frozen | Applied::Removed => None,
+                })
             }
             Err(_) => {
                 // The shard is at its largest table (2³² slots).

@@ -17,4 +17,5 @@ mod limiter;
 mod properties;
 mod quota;
 mod reconfigure;
+mod settle;
 mod waiting;
