@@ -276,6 +276,32 @@ fn settle_10k(c: &mut Criterion) {
     group.finish();
 }
 
+/// A check of a key held to two quotas (`also`) against one quota, in the same run: 10k
+/// `u64` keys on the token bucket, both quotas generous (every check admitted, so both
+/// are consumed), 1 and 2 threads.
+fn also_10k(c: &mut Criterion) {
+    let keys = key_sequences();
+    let mut group = c.benchmark_group("also_10k_u64");
+    let generous = generous(Algorithm::TokenBucket);
+    let daily = Quota::new(8_640_000_000_000, Duration::from_secs(86_400))
+        .and_then(|q| q.with_burst(1_000_000_000_000))
+        .expect("valid quota");
+    for threads in [1, 2] {
+        let one = Tollgate(tollgate(Algorithm::TokenBucket, generous));
+        let two = Tollgate(
+            RateLimiter::builder(generous)
+                .also(daily)
+                .build()
+                .expect("valid limiter"),
+        );
+        for (name, limiter) in [("one_quota", &one), ("two_quotas", &two)] {
+            let id = BenchmarkId::new(name, format!("{threads}_thread"));
+            bench_keyed(&mut group, id, limiter, threads, &keys);
+        }
+    }
+    group.finish();
+}
+
 /// A 1,000-key set in steady use whose requests come about one period apart (T =
 /// 100 µs, burst 1: a client pacing itself at its limit; about half the checks denied),
 /// against the same T and burst over a 1 h period (nothing can ever be swept), the
@@ -1614,7 +1640,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, settle_10k, churn_1k, reference_10k, counters, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
+    targets = keyed_10k, settle_10k, also_10k, churn_1k, reference_10k, counters, hot_key_denied, string_keys, keyed_1m, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
 }
 
 fn main() {

@@ -2,20 +2,46 @@
 
 use std::time::Duration;
 
-/// What kind of answer a [`Decision`] is.
+/// What kind of answer a [`Decision`] is, and for which of the limiter's quotas: the
+/// verdict in the low byte, the quota's index above it.
 ///
-/// As wide as the other fields, so a `Decision` has no padding: copies of it (and of the
-/// `Result`s wrapping it) move whole words, and reading the verdict back never waits on
-/// a store of a different width (a store-forwarding stall).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u64)]
-enum Verdict {
+/// One word as wide as the other fields, so a `Decision` has no padding: copies of it
+/// (and of the `Result`s wrapping it) move whole words, and reading the verdict back never
+/// waits on a store of a different width (a store-forwarding stall).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Verdict(u64);
+
+impl Verdict {
     /// Admitted; `wait_ns` is the slot delay (leaky bucket), else 0.
-    Allowed,
+    const ALLOWED: u64 = 0;
     /// Denied by the key's quota; `wait_ns` is the retry-after.
-    Denied,
+    const DENIED: u64 = 1;
     /// Denied because the store was full; `wait_ns` is the retry-after.
-    NoRoom,
+    const NO_ROOM: u64 = 2;
+
+    #[inline(always)]
+    fn kind(self) -> u64 {
+        self.0 & 0xff
+    }
+
+    #[inline(always)]
+    fn policy(self) -> usize {
+        (self.0 >> 8) as usize
+    }
+}
+
+impl std::fmt::Debug for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.kind() {
+            Self::ALLOWED => "Allowed",
+            Self::DENIED => "Denied",
+            _ => "NoRoom",
+        };
+        match self.policy() {
+            0 => f.write_str(kind),
+            policy => write!(f, "{kind} (policy {policy})"),
+        }
+    }
 }
 
 /// The outcome of a check: whether it passed, and what the caller needs to tell the client.
@@ -53,7 +79,7 @@ impl Decision {
     /// An admitting decision.
     pub(crate) fn allow(limit: u64, remaining: u64, reset_after_ns: u64) -> Self {
         Self {
-            verdict: Verdict::Allowed,
+            verdict: Verdict(Verdict::ALLOWED),
             limit,
             remaining,
             reset_after_ns,
@@ -69,7 +95,7 @@ impl Decision {
         retry_after_ns: u64,
     ) -> Self {
         Self {
-            verdict: Verdict::Denied,
+            verdict: Verdict(Verdict::DENIED),
             limit,
             remaining,
             reset_after_ns,
@@ -81,31 +107,51 @@ impl Decision {
     /// new one.
     pub(crate) fn capacity_deny(limit: u64, retry_after_ns: u64) -> Self {
         Self {
-            verdict: Verdict::NoRoom,
+            verdict: Verdict(Verdict::NO_ROOM),
             ..Self::deny(limit, 0, 0, retry_after_ns)
         }
     }
 
     /// The same admission, into a slot `delay_ns` from now.
     pub(crate) fn with_delay(self, delay_ns: u64) -> Self {
-        match self.verdict {
-            Verdict::Allowed => Self {
+        if self.is_allowed() {
+            Self {
                 wait_ns: delay_ns,
                 ..self
-            },
-            _ => self,
+            }
+        } else {
+            self
+        }
+    }
+
+    /// The same decision, about the limiter's quota number `policy` (see
+    /// [`policy`](Self::policy)).
+    pub(crate) fn for_policy(self, policy: usize) -> Self {
+        Self {
+            verdict: Verdict(self.verdict.kind() | (policy as u64) << 8),
+            ..self
         }
     }
 
     /// Whether the request was admitted (and, for a check, consumed quota).
+    #[inline(always)]
     pub fn is_allowed(&self) -> bool {
-        self.verdict == Verdict::Allowed
+        self.verdict.kind() == Verdict::ALLOWED
     }
 
     /// Whether this deny came from the key cap ([`Builder::max_keys`](crate::Builder::max_keys))
     /// rather than from the key's quota: the key holds no state yet.
     pub fn is_capacity_deny(&self) -> bool {
-        self.verdict == Verdict::NoRoom
+        self.verdict.kind() == Verdict::NO_ROOM
+    }
+
+    /// Which of the limiter's quotas this decision describes: 0 for the quota the
+    /// limiter was built with, 1 for the first [`also`](crate::Builder::also) quota, and
+    /// so on. A limiter with several quotas reports the most constraining one: for an
+    /// admission, the quota with the fewest units left; for a deny, the denying quota
+    /// with the longest wait. Always 0 for a limiter with one quota.
+    pub fn policy(&self) -> usize {
+        self.verdict.policy()
     }
 
     /// The most the key can be admitted at once: the burst for the token and leaky

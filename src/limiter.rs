@@ -12,7 +12,7 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity, SettleError};
 use crate::quota::Quota;
 use crate::store::state::LogCell;
-use crate::store::{Limits, Store, StoreStats, WhenFull, WordStore};
+use crate::store::{Compound, Limits, Store, StoreStats, WhenFull, WordStore};
 use crate::tally::Tally;
 
 /// What a limiter's keys must be: hashable, comparable, and shareable between the
@@ -71,6 +71,8 @@ pub struct RateLimiter<K, C = MonotonicClock> {
 enum Engine<K> {
     Word(WordStore<K>),
     Log(Store<K, LogCell>),
+    /// Several quotas per key ([`Builder::also`]), for the word algorithms.
+    Compound(Compound<K>),
 }
 
 /// Runs the same expression on whichever store an engine holds.
@@ -79,6 +81,7 @@ macro_rules! on_store {
         match $engine {
             Engine::Word($store) => $body,
             Engine::Log($store) => $body,
+            Engine::Compound($store) => $body,
         }
     };
 }
@@ -242,7 +245,29 @@ impl<K: Key, C> RateLimiter<K, C> {
     /// token and leaky buckets, the limit for the window algorithms. Decisions report it
     /// as their [`limit`](Decision::limit).
     pub fn capacity(&self) -> u64 {
-        on_store!(&self.inner.engine, s => s.default_policy().capacity())
+        match &self.inner.engine {
+            Engine::Compound(s) => s.capacity(),
+            engine => on_store!(engine, s => s.default_policy().capacity()),
+        }
+    }
+
+    /// Every quota each key is held to: the default quota, then each
+    /// [`also`](Builder::also) quota in the order they were added.
+    ///
+    /// ```
+    /// use tollgate::RateLimiter;
+    ///
+    /// let limiter: RateLimiter<u64> = RateLimiter::builder("10/s burst 20".parse()?)
+    ///     .also("1000/day".parse()?)
+    ///     .build()?;
+    /// assert_eq!(limiter.quotas(), ["10/s burst 20".parse()?, "1000/day".parse()?]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn quotas(&self) -> Vec<Quota> {
+        match &self.inner.engine {
+            Engine::Compound(s) => s.quotas(),
+            _ => vec![self.quota()],
+        }
     }
 }
 
@@ -416,6 +441,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         match &self.inner.engine {
             Engine::Word(s) => s.remove(key, now),
             Engine::Log(s) => s.remove(key),
+            Engine::Compound(s) => s.remove(key, now),
         };
     }
 
@@ -606,16 +632,17 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
                 Settle::Refund(_) => "refund",
             },
         };
-        let Engine::Word(store) = &self.inner.engine else {
-            return Err(unsupported);
-        };
         if !WordPolicy::settles(common.algorithm, op) {
             return Err(unsupported);
         }
+        let now = common.clock.now_ns();
         // A settlement takes any amount, so the store never finds it too large.
-        let decision = store
-            .settle(key, common.clock.now_ns(), op)
-            .map_err(|_| unsupported)?;
+        let decision = match &self.inner.engine {
+            Engine::Word(store) => store.settle(key, now, op),
+            Engine::Compound(store) => store.settle(key, now, op),
+            Engine::Log(_) => return Err(unsupported),
+        }
+        .map_err(|_| unsupported)?;
         if decision.is_capacity_deny() {
             return Err(SettleError::NoRoom {
                 retry_after: decision.retry_after().unwrap_or_default(),
@@ -642,6 +669,8 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
 #[must_use = "a builder does nothing until .build() is called"]
 pub struct Builder<K, C = MonotonicClock> {
     quota: Quota,
+    /// Further quotas every key is held to ([`also`](Self::also)).
+    also: Vec<Quota>,
     algorithm: Algorithm,
     clock: C,
     shards: Option<usize>,
@@ -657,6 +686,7 @@ impl<K> Builder<K> {
     fn new(quota: Quota) -> Self {
         Self {
             quota,
+            also: Vec::new(),
             algorithm: Algorithm::default(),
             clock: MonotonicClock::new(),
             shards: None,
@@ -685,6 +715,7 @@ impl<K, C> fmt::Debug for Builder<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Builder")
             .field("quota", &self.quota)
+            .field("also", &self.also)
             .field("algorithm", &self.algorithm)
             .field("shards", &self.shards)
             .field("max_keys", &self.max_keys)
@@ -707,6 +738,7 @@ impl<K: Key, C: Clock> Builder<K, C> {
     pub fn clock<C2: Clock>(self, clock: C2) -> Builder<K, C2> {
         Builder {
             quota: self.quota,
+            also: self.also,
             algorithm: self.algorithm,
             clock,
             shards: self.shards,
@@ -774,17 +806,79 @@ impl<K: Key, C: Clock> Builder<K, C> {
         self
     }
 
+    /// Holds every key to `quota` as well, all or nothing: a check is admitted only if
+    /// every quota admits it, and then consumes from each; a denied check consumes from
+    /// none. For example a burst limit and a daily cap, `"10/s burst 20"` and
+    /// `"1000/day"`. Call it again for a third quota.
+    ///
+    /// The [`Decision`] describes the most constraining quota
+    /// ([`Decision::policy`] says which): for an admission, the one with the fewest
+    /// units left; for a deny, the denying one with the longest wait, with the fewest
+    /// units left of all. Per-key quotas ([`RateLimiter::set_quota`]) and
+    /// [`set_default_quota`](RateLimiter::set_default_quota) change the first quota;
+    /// the `also` quotas stay. Each quota keeps its own state per key, so memory grows
+    /// with the number of quotas, and [`max_keys`](Self::max_keys) caps each.
+    ///
+    /// Under concurrency on one key, a check that is denied by a later quota holds the
+    /// earlier quotas' units for the nanoseconds until it gives them back, so a request
+    /// racing it may be denied where it would otherwise pass. Nothing is ever admitted
+    /// beyond any single quota's bound.
+    ///
+    /// ```
+    /// use tollgate::{clock::ManualClock, RateLimiter};
+    ///
+    /// let limiter: RateLimiter<String, ManualClock> =
+    ///     RateLimiter::builder("10/s burst 20".parse()?)
+    ///         .also("30/h".parse()?)
+    ///         .clock(ManualClock::new())
+    ///         .build()?;
+    /// for _ in 0..20 {
+    ///     assert!(limiter.check("alice").is_allowed()); // the burst
+    /// }
+    /// let burst = limiter.check("alice");
+    /// assert_eq!(burst.policy(), 0); // the burst quota denies
+    /// limiter.clock().advance(std::time::Duration::from_secs(60));
+    /// for _ in 0..10 {
+    ///     assert!(limiter.check("alice").is_allowed());
+    /// }
+    /// let hourly = limiter.check("alice"); // 30 in the hour
+    /// assert_eq!(hourly.policy(), 1);
+    /// assert_eq!(hourly.limit(), 30);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn also(mut self, quota: Quota) -> Self {
+        self.also.push(quota);
+        self
+    }
+
     /// Validates the configuration and builds the limiter.
     ///
     /// # Errors
     /// [`ConfigError::InvalidShards`] for a shard count that is zero, not a power of two
     /// or above [`MAX_SHARDS`],
-    /// [`ConfigError::ZeroMaxKeys`], or [`ConfigError::LimitTooLarge`] when the algorithm
-    /// cannot hold the quota's limit.
+    /// [`ConfigError::ZeroMaxKeys`], [`ConfigError::LimitTooLarge`] when the algorithm
+    /// cannot hold a quota's limit, or [`ConfigError::Unsupported`] for
+    /// [`also`](Self::also) with the sliding log (which cannot give units back).
     pub fn build(self) -> Result<RateLimiter<K, C>, ConfigError> {
         let limits = self.checked_limits()?;
         let engine = match Plan::new(self.algorithm, self.quota)? {
-            Plan::Word(policy) => Engine::Word(WordStore::new(limits, policy)),
+            Plan::Word(policy) if self.also.is_empty() => {
+                Engine::Word(WordStore::new(limits, policy))
+            }
+            Plan::Word(policy) => {
+                let mut policies = vec![policy];
+                for &quota in &self.also {
+                    policies.push(policy.with_quota(quota)?);
+                }
+                Engine::Compound(Compound::new(limits, policies))
+            }
+            Plan::Log(_) if !self.also.is_empty() => {
+                return Err(ConfigError::Unsupported(
+                    "several quotas (`also`) with the sliding log, which cannot give back \
+                     the units of a check another quota denies: use the sliding window \
+                     counter or a bucket",
+                ));
+            }
             Plan::Log(policy) => Engine::Log(Store::new(limits, policy)),
         };
         Ok(self.assemble(engine))
@@ -795,6 +889,12 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// checks them.
     #[cfg(feature = "redis")]
     pub(crate) fn into_parts(self) -> Result<(Common<C>, Limits, Quota), ConfigError> {
+        if !self.also.is_empty() {
+            return Err(ConfigError::Unsupported(
+                "several quotas (`also`) on the synced limiter: use one quota per limiter \
+                 there, or the Redis tier's `RedisBuilder::also`",
+            ));
+        }
         let limits = self.checked_limits()?;
         let quota = self.quota;
         Ok((self.into_common(), limits, quota))

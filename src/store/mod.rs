@@ -22,6 +22,7 @@
 //! full sweeps it first and drops the keys idle for a while (see [`Sweep`]: never a key
 //! in use, whatever its period), and `max_keys` caps the total (see [`WhenFull`]).
 
+mod compound;
 mod counts;
 pub(crate) mod deny_cache;
 #[allow(unsafe_code)]
@@ -34,6 +35,7 @@ pub(crate) mod state;
 pub(crate) mod table;
 mod word;
 
+pub(crate) use compound::Compound;
 pub(crate) use locked::Store;
 pub(crate) use word::WordStore;
 

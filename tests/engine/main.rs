@@ -8,6 +8,7 @@
 mod common;
 
 mod architecture;
+mod compound;
 mod concurrency;
 mod config_file;
 mod conformance;

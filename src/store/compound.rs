@@ -1,0 +1,300 @@
+//! Several quotas on every key, decided all or nothing: one [`WordStore`] per quota.
+//!
+//! A check goes through the quotas in order, consuming from each that admits; the first
+//! that denies (or finds the cost beyond its capacity) ends it, and the quotas already
+//! passed get their units back by an exact refund. So a check consumes from every quota
+//! or from none, and is admitted only if every quota admits.
+//!
+//! Under concurrency on one key, the units a doomed check holds between its consumption
+//! and its refund (nanoseconds) are briefly unavailable: a request racing it may be denied
+//! by a quota it would otherwise have passed. The reverse never happens: nothing is ever
+//! admitted beyond any single quota's bound, whatever the interleaving, since each quota's
+//! own store admits only what it can hold.
+//!
+//! Refunds are exact because each algorithm's refund undoes its own admission at the same
+//! instant: the buckets move their state back by `cost·T` (to `max(tat, now)`, which
+//! decides every later request as `tat` does), the windows lower the counts they raised.
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+
+use super::word::WordStore;
+use super::{Limits, StoreStats};
+use crate::algorithm::{Settle, WordPolicy};
+use crate::decision::Decision;
+use crate::error::{ConfigError, InsufficientCapacity};
+use crate::quota::Quota;
+
+/// One store per quota: the limiter's own quota first, then each `also` quota.
+pub(crate) struct Compound<K> {
+    stores: Box<[WordStore<K>]>,
+}
+
+/// Of two decisions of the same request under different quotas, the more constraining:
+/// a deny before an admission; of two denies, the longer wait; of two admissions, the
+/// fewer units left, then the longer time to full. An admission's delay (the leaky
+/// bucket's slot) is the latest of both.
+fn tighter(a: Decision, b: Decision) -> Decision {
+    match (a.is_allowed(), b.is_allowed()) {
+        (true, false) => b,
+        (false, true) => a,
+        (false, false) if b.retry_after_ns() > a.retry_after_ns() => b,
+        (false, false) => a,
+        (true, true) => {
+            let delay = a.delay_ns().max(b.delay_ns());
+            let key = |d: &Decision| (d.remaining(), std::cmp::Reverse(d.reset_after_ns()));
+            let pick = if key(&b) < key(&a) { b } else { a };
+            pick.with_delay(delay)
+        }
+    }
+}
+
+/// A deny that reports the fewest units left among every quota (`remaining`), with the
+/// denying quota's wait.
+fn with_fewest(deny: Decision, remaining: u64) -> Decision {
+    if remaining >= deny.remaining() {
+        return deny;
+    }
+    Decision::deny(
+        deny.limit(),
+        remaining,
+        deny.reset_after_ns(),
+        deny.retry_after_ns(),
+    )
+    .for_policy(deny.policy())
+}
+
+impl<K: crate::Key> Compound<K> {
+    /// A store per policy, each with `limits` (so up to `max_keys` keys per quota).
+    pub(crate) fn new(limits: Limits, policies: Vec<WordPolicy>) -> Self {
+        Self {
+            stores: policies
+                .into_iter()
+                .map(|policy| WordStore::new(limits, policy))
+                .collect(),
+        }
+    }
+
+    /// Decides a request of `cost` for `key` at `now` under every quota, all or nothing
+    /// (see the module docs).
+    #[inline]
+    pub(crate) fn check<Q>(
+        &self,
+        key: &Q,
+        now: impl FnOnce() -> u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = now();
+        let mut admitted: Option<Decision> = None;
+        for (i, store) in self.stores.iter().enumerate() {
+            match store.check(key, || now, cost, max_delay) {
+                Ok(decision) if decision.is_allowed() => {
+                    let decision = decision.for_policy(i);
+                    admitted = Some(admitted.map_or(decision, |a| tighter(a, decision)));
+                }
+                Ok(deny) => return self.denied(key, now, cost, i, deny.for_policy(i)),
+                Err(too_large) => {
+                    self.give_back(key, now, cost, i);
+                    return Err(too_large);
+                }
+            }
+        }
+        // At least one store: the limiter's own quota.
+        Ok(admitted.unwrap_or_else(|| Decision::allow(0, 0, 0)))
+    }
+
+    /// The compound deny of a request that quota `at` denied (`deny`): the quotas before
+    /// it get their units back, the ones after it are asked without consuming, and the
+    /// decision is the longest wait among those that deny, with the fewest units left.
+    /// A later quota that can never admit the cost makes it that error instead.
+    #[cold]
+    fn denied<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        at: usize,
+        deny: Decision,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut fewest = self.give_back(key, now, cost, at).min(deny.remaining());
+        let mut decision = deny;
+        for (i, store) in self.stores.iter().enumerate().skip(at + 1) {
+            let later = store.peek(key, now, cost)?;
+            fewest = fewest.min(later.remaining());
+            if !later.is_allowed() {
+                decision = tighter(decision, later.for_policy(i));
+            }
+        }
+        Ok(with_fewest(decision, fewest))
+    }
+
+    /// Refunds `cost` to the quotas before `upto`, which admitted it; returns the fewest
+    /// units they have left after.
+    fn give_back<Q>(&self, key: &Q, now: u64, cost: u64, upto: usize) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut fewest = u64::MAX;
+        if cost == 0 {
+            return fewest;
+        }
+        for store in &self.stores[..upto] {
+            // A refund takes any amount, and finds the key it just admitted.
+            if let Ok(after) = store.settle(key, now, Settle::Refund(cost)) {
+                fewest = fewest.min(after.remaining());
+            }
+        }
+        fewest
+    }
+
+    /// Applies `settle` to every quota; the most constraining result (a capacity refusal
+    /// of a new key, if any quota's store had no room for it).
+    pub(crate) fn settle<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        settle: Settle,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut result: Option<Decision> = None;
+        for (i, store) in self.stores.iter().enumerate() {
+            let decision = store.settle(key, now, settle)?;
+            if decision.is_capacity_deny() {
+                return Ok(decision);
+            }
+            let decision = decision.for_policy(i);
+            result = Some(result.map_or(decision, |r| tighter(r, decision)));
+        }
+        Ok(result.unwrap_or_else(|| Decision::allow(0, 0, 0)))
+    }
+
+    /// The decision a request of `cost` would get at `now` under every quota, consuming
+    /// nothing.
+    pub(crate) fn peek<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let mut result: Option<Decision> = None;
+        let mut fewest = u64::MAX;
+        for (i, store) in self.stores.iter().enumerate() {
+            let decision = store.peek(key, now, cost)?.for_policy(i);
+            fewest = fewest.min(decision.remaining());
+            result = Some(result.map_or(decision, |r| tighter(r, decision)));
+        }
+        let decision = result.unwrap_or_else(|| Decision::allow(0, 0, 0));
+        Ok(if decision.is_allowed() {
+            decision
+        } else {
+            with_fewest(decision, fewest)
+        })
+    }
+
+    /// Removes `key`'s state under every quota; true if any held it.
+    pub(crate) fn remove<Q>(&self, key: &Q, now: impl Fn() -> u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.stores
+            .iter()
+            .fold(false, |any, store| store.remove(key, &now) | any)
+    }
+
+    /// The limiter's own quota's store: per-key quotas, the default quota and the shard
+    /// count are its.
+    pub(crate) fn first(&self) -> &WordStore<K> {
+        &self.stores[0]
+    }
+
+    /// Every quota, the limiter's own first.
+    pub(crate) fn quotas(&self) -> Vec<Quota> {
+        use crate::algorithm::Policy;
+        self.stores
+            .iter()
+            .map(|s| s.default_policy().quota())
+            .collect()
+    }
+
+    /// The most a single request may cost: the smallest capacity of all quotas.
+    pub(crate) fn capacity(&self) -> u64 {
+        use crate::algorithm::Policy;
+        self.stores
+            .iter()
+            .map(|s| s.default_policy().capacity())
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Keys held: the most any quota's store holds (each key is in the first store from
+    /// its first check on, until the first quota's state of it is untouched and swept).
+    pub(crate) fn len(&self) -> usize {
+        self.stores.iter().map(WordStore::len).max().unwrap_or(0)
+    }
+
+    /// The stores' counters summed; `keys` as [`len`](Self::len).
+    pub(crate) fn stats(&self) -> StoreStats {
+        let mut total = StoreStats::default();
+        for store in self.stores.iter() {
+            let s = store.stats();
+            total.evicted_untouched += s.evicted_untouched;
+            total.evicted_active += s.evicted_active;
+            total.refused_new_keys += s.refused_new_keys;
+            total.resizes += s.resizes;
+            total.retired_tables += s.retired_tables;
+        }
+        total.keys = self.len();
+        total
+    }
+
+    /// Changes the limiter's own quota (the first); the `also` quotas stay.
+    pub(crate) fn set_default_quota(
+        &self,
+        quota: Quota,
+        now: impl Fn() -> u64,
+    ) -> Result<(), ConfigError> {
+        self.first().set_default_quota(quota, now)
+    }
+}
+
+/// The per-key quota and configuration calls, which act on the limiter's own quota (the
+/// first): the same names as [`WordStore`]'s, so the limiter calls either alike.
+impl<K: crate::Key> Compound<K> {
+    pub(crate) fn default_policy(&self) -> WordPolicy {
+        self.first().default_policy()
+    }
+
+    pub(crate) fn shard_count(&self) -> usize {
+        self.first().shard_count()
+    }
+
+    pub(crate) fn set_key_quota(&self, key: K, policy: Option<WordPolicy>, now: impl Fn() -> u64) {
+        self.first().set_key_quota(key, policy, now);
+    }
+
+    pub(crate) fn policy_of<Q>(&self, key: &Q) -> WordPolicy
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.first().policy_of(key)
+    }
+}
