@@ -167,6 +167,11 @@ pub struct LimiterConfig {
     pub name: String,
     /// The default quota.
     pub quota: Quota,
+    /// Further quotas every key is held to, all or nothing
+    /// ([`Builder::also`](crate::Builder::also)); none unless given. In a file:
+    /// `also = ["1000/day"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<Quota>,
     /// The algorithm; `token-bucket` unless given.
     pub algorithm: Algorithm,
     /// The shard count (a power of two); four per CPU unless given.
@@ -185,6 +190,7 @@ impl LimiterConfig {
         Self {
             name: "default".to_owned(),
             quota,
+            also: Vec::new(),
             algorithm: Algorithm::default(),
             shards: None,
             max_keys: None,
@@ -213,6 +219,9 @@ impl LimiterConfig {
         if let Some(max_keys) = self.max_keys {
             builder = builder.max_keys(max_keys);
         }
+        for &quota in &self.also {
+            builder = builder.also(quota);
+        }
         let limiter = builder.build()?;
         for (key, quota) in &self.quotas {
             let parsed = key
@@ -233,6 +242,8 @@ struct RawConfig {
     name: Option<String>,
     #[serde(deserialize_with = "quota_field")]
     quota: Quota,
+    #[serde(default, deserialize_with = "also_field")]
+    also: Vec<Quota>,
     #[serde(default, deserialize_with = "algorithm_field")]
     algorithm: Algorithm,
     #[serde(default, deserialize_with = "shards_field")]
@@ -247,6 +258,30 @@ struct RawConfig {
 
 fn quota_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Quota, D::Error> {
     de::DeserializeSeed::deserialize(QuotaSeed("quota"), deserializer)
+}
+
+/// The `also` list: each quota read with its index in the field's name (`also[1]`).
+fn also_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Quota>, D::Error> {
+    struct Also;
+    impl<'de> Visitor<'de> for Also {
+        type Value = Vec<Quota>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of quotas, such as [\"1000/day\"]")
+        }
+
+        fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut quotas = Vec::new();
+            loop {
+                let field = format!("also[{}]", quotas.len());
+                match seq.next_element_seed(QuotaSeed(&field))? {
+                    Some(quota) => quotas.push(quota),
+                    None => return Ok(quotas),
+                }
+            }
+        }
+    }
+    deserializer.deserialize_seq(Also)
 }
 
 /// The `quotas` table: each value read with its key in the field's name
@@ -402,6 +437,7 @@ impl From<RawConfig> for LimiterConfig {
         Self {
             name: raw.name.unwrap_or_else(|| "default".to_owned()),
             quota: raw.quota,
+            also: raw.also,
             algorithm: raw.algorithm,
             shards: raw.shards,
             max_keys: raw.max_keys,

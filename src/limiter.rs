@@ -251,6 +251,22 @@ impl<K: Key, C> RateLimiter<K, C> {
         }
     }
 
+    /// The default quota's own capacity (a limiter with several quotas reports the
+    /// smallest of all as [`capacity`](Self::capacity)).
+    #[cfg(feature = "tower")]
+    pub(crate) fn quota_capacity(&self) -> u64 {
+        on_store!(&self.inner.engine, s => s.default_policy().capacity())
+    }
+
+    /// The [`also`](Builder::also) quotas, each with its capacity.
+    #[cfg(feature = "tower")]
+    pub(crate) fn also_policies(&self) -> Vec<(Quota, u64)> {
+        match &self.inner.engine {
+            Engine::Compound(s) => s.also_policies(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Every quota each key is held to: the default quota, then each
     /// [`also`](Builder::also) quota in the order they were added.
     ///
@@ -891,8 +907,8 @@ impl<K: Key, C: Clock> Builder<K, C> {
     pub(crate) fn into_parts(self) -> Result<(Common<C>, Limits, Quota), ConfigError> {
         if !self.also.is_empty() {
             return Err(ConfigError::Unsupported(
-                "several quotas (`also`) on the synced limiter: use one quota per limiter \
-                 there, or the Redis tier's `RedisBuilder::also`",
+                "several quotas (`also`) on the synced limiter: it holds one quota; use \
+                 the in-process limiter for several",
             ));
         }
         let limits = self.checked_limits()?;

@@ -54,6 +54,9 @@ pub struct Backing<Q: ?Sized> {
     pub(crate) name: Arc<str>,
     pub(crate) quota: Quota,
     pub(crate) capacity: u64,
+    /// The limiter's further quotas ([`Builder::also`](crate::Builder::also)), each with
+    /// its capacity.
+    pub(crate) also: Vec<(Quota, u64)>,
 }
 
 /// A local limiter, as the layer uses it: looked up by `Q`.
@@ -76,7 +79,8 @@ macro_rules! in_process {
                 Backing {
                     name: Arc::from(self.name()),
                     quota: self.quota(),
-                    capacity: self.capacity(),
+                    capacity: self.quota_capacity(),
+                    also: self.also_policies(),
                     backend: Backend::Local(Arc::new(self)),
                 }
             }
@@ -139,6 +143,7 @@ mod redis {
                 name,
                 quota,
                 capacity,
+                also: Vec::new(),
             }
         }
     }

@@ -16,6 +16,7 @@ use super::key::{Cidr, KeyExtractor};
 use super::response::{ErrorBody, GrpcCode, HeaderStyle, Style};
 use super::service::RateLimitService;
 use crate::decision::Decision;
+use crate::quota::Quota;
 
 /// A tower layer that rate-limits requests with a tollgate limiter.
 ///
@@ -112,12 +113,17 @@ where
             name,
             quota,
             capacity,
+            also,
         } = limiter.into_backing();
-        let period = quota.period();
-        let style = Style::new(
-            period.as_secs() + u64::from(period.subsec_nanos() > 0),
-            Some(capacity),
-        );
+        let window = |q: Quota| {
+            let period = q.period();
+            period.as_secs() + u64::from(period.subsec_nanos() > 0)
+        };
+        let mut style = Style::new(window(quota), Some(capacity));
+        if !also.is_empty() {
+            let also: Vec<(u64, u64)> = also.iter().map(|&(q, cap)| (cap, window(q))).collect();
+            style.set_also(&also);
+        }
         Self {
             config: Arc::new(Config {
                 backend,
@@ -309,9 +315,55 @@ where
     /// The policy name in the IETF fields; `default` by default. Quotes and backslashes
     /// are escaped.
     pub fn policy_name(self, name: &str) -> Self {
-        let quoted = format!("\"{}\"", name.replace('\\', "\\\\").replace('"', "\\\""));
-        self.edit(|c| Arc::make_mut(&mut c.style).set_policy(quoted))
+        self.edit(|c| Arc::make_mut(&mut c.style).set_policy(quoted(name)))
     }
+
+    /// The policy names in the IETF fields of a limiter with several quotas
+    /// ([`Builder::also`](crate::Builder::also)), in the order of its quotas: by default
+    /// `default`, `also1`, `also2`, …. `RateLimit-Policy` lists every quota, and
+    /// `RateLimit` reports the one nearest exhaustion ([`Decision::policy`]), as the IETF
+    /// draft (-11) describes.
+    ///
+    /// ```
+    /// use axum::{body::Body, routing::get, Router};
+    /// use http::Request;
+    /// use tollgate::http::{KeyExtractor, RateLimitLayer};
+    /// use tollgate::RateLimiter;
+    /// use tower::ServiceExt;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// let limiter: RateLimiter<String> = RateLimiter::builder("10/s burst 20".parse()?)
+    ///     .also("1000/day".parse()?)
+    ///     .build()?;
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(
+    ///     RateLimitLayer::new(limiter)
+    ///         .key(KeyExtractor::header("x-api-key")?)
+    ///         .policy_names(["burst", "daily"]),
+    /// );
+    /// let request = Request::get("/").header("x-api-key", "k").body(Body::empty())?;
+    /// let response = app.oneshot(request).await?;
+    /// assert_eq!(
+    ///     response.headers()["ratelimit-policy"],
+    ///     "\"burst\";q=20;w=1, \"daily\";q=1000;w=86400"
+    /// );
+    /// assert_eq!(response.headers()["ratelimit"], "\"burst\";r=19;t=1");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy_names<I, N>(self, names: I) -> Self
+    where
+        I: IntoIterator<Item = N>,
+        N: AsRef<str>,
+    {
+        let names: Vec<String> = names.into_iter().map(|n| quoted(n.as_ref())).collect();
+        self.edit(|c| Arc::make_mut(&mut c.style).set_policies(names))
+    }
+}
+
+/// `name` as a structured-field string: quoted, with quotes and backslashes escaped.
+fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 impl<S, K, E: ExtractKey<K>> Layer<S> for RateLimitLayer<K, E> {

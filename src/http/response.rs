@@ -77,8 +77,23 @@ pub(crate) struct Style {
     window_secs: u64,
     /// The values made once for the default quota, if the layer knows it.
     default: Option<DefaultValues>,
+    /// The limiter's further quotas ([`Builder::also`](crate::Builder::also)), in order.
+    also: Vec<AlsoPolicy>,
+    /// With further quotas: the `RateLimit-Policy` value listing every quota.
+    policy_list: Option<HeaderValue>,
     /// The gRPC status of a denied call.
     pub(crate) grpc: GrpcCode,
+}
+
+/// One of a limiter's further quotas, as the IETF fields name it.
+#[derive(Clone, Debug)]
+struct AlsoPolicy {
+    /// Its name, quoted for a structured field.
+    name: String,
+    /// Its capacity (`q`).
+    limit: u64,
+    /// Its window, whole seconds rounded up (`w`).
+    window_secs: u64,
 }
 
 /// The values of the default quota's headers that are the same for many responses,
@@ -235,6 +250,8 @@ impl Style {
             policy: "\"default\"".to_owned(),
             window_secs,
             default: None,
+            also: Vec::new(),
+            policy_list: None,
             grpc: GrpcCode::default(),
         };
         style.remake(limit);
@@ -247,15 +264,71 @@ impl Style {
         self.remake(self.default.as_ref().map(|d| d.limit));
     }
 
+    /// Names the policies in order, the first quota's first (each `quoted`); names
+    /// beyond the quotas are ignored, quotas beyond the names keep theirs.
+    pub(crate) fn set_policies(&mut self, quoted: Vec<String>) {
+        let mut names = quoted.into_iter();
+        if let Some(first) = names.next() {
+            self.policy = first;
+        }
+        for (also, name) in self.also.iter_mut().zip(names) {
+            also.name = name;
+        }
+        self.remake(self.default.as_ref().map(|d| d.limit));
+    }
+
+    /// Adds the limiter's further quotas, `(capacity, window in whole seconds)` each,
+    /// named `"also1"`, `"also2"`, … until named otherwise.
+    pub(crate) fn set_also(&mut self, also: &[(u64, u64)]) {
+        self.also = also
+            .iter()
+            .enumerate()
+            .map(|(i, &(limit, window_secs))| AlsoPolicy {
+                name: format!("\"also{}\"", i + 1),
+                limit,
+                window_secs,
+            })
+            .collect();
+        self.remake(self.default.as_ref().map(|d| d.limit));
+    }
+
     /// Makes the default quota's values afresh.
     fn remake(&mut self, limit: Option<u64>) {
+        self.policy_list = (!self.also.is_empty())
+            .then(|| {
+                let mut list = limit.map_or_else(String::new, |limit| {
+                    format!("{};q={limit};w={}", self.policy, self.window_secs)
+                });
+                for also in &self.also {
+                    if !list.is_empty() {
+                        list.push_str(", ");
+                    }
+                    list.push_str(&format!(
+                        "{};q={};w={}",
+                        also.name, also.limit, also.window_secs
+                    ));
+                }
+                HeaderValue::from_str(&list).ok()
+            })
+            .flatten();
         self.default = limit.map(|limit| DefaultValues {
             limit,
             limit_value: values::interned(limit.to_string().as_bytes()),
-            policy: policy_field(&self.policy, limit, self.window_secs)
-                .and_then(|v| values::interned(v.as_bytes())),
+            policy: match &self.policy_list {
+                Some(list) => values::interned(list.as_bytes()),
+                None => policy_field(&self.policy, limit, self.window_secs)
+                    .and_then(|v| values::interned(v.as_bytes())),
+            },
             states: StateFields::new(limit, self.window_secs),
         });
+    }
+
+    /// The quoted name of the limiter's quota number `policy`.
+    fn name_of(&self, policy: usize) -> &str {
+        match policy.checked_sub(1) {
+            None => &self.policy,
+            Some(i) => self.also.get(i).map_or(&self.policy, |a| &a.name),
+        }
     }
 
     /// The delta seconds of the `RateLimit` field's `t` and of `Retry-After`: for an
@@ -272,7 +345,7 @@ impl Style {
     fn default_for(&self, decision: &Decision) -> Option<&DefaultValues> {
         self.default
             .as_ref()
-            .filter(|d| d.limit == decision.limit())
+            .filter(|d| d.limit == decision.limit() && decision.policy() == 0)
     }
 
     /// The values of `decision`'s headers, if every one was made once: the common case,
@@ -322,14 +395,15 @@ impl Style {
             );
         }
         if self.headers != HeaderStyle::Legacy {
-            let policy = match default.and_then(|d| d.policy) {
-                Some(made) => Some(made.clone()),
-                None => policy_field(&self.policy, decision.limit(), self.window_secs),
+            let policy = match (default.and_then(|d| d.policy), &self.policy_list) {
+                (Some(made), _) => Some(made.clone()),
+                (None, Some(list)) => Some(list.clone()),
+                (None, None) => policy_field(&self.policy, decision.limit(), self.window_secs),
             };
             let (r, t) = (decision.remaining(), Self::wait_secs(decision));
             let state = match default.and_then(|d| d.states.get(r, t, &self.policy)) {
                 Some(made) => Some(made.clone()),
-                None => state_field(&self.policy, r, t),
+                None => state_field(self.name_of(decision.policy()), r, t),
             };
             if let Some(v) = policy {
                 let _ = headers.try_insert(POLICY, v);

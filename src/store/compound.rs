@@ -234,6 +234,19 @@ impl<K: crate::Key> Compound<K> {
             .collect()
     }
 
+    /// The quotas after the first, each with its capacity.
+    #[cfg(feature = "tower")]
+    pub(crate) fn also_policies(&self) -> Vec<(Quota, u64)> {
+        use crate::algorithm::Policy;
+        self.stores[1..]
+            .iter()
+            .map(|s| {
+                let policy = s.default_policy();
+                (policy.quota(), policy.capacity())
+            })
+            .collect()
+    }
+
     /// The most a single request may cost: the smallest capacity of all quotas.
     pub(crate) fn capacity(&self) -> u64 {
         use crate::algorithm::Policy;

@@ -124,6 +124,18 @@ impl<K: Key, C> SyncedLimiter<K, C> {
         self.inner.store.default_policy().capacity
     }
 
+    /// The quota's capacity, as the HTTP layer's headers report it.
+    #[cfg(feature = "tower")]
+    pub(crate) fn quota_capacity(&self) -> u64 {
+        self.capacity()
+    }
+
+    /// None: a synced limiter holds one quota.
+    #[cfg(feature = "tower")]
+    pub(crate) fn also_policies(&self) -> Vec<(Quota, u64)> {
+        Vec::new()
+    }
+
     /// A limiter of `store`, whose sync task is not started yet.
     pub(super) fn new(store: Store<K, SyncCell>, common: Common<C>) -> Self {
         Self {

@@ -99,6 +99,11 @@ fn a_bad_value_gets_its_line_and_column() {
             "line 4, column 7",
             "field `quotas.vip`: invalid quota string \"ten/s\"",
         ),
+        (
+            "quota = \"10/s\"\nalso = [\"1000/day\", \"5/fortnight\"]",
+            "line 3, column 21",
+            "field `also[1]`: invalid quota string \"5/fortnight\"",
+        ),
     ];
     for (body, at, says) in cases {
         let text = format!("[limiters.api]\n{body}\n");
@@ -109,4 +114,20 @@ fn a_bad_value_gets_its_line_and_column() {
         );
         assert!(e.contains(says), "{text}: {e}");
     }
+}
+
+/// `also` in a file holds every key to each listed quota as well.
+#[test]
+fn also_in_a_file_adds_quotas() {
+    let text = "[limiters.api]\nquota = \"2/s\"\nalso = [\"3/min\"]\n";
+    let file: File = toml::from_str(text).unwrap();
+    let limiter: tollgate::RateLimiter<String> = file.limiters["api"].build().unwrap();
+    assert_eq!(limiter.quotas().len(), 2);
+    let admitted = (0..10).filter(|_| limiter.check("k").is_allowed()).count();
+    assert_eq!(admitted, 2, "the burst of 2 ends it first");
+    // And it writes back out as it was read.
+    let written = toml::to_string(&file.limiters["api"]).unwrap();
+    assert!(written.contains("also = ["), "{written}");
+    let again: tollgate::config::LimiterConfig = toml::from_str(&written).unwrap();
+    assert_eq!(again, file.limiters["api"]);
 }

@@ -256,3 +256,27 @@ fn shadow_mode_serves_every_request_and_counts_the_denies() {
         );
     }
 }
+
+#[test]
+fn a_repeated_quota_holds_each_key_to_both() {
+    // 5/min (the first --quota, which `start` passes) and 3/min: 3 pass, 5 are denied.
+    let server = start(&["--quota", "3/min"]);
+    assert_eq!(eight(&server), [200, 200, 200, 429, 429, 429, 429, 429]);
+    // With Redis, one quota only: the server says so and exits.
+    let refused = Command::new(example_server())
+        .args([
+            "--quota",
+            "5/min",
+            "--quota",
+            "3/min",
+            "--redis",
+            "redis://127.0.0.1:1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("several --quota flags"),
+        "{refused:?}"
+    );
+}

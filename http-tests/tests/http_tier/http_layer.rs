@@ -532,3 +532,83 @@ async fn a_plain_hyper_server_is_limited_by_its_socket_address() {
     assert_eq!(denied.header("retry-after"), "30");
     assert!(denied.text().contains("rate_limit_exceeded"));
 }
+
+/// A key held to two quotas over a real socket: `RateLimit-Policy` lists both, `RateLimit`
+/// and the legacy fields report the quota nearest exhaustion, and the 429 says which one
+/// denied with its exact wait. At 1/s (burst 2) with 3/min, and at 100,000/s (burst 50)
+/// with 60/min.
+#[tokio::test]
+async fn two_quotas_are_named_in_the_headers_and_the_tighter_one_reports() {
+    for (first, second, burst, cap) in [
+        ("1/s burst 2", "3/min", 2u64, 3u64),
+        ("100000/s burst 50", "60/min", 50, 60),
+    ] {
+        let clock = ManualClock::new();
+        let limiter: RateLimiter<String, ManualClock> =
+            RateLimiter::builder(first.parse().unwrap())
+                .also(second.parse().unwrap())
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+        let app = Router::new()
+            .route("/", routing::get(|| async { "ok" }))
+            .layer(
+                RateLimitLayer::new(limiter)
+                    .key(KeyExtractor::header("x-api-key").unwrap())
+                    .policy_names(["burst", "minute"]),
+            );
+        let addr = serve(app).await;
+        let key: &[(&str, &[u8])] = &[("x-api-key", b"k")];
+        let policy = format!("\"burst\";q={burst};w=1, \"minute\";q={cap};w=60");
+
+        let first_reply = get_with(addr, "/", key).await;
+        assert_eq!(first_reply.status, StatusCode::OK);
+        assert_eq!(first_reply.header("ratelimit-policy"), policy);
+        // After one request the burst has burst − 1 left, the minute cap − 1: the burst
+        // is nearer exhaustion.
+        assert_eq!(
+            first_reply.header("ratelimit"),
+            format!("\"burst\";r={};t=1", burst - 1)
+        );
+        assert_eq!(first_reply.header("ratelimit-limit"), burst.to_string());
+
+        // Drain the burst; every request then waits for the burst quota.
+        for _ in 1..burst {
+            assert_eq!(get_with(addr, "/", key).await.status, StatusCode::OK);
+        }
+        let denied = get_with(addr, "/", key).await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            denied.header("ratelimit").starts_with("\"burst\";r=0;"),
+            "{}",
+            denied.header("ratelimit")
+        );
+
+        // The burst refills one unit per step (its emission interval, far shorter than
+        // the minute's), until the minute's cap is used up; then the minute reports and
+        // denies, though the burst has a unit again.
+        let step: Quota = first.parse().unwrap();
+        let step = step.period() / u32::try_from(step.limit()).unwrap();
+        let mut admitted = burst;
+        while admitted < cap {
+            clock.advance(step);
+            if get_with(addr, "/", key).await.status == StatusCode::OK {
+                admitted += 1;
+            }
+        }
+        clock.advance(step);
+        let capped = get_with(addr, "/", key).await;
+        assert_eq!(
+            capped.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{first} + {second}"
+        );
+        assert!(
+            capped.header("ratelimit").starts_with("\"minute\";r=0;t="),
+            "{}",
+            capped.header("ratelimit")
+        );
+        assert_eq!(capped.header("ratelimit-limit"), cap.to_string());
+        assert_eq!(capped.header("ratelimit-policy"), policy);
+    }
+}

@@ -18,7 +18,9 @@ Usage: server [OPTIONS]
 
 Options:
       --listen <ADDR>          Address to listen on [default: 127.0.0.1:3000]
-      --quota <QUOTA>          The quota, e.g. \"10/s\", \"600/min\", \"10/s burst 20\" [default: 10/s]
+      --quota <QUOTA>          The quota, e.g. \"10/s\", \"600/min\", \"10/s burst 20\" [default: 10/s];
+                               repeat it to hold each key to every quota, all or nothing
+                               (\"--quota '10/s burst 20' --quota 1000/day\")
       --algorithm <NAME>       token-bucket, sliding-window, fixed-window, sliding-log or
                                leaky-bucket [default: token-bucket]
       --key <KEY>              What to key requests by: \"ip\" or \"header:NAME\" [default: ip]
@@ -54,6 +56,8 @@ Options:
 pub struct Args {
     pub listen: SocketAddr,
     pub quota: Quota,
+    /// The quotas of `--quota` given after the first.
+    pub also: Vec<Quota>,
     pub algorithm: Algorithm,
     pub key: String,
     pub trusted_proxy: Vec<Cidr>,
@@ -105,6 +109,7 @@ impl Args {
         let mut args = Args {
             listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
             quota: Quota::per_second(10).map_err(|e| e.to_string())?,
+            also: Vec::new(),
             algorithm: Algorithm::TokenBucket,
             key: "ip".to_owned(),
             trusted_proxy: Vec::new(),
@@ -119,6 +124,7 @@ impl Args {
             share_ttl: Duration::from_secs(10),
             cold_keys: None,
         };
+        let mut quota_given = false;
         while let Some(flag) = flags.next() {
             let (name, inline) = match flag.split_once('=') {
                 Some((name, value)) if name.starts_with("--") => (name.to_owned(), Some(value)),
@@ -145,7 +151,15 @@ impl Args {
             };
             match name.as_str() {
                 "--listen" => args.listen = parsed(&name, &value, SocketAddr::from_str)?,
-                "--quota" => args.quota = parsed(&name, &value, Quota::from_str)?,
+                "--quota" => {
+                    let quota = parsed(&name, &value, Quota::from_str)?;
+                    if quota_given {
+                        args.also.push(quota);
+                    } else {
+                        args.quota = quota;
+                        quota_given = true;
+                    }
+                }
                 "--algorithm" => args.algorithm = parsed(&name, &value, Algorithm::from_str)?,
                 "--key" => args.key = value,
                 "--trusted-proxy" => {

@@ -200,8 +200,9 @@ async fn run(args: Args) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let also: String = args.also.iter().map(|q| format!(" and {q}")).collect();
     println!(
-        "listening on http://{local} with quota {} ({}); try: curl -i http://{local}/",
+        "listening on http://{local} with quota {}{also} ({}); try: curl -i http://{local}/",
         args.quota, args.algorithm
     );
 
@@ -267,9 +268,12 @@ async fn run(args: Args) -> Result<(), String> {
 
 /// The limiter the flags ask for.
 async fn tier(args: &Args) -> Result<Tier, String> {
-    let builder = RateLimiter::<String>::builder(args.quota)
+    let mut builder = RateLimiter::<String>::builder(args.quota)
         .algorithm(args.algorithm)
         .name("api");
+    for &quota in &args.also {
+        builder = builder.also(quota);
+    }
     let seeds: Vec<&str> = args.redis_cluster.iter().map(String::as_str).collect();
     let secret = if args.hash_keys {
         match std::env::var("TOLLGATE_KEY_SECRET") {
@@ -279,6 +283,11 @@ async fn tier(args: &Args) -> Result<Tier, String> {
     } else {
         None
     };
+    if !args.also.is_empty() && (args.redis.is_some() || !seeds.is_empty()) {
+        return Err(
+            "several --quota flags need the in-process tier: the Redis tiers take one quota".into(),
+        );
+    }
     if args.redis.is_none() && seeds.is_empty() {
         if args.sync == Sync::Off {
             return Err("--sync off needs --redis or --redis-cluster".into());
