@@ -17,7 +17,7 @@ use super::keys::{KeyHasher, write_key};
 use super::options::RedisOptions;
 use super::rule::{Rule, capacity_of, short_name};
 use super::scripts;
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Settle};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
@@ -217,6 +217,7 @@ impl RedisBuilder {
                 connection,
                 script,
                 source,
+                settle: redis::Script::new(scripts::TOKEN_BUCKET_SETTLE),
                 target: self.options.target,
                 hasher: self.options.hasher,
                 current: RwLock::new(Current {
@@ -342,6 +343,8 @@ struct Inner {
     connection: Arc<Link>,
     script: redis::Script,
     source: &'static str,
+    /// The token bucket's settlement script (`charge`, `refund`), sent on first use.
+    settle: redis::Script,
     target: Target,
     hasher: Option<KeyHasher>,
     /// The quota, replaced by `set_default_quota`.
@@ -755,6 +758,145 @@ impl RedisLimiter {
             capacity_of(inner.algorithm, current.quota),
             interval,
         )
+    }
+
+    /// Consumes `n` units of `key`'s quota in Redis, **even beyond what is available**,
+    /// for costs known only after the fact: one script call, atomic with every node's
+    /// checks. The key goes into debt, and every node's checks of it are denied until
+    /// the debt is repaid at the quota's rate. Returns the decision a unit request would
+    /// get right after (a deny, with its exact wait, while in debt). As
+    /// [`RateLimiter::charge`](crate::RateLimiter::charge) on one node: reserve with
+    /// [`check_n`](Self::check_n), then settle with `charge` or [`refund`](Self::refund).
+    ///
+    /// ```no_run
+    /// use tollgate::redis::RedisLimiter;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let tokens = RedisLimiter::builder("redis://127.0.0.1/", "10000/min burst 4000".parse()?)
+    ///     .build()
+    ///     .await?;
+    /// let estimate = 1_000;
+    /// if tokens.check_n("tenant-a", estimate).await?.is_allowed() {
+    ///     let used = 1_700; // known once the response is in
+    ///     tokens.charge("tenant-a", used - estimate).await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`RedisError::UnsupportedAlgorithm`] for the window counters (before any I/O);
+    /// [`RedisError::Rejected`] when the debt would pass 2⁵³ µs; otherwise as
+    /// [`check`](Self::check). On a timeout the charge may or may not have been applied.
+    pub async fn charge(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
+        self.settle(key, Settle::Charge(n)).await
+    }
+
+    /// Gives back up to `n` units of `key`'s quota in Redis, never beyond a full quota:
+    /// one script call. Returns the decision a unit request would get right after. This
+    /// limiter's deny cache forgets the key; when the key may have been denied just
+    /// before, every node's deny cache is emptied too (one `PUBLISH`, as
+    /// [`reset`](Self::reset) does), so the units given back are usable everywhere at
+    /// once.
+    ///
+    /// # Errors
+    /// As [`charge`](Self::charge).
+    pub async fn refund(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
+        self.settle(key, Settle::Refund(n)).await
+    }
+
+    /// One settlement script call.
+    async fn settle(&self, key: &str, settle: Settle) -> Result<Decision, RedisError> {
+        let inner = &*self.inner;
+        let current = *inner.current.read();
+        let Rule::TokenBucket { t, tau, burst } = current.rule else {
+            return Err(RedisError::UnsupportedAlgorithm(inner.algorithm));
+        };
+        if let Gate::Reject(ns) = inner.breaker.gate(inner.monotonic.now_ns()) {
+            return Err(RedisError::CircuitOpen {
+                retry_in: Duration::from_nanos(ns),
+            });
+        }
+        let deadline = tokio::time::Instant::now() + inner.timeout;
+        let script_now = inner.clock.as_ref().map(|_| inner.now_us());
+        let (mode, n) = match settle {
+            Settle::Charge(n) => ("c", n),
+            Settle::Refund(n) => ("r", n),
+        };
+        let redis_key = self.redis_key(key);
+        let call = |eval: bool| {
+            let mut cmd = if eval {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(scripts::TOKEN_BUCKET_SETTLE);
+                cmd
+            } else {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(inner.settle.get_hash());
+                cmd
+            };
+            cmd.arg(1).arg(&redis_key).arg(t).arg(tau).arg(n).arg(mode);
+            if let Some(us) = script_now {
+                cmd.arg(us);
+            }
+            cmd
+        };
+        inner.calls.fetch_add(1, Ordering::Relaxed);
+        let mut connection = inner.connection.get();
+        let reply =
+            match tokio::time::timeout_at(deadline, eval::<i64>(&mut connection, call)).await {
+                Ok(Ok(reply)) => Ok(reply),
+                Ok(Err(e)) => {
+                    let e = self.classify(e, &redis_key);
+                    if matches!(e, RedisError::Unavailable(_)) {
+                        inner.connection.failed();
+                    }
+                    Err(e)
+                }
+                Err(_) => {
+                    inner.connection.failed();
+                    Err(RedisError::Timeout(inner.timeout))
+                }
+            };
+        // A cached deny of the key may be wrong now (or, on a timeout, may be).
+        if let Some(cache) = &inner.cache {
+            cache.forget(key);
+        }
+        let decided = reply.and_then(|reset_us| {
+            // The decision of a unit request: denied while the TAT lies beyond tau.
+            let reply = if reset_us > tau as i64 {
+                -reset_us
+            } else {
+                reset_us
+            };
+            gcra_decision(reply, t, tau, burst, 1)
+        });
+        match &decided {
+            Ok(after) => {
+                self.answered();
+                if settle.may_outdate(after) && inner.cache.is_some() {
+                    self.empty_every_cache().await;
+                }
+            }
+            Err(e) => self.failed(e, false),
+        }
+        decided
+    }
+
+    /// Tells every limiter with the same prefix and algorithm to empty its deny cache
+    /// (by `PUBLISH`, as [`reset`](Self::reset) does); a failure is counted and logged,
+    /// and the other nodes' cached denies then last until their retry instants.
+    async fn empty_every_cache(&self) {
+        let inner = &*self.inner;
+        let channel = super::invalidate::channel(&inner.prefix);
+        let mut connection = inner.connection.get();
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(&channel).arg("");
+        match tokio::time::timeout(inner.timeout, publish.query_async::<i64>(&mut connection)).await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => self.failed(&self.classify(e, channel.as_bytes()), false),
+            Err(_) => self.failed(&RedisError::Timeout(inner.timeout), false),
+        }
     }
 
     /// Forgets `key`'s state, in Redis (for every node) and in this limiter's deny

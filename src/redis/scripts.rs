@@ -4,6 +4,9 @@
 
 /// The Redis tier's token bucket (GCRA in integer microseconds).
 pub const TOKEN_BUCKET: &str = include_str!("lua/token_bucket.lua");
+/// The Redis tier's token bucket settlements: `charge` and `refund` of a cost known
+/// after the fact, on the token bucket script's keys.
+pub const TOKEN_BUCKET_SETTLE: &str = include_str!("lua/token_bucket_settle.lua");
 /// The Redis tier's sliding window counter: the window counters' prelude (their
 /// arguments and clock), then its own part.
 pub const SLIDING_WINDOW: &str = concat!(

@@ -248,8 +248,30 @@ async fn a_script_flush_mid_run_is_survived() {
 async fn the_scripts_reject_bad_arguments() {
     let server = server();
     let mut con = server.connection().await.unwrap();
-    let cases: [(&str, &[&str]); 10] = [
+    let cases: [(&str, &[&str]); 15] = [
         (scripts::TOKEN_BUCKET, &["100000", "100000", "-1", "0"]),
+        // The settlements: a mode that is neither, a negative or fractional amount, an
+        // amount whose µs pass 2^52, a debt that would pass 2^53.
+        (
+            scripts::TOKEN_BUCKET_SETTLE,
+            &["100000", "100000", "1", "x", "0"],
+        ),
+        (
+            scripts::TOKEN_BUCKET_SETTLE,
+            &["100000", "100000", "-1", "c", "0"],
+        ),
+        (
+            scripts::TOKEN_BUCKET_SETTLE,
+            &["100000", "100000", "0.5", "r", "0"],
+        ),
+        (
+            scripts::TOKEN_BUCKET_SETTLE,
+            &["100000", "100000", "45035996274", "c", "0"],
+        ),
+        (
+            scripts::TOKEN_BUCKET_SETTLE,
+            &["100000", "100000", "1", "c", "9007199254740000"],
+        ),
         (scripts::TOKEN_BUCKET, &["100000", "100000", "1.5", "0"]),
         // Three units of a burst of 2.
         (scripts::TOKEN_BUCKET, &["100000", "100000", "3", "0"]),
@@ -700,4 +722,111 @@ async fn a_failures_cause_is_typed_and_its_source_is_the_clients_error() {
         RedisError::Timeout(_) => {}
         other => panic!("a stopped server is Unavailable or a Timeout: {other:?}"),
     }
+}
+
+/// Charges and refunds through Redis equal the in-memory limiter's, interleaved with
+/// checks on random timelines: every decision the same, retry and reset once rounded
+/// up to microseconds. At 1/s, 100,000/s and between.
+#[tokio::test]
+async fn settlements_equal_the_in_memory_limiter() {
+    let server = server();
+    let quotas = ["1/s", "5/s burst 3", "20/min burst 5", "100000/s burst 50"];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for quota in quotas {
+        let clock = ManualClock::new();
+        let remote = limiter(&server, Algorithm::TokenBucket, quota, clock.clone()).await;
+        let local: RateLimiter<String, ManualClock> = RateLimiter::builder(quota.parse().unwrap())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let burst = local.capacity();
+        let mut con = server.connection().await.unwrap();
+        for step in 0..400 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let drawn = Duration::from_micros([0, 1, 10, 900, 45_000, 250_000][(x % 6) as usize]);
+            clock.advance(drawn);
+            let key = format!("settle-{quota}-{}", (x >> 8) % 2);
+            let n = (x >> 16) % (3 * burst + 1);
+            let (r, l) = match (x >> 24) % 4 {
+                0 => (
+                    remote.charge(&key, n).await.unwrap(),
+                    local.charge(key.as_str(), n).unwrap(),
+                ),
+                1 => (
+                    remote.refund(&key, n).await.unwrap(),
+                    local.refund(key.as_str(), n).unwrap(),
+                ),
+                _ => (remote.check(&key).await.unwrap(), local.check(key.as_str())),
+            };
+            // As in `decisions_equal_the_in_memory_limiter`: the timeline is the caller
+            // clock's alone.
+            let _: () = redis::Script::new(
+                "for _, k in ipairs(redis.call('KEYS', '*')) do redis.call('PERSIST', k) end",
+            )
+            .invoke_async(&mut con)
+            .await
+            .unwrap();
+            let context = format!("{quota} step {step}: redis {r:?} local {l:?}");
+            assert_eq!(r.is_allowed(), l.is_allowed(), "{context}");
+            assert_eq!(
+                (r.limit(), r.remaining()),
+                (l.limit(), l.remaining()),
+                "{context}"
+            );
+            assert_eq!(r.reset_after(), ceil_us(l.reset_after()), "{context}");
+            assert_eq!(r.retry_after(), l.retry_after().map(ceil_us), "{context}");
+        }
+    }
+}
+
+/// A refund on one node lets another node's cached deny of the key through at once (the
+/// refund empties every node's deny cache); a charge on one node is seen by the other's
+/// next call. The window counters say they cannot settle, typed, before any call.
+#[tokio::test]
+async fn a_refund_reaches_every_nodes_deny_cache() {
+    let server = server();
+    let build = || async {
+        RedisLimiter::builder(&server.url(), "1/min".parse().unwrap())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap()
+    };
+    let (a, b) = (build().await, build().await);
+    assert!(a.check("k").await.unwrap().is_allowed());
+    for _ in 0..3 {
+        assert!(!a.check("k").await.unwrap().is_allowed());
+    }
+    let cached = a.stats().cached_denies;
+    assert!(!a.check("k").await.unwrap().is_allowed());
+    assert!(a.stats().cached_denies > cached, "the deny was not cached");
+    let back = b.refund("k", 1).await.unwrap();
+    assert_eq!((back.is_allowed(), back.remaining()), (true, 1));
+    // The message arrives within a round trip.
+    let started = Instant::now();
+    while !a.check("k").await.unwrap().is_allowed() {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "a's cache kept the deny"
+        );
+        // Real time: the PUBLISH travels through the real server.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A charge on b puts the key into debt for both.
+    let debt = b.charge("k", 2).await.unwrap();
+    assert!(!debt.is_allowed());
+    let wait = a.check("k").await.unwrap().retry_after().unwrap();
+    assert!(wait > Duration::from_secs(120), "{wait:?}");
+
+    let window = RedisLimiter::builder(&server.url(), "5/s".parse().unwrap())
+        .algorithm(Algorithm::FixedWindow)
+        .build()
+        .await
+        .unwrap();
+    assert!(matches!(
+        window.charge("k", 1).await,
+        Err(RedisError::UnsupportedAlgorithm(Algorithm::FixedWindow))
+    ));
 }
