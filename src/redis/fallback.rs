@@ -1,5 +1,5 @@
 //! What [`RedisLimiter`](super::RedisLimiter) decides when Redis cannot: the fail modes,
-//! and the in-process limiters of [`FailMode::Local`].
+//! and the in-process limiters of [`FailMode::Local`] and [`FailMode::LocalShare`].
 
 use std::sync::Arc;
 
@@ -42,6 +42,35 @@ pub enum FailMode {
     /// across outages; it is not synchronised with Redis. (A quota the algorithm cannot
     /// hold in process — a window limit beyond its state word — denies as `Closed`.)
     Local(Quota),
+    /// Limit the request in process by this node's share of the limiter's own quota:
+    /// the quota divided by `N`, the number of live limiters sharing the prefix (and
+    /// algorithm), as last counted while Redis answered. The limiters count each other
+    /// through the subscribers of the reset channel (`PUBSUB NUMSUB` on every node the
+    /// limiter was given, every second), so `N` follows nodes that start or stop, with
+    /// no configuration.
+    ///
+    /// The share: with `limit ≥ N`, `⌊limit / N⌋` per period; below, `limit` per
+    /// `N` periods; the burst `max(1, ⌊burst / N⌋)`. Over an outage of length `t`, the
+    /// `N` nodes together admit at most `max(burst, N) + ⌊t / T⌋` per key (`T` the
+    /// quota's emission interval): the global bound, plus up to `N − burst` units when
+    /// the burst is smaller than the node count (a unit cannot be split). As with
+    /// `Local`, each node's in-process state starts empty at the outage.
+    LocalShare,
+}
+
+/// `quota`'s share for one of `nodes` nodes (see [`FailMode::LocalShare`]).
+pub(crate) fn share(quota: Quota, nodes: u64) -> Option<Quota> {
+    let nodes = nodes.max(1);
+    let (limit, burst) = (quota.limit(), quota.burst());
+    let shared = if limit >= nodes {
+        Quota::new(limit / nodes, quota.period())
+    } else {
+        let period = quota.period().checked_mul(u32::try_from(nodes).ok()?)?;
+        Quota::new(limit, period)
+    };
+    shared
+        .and_then(|q| q.with_burst((burst / nodes).max(1)))
+        .ok()
 }
 
 /// The time source of the local limiters: the Redis limiter's caller clock, or a
@@ -84,19 +113,27 @@ impl Fallbacks {
     }
 
     /// The decision `mode` gives a request of cost `n` for `key` when Redis cannot
-    /// decide. `capacity` and `interval_ns` are the Redis quota's.
+    /// decide. `quota` is the Redis limiter's, `capacity` and `interval_ns` its
+    /// capacity and emission interval, and `nodes` the live limiters last counted.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn decide(
         &self,
         mode: FailMode,
         key: &str,
         n: u64,
+        quota: Quota,
         capacity: u64,
         interval_ns: u64,
+        nodes: u64,
     ) -> Decision {
-        match mode {
-            FailMode::Open => Decision::allow(capacity, 0, 0),
-            FailMode::Closed => Decision::deny(capacity, 0, 0, interval_ns.max(1)),
-            FailMode::Local(quota) => match self.limiter(quota) {
+        let local = match mode {
+            FailMode::Open => return Decision::allow(capacity, 0, 0),
+            FailMode::Closed => return Decision::deny(capacity, 0, 0, interval_ns.max(1)),
+            FailMode::Local(quota) => Some(quota),
+            FailMode::LocalShare => share(quota, nodes),
+        };
+        match local {
+            Some(quota) => match self.limiter(quota) {
                 Some(local) => local.check_n(key, n).unwrap_or_else(|e| {
                     // The cost fits the Redis quota but not the insurance one: it can never
                     // pass locally, so deny it until Redis is back (one interval).
@@ -104,6 +141,7 @@ impl Fallbacks {
                 }),
                 None => Decision::deny(capacity, 0, 0, interval_ns.max(1)),
             },
+            None => Decision::deny(capacity, 0, 0, interval_ns.max(1)),
         }
     }
 
@@ -126,5 +164,50 @@ impl Fallbacks {
         let built = Arc::new(built);
         limiters.push((quota, Arc::clone(&built)));
         Some(built)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_add_up_to_at_most_the_quota() {
+        let q = |s: &str| s.parse::<Quota>().unwrap();
+        assert_eq!(share(q("100/s"), 4), Some(q("25/s")));
+        assert_eq!(share(q("100/s burst 10"), 4), Some(q("25/s burst 2")));
+        assert_eq!(share(q("10/s"), 3), Some(q("3/s")));
+        // Below one unit per node and period: the period stretches instead.
+        assert_eq!(
+            share(q("1/s"), 16),
+            Some(Quota::new(1, std::time::Duration::from_secs(16)).unwrap())
+        );
+        assert_eq!(share(q("100000/s"), 16), Some(q("6250/s")));
+        assert_eq!(share(q("7/min"), 1), Some(q("7/min")));
+        assert_eq!(
+            share(q("7/min"), 0),
+            Some(q("7/min")),
+            "never divided by zero"
+        );
+        for (quota, nodes) in [
+            ("1/s", 2u64),
+            ("1/s", 16),
+            ("100000/s", 2),
+            ("100000/s", 16),
+            ("5/s burst 3", 4),
+        ] {
+            let whole = q(quota);
+            let part = share(whole, nodes).unwrap();
+            // N shares' rate is at most the quota's.
+            let rate = |x: Quota| x.limit() as f64 / x.period().as_secs_f64();
+            assert!(
+                nodes as f64 * rate(part) <= rate(whole) + 1e-9,
+                "{quota} / {nodes}"
+            );
+            assert!(
+                nodes * part.burst() <= whole.burst().max(nodes),
+                "{quota} / {nodes}"
+            );
+        }
     }
 }

@@ -90,3 +90,69 @@ pub(crate) fn spawn(
         }
     });
 }
+
+/// How often the limiters sharing a prefix count each other.
+const COUNT_EVERY: Duration = Duration::from_secs(1);
+
+/// The subscribers of `channel`, summed over `clients` (one per node the limiter was
+/// given: a cluster's subscriptions are each node's own); `None` if no node answered
+/// within `timeout`.
+pub(crate) async fn count(
+    clients: &[redis::Client],
+    channel: &str,
+    timeout: Duration,
+) -> Option<u64> {
+    let ask = |client: &redis::Client| {
+        let client = client.clone();
+        async move {
+            let ask = async {
+                let mut connection = client.get_multiplexed_async_connection().await?;
+                let reply: Vec<(String, u64)> = redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg(channel)
+                    .query_async(&mut connection)
+                    .await?;
+                Ok::<_, redis::RedisError>(reply.into_iter().map(|(_, n)| n).sum::<u64>())
+            };
+            tokio::time::timeout(timeout, ask).await.ok()?.ok()
+        }
+    };
+    // Every node at once: one that does not answer costs the timeout once, not per node.
+    let counts = futures_util::future::join_all(clients.iter().map(ask)).await;
+    counts
+        .into_iter()
+        .flatten()
+        .fold(None, |total, n| Some(total.unwrap_or(0) + n))
+}
+
+/// Counts the subscribers of `channel` every [`COUNT_EVERY`] and hands the count to
+/// `counted`, until `stop`'s sender is dropped or `counted` returns false (its limiter
+/// is gone). A round with no answer hands nothing: the last count stands.
+pub(crate) fn spawn_counting(
+    clients: Vec<redis::Client>,
+    channel: String,
+    timeout: Duration,
+    mut stop: watch::Receiver<()>,
+    counted: impl Fn(u64) -> bool + Send + 'static,
+) {
+    if clients.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.changed() => return,
+                () = tokio::time::sleep(COUNT_EVERY) => {}
+            }
+            let n = tokio::select! {
+                _ = stop.changed() => return,
+                n = count(&clients, &channel, timeout) => n,
+            };
+            if let Some(n) = n {
+                if !counted(n) {
+                    return;
+                }
+            }
+        }
+    });
+}

@@ -199,11 +199,9 @@ impl RedisBuilder {
         });
         // The listener that empties the cache on resets elsewhere stops with the limiter.
         let (listening, stop) = tokio::sync::watch::channel(());
-        let node_clients = if cache.is_some() {
-            self.options.target.node_clients()?
-        } else {
-            Vec::new()
-        };
+        // Every limiter subscribes, with a deny cache or not: the subscribers are how
+        // the limiters sharing the prefix count each other (`FailMode::LocalShare`).
+        let node_clients = self.options.target.node_clients()?;
         let channel = super::invalidate::channel(&prefix);
         // Subscribed before the first check, so that no reset can go unheard; if that
         // fails, the listener keeps trying (and empties the cache once it succeeds).
@@ -238,9 +236,31 @@ impl RedisBuilder {
                 calls: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
                 fail_mode_decisions: AtomicU64::new(0),
+                nodes: AtomicU64::new(1),
                 _listening: listening,
             }),
         };
+        // Counted once now, so that the share is known before the first outage.
+        let nodes = super::invalidate::count(&node_clients, &channel, timeout).await;
+        limiter
+            .inner
+            .nodes
+            .store(nodes.unwrap_or(1).max(1), Ordering::Relaxed);
+        let counting = Arc::downgrade(&limiter.inner);
+        super::invalidate::spawn_counting(
+            node_clients.clone(),
+            channel.clone(),
+            timeout,
+            limiter.inner._listening.subscribe(),
+            move |nodes| match counting.upgrade() {
+                Some(inner) if !inner.breaker.is_open() => {
+                    inner.nodes.store(nodes.max(1), Ordering::Relaxed);
+                    true
+                }
+                Some(_) => true,
+                None => false,
+            },
+        );
         let weak = Arc::downgrade(&limiter.inner);
         super::invalidate::spawn(node_clients, channel, timeout, first, stop, move || {
             if let Some(inner) = weak.upgrade() {
@@ -367,6 +387,9 @@ struct Inner {
     calls: AtomicU64,
     errors: AtomicU64,
     fail_mode_decisions: AtomicU64,
+    /// The live limiters sharing the prefix and algorithm, this one included, as last
+    /// counted ([`FailMode::LocalShare`]).
+    nodes: AtomicU64,
     /// Dropped with the limiter, it stops the reset listener.
     _listening: tokio::sync::watch::Sender<()>,
 }
@@ -407,6 +430,9 @@ pub struct RedisStats {
     pub breaker: BreakerState,
     /// Times the circuit breaker opened.
     pub breaker_opened: u64,
+    /// The live limiters sharing this one's prefix and algorithm, itself included, as
+    /// last counted while Redis answered: the `N` of [`FailMode::LocalShare`].
+    pub nodes: u64,
 }
 
 impl fmt::Debug for RedisLimiter {
@@ -755,8 +781,10 @@ impl RedisLimiter {
             mode,
             key,
             n,
+            current.quota,
             capacity_of(inner.algorithm, current.quota),
             interval,
+            inner.nodes.load(Ordering::Relaxed),
         )
     }
 
@@ -981,6 +1009,7 @@ impl RedisLimiter {
             fail_mode_decisions: inner.fail_mode_decisions.load(Ordering::Relaxed),
             breaker: inner.breaker.state(),
             breaker_opened: inner.breaker.opened(),
+            nodes: inner.nodes.load(Ordering::Relaxed),
         };
         super::observe::redis_limiter(&inner.name, &stats);
         stats

@@ -685,6 +685,104 @@ async fn fail_mode_local_limits_by_the_insurance_quota() {
     }
 }
 
+/// With Redis killed, `FailMode::LocalShare` limits each of N nodes by its share of the
+/// quota, N counted from the live limiters: together they admit at most
+/// `max(burst, N) + ⌊t/T⌋` per key, at 1/s and 100,000/s, with 2 and 16 nodes (one
+/// process, one limiter per node, each with its own connections). A limiter that stops
+/// leaves the count within a couple of seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_mode_local_share_divides_the_quota_by_the_live_nodes() {
+    let mut server = server();
+    for (global, nodes) in [
+        ("1/s", 2u64),
+        ("1/s", 16),
+        ("100000/s", 2),
+        ("100000/s", 16),
+    ] {
+        server.restart().unwrap();
+        let q = quota(global);
+        let clock = ManualClock::new();
+        let mut fleet = Vec::new();
+        for _ in 0..nodes {
+            fleet.push(
+                RedisLimiter::builder(&server.url(), q)
+                    .timeout(Duration::from_millis(50))
+                    .caller_clock(clock.clone())
+                    .build()
+                    .await
+                    .unwrap(),
+            );
+        }
+        // Each counts the others within its next round (every second).
+        let started = Instant::now();
+        while fleet.iter().any(|l| l.stats().nodes != nodes) {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{global} × {nodes}: counted {:?}",
+                fleet.iter().map(|l| l.stats().nodes).collect::<Vec<_>>()
+            );
+            // Real time: the counting rounds run against the real server.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        server.stop();
+
+        let emission = q.period().as_nanos() as u64 / q.limit();
+        let mut admitted = 0u64;
+        let mut t = 0u64;
+        for round in 0..3 {
+            for limiter in &fleet {
+                // More checks than any share holds: each node admits all its share.
+                let per_node = q.burst() / nodes + 2;
+                for _ in 0..per_node {
+                    let d = limiter.check_or("shared", FailMode::LocalShare).await;
+                    admitted += u64::from(d.is_allowed());
+                }
+            }
+            let bound = q.burst().max(nodes) + t / emission;
+            assert!(
+                admitted <= bound,
+                "{global} × {nodes}, round {round}: {admitted} admitted at t = {t} ns, bound {bound}"
+            );
+            if round == 0 {
+                // Every node admitted its whole share at once: about the burst, never
+                // everything.
+                assert!(
+                    admitted >= q.burst().min(nodes),
+                    "{global} × {nodes}: {admitted}"
+                );
+            }
+            let step = nodes * emission;
+            clock.advance(Duration::from_nanos(step));
+            t += step;
+        }
+        eprintln!("{global} × {nodes}: {admitted} admitted over {t} ns of outage");
+    }
+
+    // A limiter that stops is no longer counted.
+    server.restart().unwrap();
+    let q = quota("10/s");
+    let a = RedisLimiter::builder(&server.url(), q)
+        .build()
+        .await
+        .unwrap();
+    let b = RedisLimiter::builder(&server.url(), q)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(b.stats().nodes, 2);
+    drop(b);
+    let started = Instant::now();
+    while a.stats().nodes != 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            a.stats()
+        );
+        // Real time: the next counting round.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Bad settings are typed errors at build time, before any connection.
 #[tokio::test]
 async fn bad_first_tier_settings_are_typed_errors() {

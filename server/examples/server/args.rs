@@ -35,7 +35,9 @@ Options:
                                or off (the Redis script on every request) [default: reconcile]
       --on-redis-failure <M>   With --sync off: when Redis fails (or its circuit breaker is
                                open), admit (open), deny (closed), or limit each key in this
-                               process by --quota (local) [default: open]
+                               process by --quota (local) or by this server's share of it,
+                               --quota divided by the servers counted live (local-share)
+                               [default: open]
       --shadow                 Shadow mode: decide, send the headers and count denies as
                                shadow_denied, but never deny a request
       --hash-keys              Store a keyed hash of each key in Redis instead of the key (for
@@ -92,6 +94,7 @@ pub enum OnFailure {
     Open,
     Closed,
     Local,
+    LocalShare,
 }
 
 /// What the command line asks for.
@@ -200,6 +203,7 @@ impl Args {
                             ("open", OnFailure::Open),
                             ("closed", OnFailure::Closed),
                             ("local", OnFailure::Local),
+                            ("local-share", OnFailure::LocalShare),
                         ],
                     )?;
                 }

@@ -60,6 +60,7 @@ impl Tier {
                     OnFailure::Open => FailMode::Open,
                     OnFailure::Closed => FailMode::Closed,
                     OnFailure::Local => FailMode::Local(args.quota),
+                    OnFailure::LocalShare => FailMode::LocalShare,
                 };
                 RateLimitLayer::new((limiter.clone(), mode))
             }
