@@ -133,6 +133,29 @@ impl Decision {
         }
     }
 
+    /// Of this decision and `other`, about the same request under different quotas,
+    /// the more constraining: a deny before an admission; of two denies, the longer
+    /// wait (this one on a tie); of two admissions, the fewer units left, then the
+    /// longer time to full, with the later of both delays (the leaky bucket's slot).
+    pub(crate) fn tighter(self, other: Self) -> Self {
+        match (self.is_allowed(), other.is_allowed()) {
+            (true, false) => other,
+            (false, true) => self,
+            (false, false) if other.retry_after_ns() > self.retry_after_ns() => other,
+            (false, false) => self,
+            (true, true) => {
+                let delay = self.delay_ns().max(other.delay_ns());
+                let key = |d: &Self| (d.remaining, std::cmp::Reverse(d.reset_after_ns));
+                let pick = if key(&other) < key(&self) {
+                    other
+                } else {
+                    self
+                };
+                pick.with_delay(delay)
+            }
+        }
+    }
+
     /// Whether the request was admitted (and, for a check, consumed quota).
     #[inline(always)]
     pub fn is_allowed(&self) -> bool {

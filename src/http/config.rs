@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::backend::Backend;
 use super::exempt::Exempt;
+use super::extra::ExtraLimit;
 use super::extract::{ExtractKey, KeyLimits, KeyRejection, RequestHead};
 use super::response::{DenyHook, Style};
 use crate::decision::Decision;
@@ -104,6 +105,11 @@ pub(crate) struct Config<K, E: ExtractKey<K>> {
     pub(crate) shape: Option<Duration>,
     /// Shadow mode: decide and report as usual, but never deny.
     pub(crate) shadow: bool,
+    /// Further limits each request is held to ([`RateLimitLayer::and`](super::RateLimitLayer::and)).
+    pub(crate) extras: Vec<Arc<dyn ExtraLimit>>,
+    /// The policy index of the first further limit: the layer's own limiter's quota
+    /// count.
+    pub(crate) first_extra: usize,
 }
 
 impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
@@ -121,6 +127,8 @@ impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
             rejection_hook: self.rejection_hook.clone(),
             shape: self.shape,
             shadow: self.shadow,
+            extras: self.extras.clone(),
+            first_extra: self.first_extra,
         }
     }
 }

@@ -11,6 +11,7 @@ use tower::Layer;
 use super::backend::{Backing, LayerLimiter};
 use super::config::{Config, DecisionEvent, MissingKey, RejectionEvent};
 use super::exempt::Exempt;
+use super::extra::{Extra, ExtraLimit};
 use super::extract::{ExtractKey, KeyLimits, OversizedKey, RequestHead};
 use super::key::{Cidr, KeyExtractor};
 use super::response::{ErrorBody, GrpcCode, HeaderStyle, Style};
@@ -119,6 +120,7 @@ where
             let period = q.period();
             period.as_secs() + u64::from(period.subsec_nanos() > 0)
         };
+        let first_extra = 1 + also.len();
         let mut style = Style::new(window(quota), Some(capacity));
         if !also.is_empty() {
             let also: Vec<(u64, u64)> = also.iter().map(|&(q, cap)| (cap, window(q))).collect();
@@ -138,6 +140,8 @@ where
                 rejection_hook: None,
                 shape: None,
                 shadow: false,
+                extras: Vec::new(),
+                first_extra,
             }),
         }
     }
@@ -168,6 +172,8 @@ where
                 rejection_hook: config.rejection_hook,
                 shape: config.shape,
                 shadow: config.shadow,
+                extras: config.extras,
+                first_extra: config.first_extra,
             }),
         }
     }
@@ -251,6 +257,83 @@ where
     /// this changes nothing for them.
     pub fn shape(self, max_delay: Duration) -> Self {
         self.edit(|c| c.shape = Some(max_delay))
+    }
+
+    /// Holds each request to `limiter` as well, keyed by `key`, all or nothing with the
+    /// layer's own limiter and every other limit added this way: a request is admitted
+    /// only if every limit admits it, and then consumes one unit from each; a denied
+    /// request consumes from none (the limits that admitted it get their unit back). For
+    /// example per API key, per client IP and one global limit, in one layer. Stacking
+    /// layers cannot do this: the outer one consumes even when the inner one denies.
+    ///
+    /// The further limits are decided first, in the order added; a request with no key
+    /// for one of them is not held to it (a key it rejects is a 400, as for the layer's
+    /// own). The response's headers describe the most constraining limit: on a deny the
+    /// one that denied, on an admission the one with the fewest units left.
+    /// `RateLimit-Policy` lists every limit, each further one named by its limiter's
+    /// [`name`](crate::Builder::name). See [`RateLimiter::refund`](crate::RateLimiter::refund)
+    /// for the exact refunds, and the race they leave: a request racing a doomed one on
+    /// the same key may be denied for the moment the doomed one holds a unit.
+    ///
+    /// ```
+    /// use axum::{body::Body, routing::get, Router};
+    /// use http::{Request, StatusCode};
+    /// use tollgate::http::{key_fn, KeyExtractor, RateLimitLayer};
+    /// use tollgate::RateLimiter;
+    /// use tower::ServiceExt;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// let per_key: RateLimiter<String> = RateLimiter::new("2/min".parse()?);
+    /// // One key for every request: a limit for the whole service.
+    /// let global: RateLimiter<()> = RateLimiter::builder("3/min".parse()?).name("global").build()?;
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(
+    ///     RateLimitLayer::new(per_key)
+    ///         .key(KeyExtractor::header("x-api-key")?)
+    ///         .and(global.clone(), key_fn(|_| Some(())))?,
+    /// );
+    /// let call = |key: &str| Request::get("/").header("x-api-key", key).body(Body::empty()).unwrap();
+    /// let status = |r: http::Response<_>| r.status();
+    /// assert_eq!(status(app.clone().oneshot(call("a")).await?), StatusCode::OK);
+    /// assert_eq!(status(app.clone().oneshot(call("a")).await?), StatusCode::OK);
+    /// // The key's own limit denies its third request: the global limit keeps its unit.
+    /// assert_eq!(status(app.clone().oneshot(call("a")).await?), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(global.peek(&()).remaining(), 1);
+    /// assert_eq!(status(app.clone().oneshot(call("b")).await?), StatusCode::OK);
+    /// // Now the global limit denies, and b's own limit keeps its unit.
+    /// assert_eq!(status(app.oneshot(call("b")).await?), StatusCode::TOO_MANY_REQUESTS);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::Unsupported`](crate::ConfigError::Unsupported) for a sliding-log
+    /// limiter, which cannot give a unit back.
+    pub fn and<K2, C2, E2>(
+        self,
+        limiter: crate::RateLimiter<K2, C2>,
+        key: E2,
+    ) -> Result<Self, crate::ConfigError>
+    where
+        K2: crate::Key + Borrow<E2::Lookup>,
+        C2: crate::clock::Clock,
+        E2: ExtractKey<K2>,
+    {
+        if limiter.algorithm() == crate::Algorithm::SlidingLog {
+            return Err(crate::ConfigError::Unsupported(
+                "a further limit (`and`) with the sliding log, which cannot give back the \
+                 unit of a request another limit denies: use the sliding window counter \
+                 or a bucket",
+            ));
+        }
+        let extra = Extra { limiter, key };
+        let (name, quota, capacity) = extra.policy();
+        let name = quoted(name);
+        let window = quota.period().as_secs() + u64::from(quota.period().subsec_nanos() > 0);
+        Ok(self.edit(|c| {
+            Arc::make_mut(&mut c.style).push_policy(name, capacity, window);
+            c.extras.push(Arc::new(extra));
+        }))
     }
 
     /// Shadow mode, for rolling a limit out on live traffic before enforcing it: the

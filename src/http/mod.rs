@@ -41,6 +41,7 @@ mod backend;
 mod body;
 mod config;
 mod exempt;
+mod extra;
 mod extract;
 mod future;
 mod key;

@@ -292,6 +292,17 @@ impl Style {
         self.remake(self.default.as_ref().map(|d| d.limit));
     }
 
+    /// Adds one more policy after the others (a further limit of the layer's), with
+    /// its `quoted` name.
+    pub(crate) fn push_policy(&mut self, quoted: String, limit: u64, window_secs: u64) {
+        self.also.push(AlsoPolicy {
+            name: quoted,
+            limit,
+            window_secs,
+        });
+        self.remake(self.default.as_ref().map(|d| d.limit));
+    }
+
     /// Makes the default quota's values afresh.
     fn remake(&mut self, limit: Option<u64>) {
         self.policy_list = (!self.also.is_empty())

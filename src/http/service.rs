@@ -11,6 +11,7 @@ use tower::Service;
 use super::backend::{Backend, RemoteDecision};
 use super::body::RateLimitBody;
 use super::config::{Config, DecisionEvent, MissingKey, RejectionEvent};
+use super::extra::{self, Extras};
 use super::extract::{ExtractKey, KeyRejection, RequestHead, is_grpc};
 use super::future::{Pending, ResponseFuture};
 use super::key::KeyExtractor;
@@ -96,10 +97,34 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let config = &*self.config;
         let max_delay = config.shape.map_or(u64::MAX, nanos);
-        let step = if config.exempt.matches(&req) {
+        let exempt = config.exempt.matches(&req);
+        // The further limits first (`and`): if one denies or rejects, the layer's own
+        // limiter is not asked.
+        let mut held = None;
+        if !exempt && !config.extras.is_empty() {
+            let (decided, back) = with_head(req, |head| {
+                extra::decide(
+                    &config.extras,
+                    head,
+                    &config.limits,
+                    max_delay,
+                    config.first_extra,
+                )
+            });
+            req = back;
+            match decided {
+                Extras::Admitted(tightest) => held = tightest,
+                Extras::Denied(deny) => {
+                    self.report(&deny, &req, None);
+                    return self.respond(deny, req);
+                }
+                Extras::Rejected(why, looked_for) => return self.rejected(why, &looked_for, &req),
+            }
+        }
+        let step = if exempt {
             Step::Pass
         } else {
             match config.key.extract(&req, &config.limits) {
@@ -115,18 +140,21 @@ where
         match step {
             Step::Pass => ResponseFuture::admitted(self.inner.call(req), Pending::None),
             Step::Reject(why) => {
-                let looked_for = config.key.looks_for(&req);
-                super::observe::http_rejected(&config.name, why);
-                if let Some(hook) = &config.rejection_hook {
-                    hook(&RejectionEvent {
-                        rejection: why,
-                        looked_for: &looked_for,
-                        head: RequestHead::of(&req),
-                    });
+                if held.is_some() {
+                    req = self.give_back(req);
                 }
-                ResponseFuture::ready(config.style.rejected(why, &looked_for, is_grpc(&req)))
+                let looked_for = config.key.looks_for(&req);
+                self.rejected(why, &looked_for, &req)
             }
             Step::Decided(decision) => {
+                let decision = match held {
+                    Some(_) if !decision.is_allowed() => {
+                        req = self.give_back(req);
+                        decision
+                    }
+                    Some(extras) => decision.tighter(extras),
+                    None => decision,
+                };
                 self.report(&decision, &req, None);
                 self.respond(decision, req)
             }
@@ -137,6 +165,15 @@ where
                 };
                 ResponseFuture::deferred(Box::pin(async move {
                     let (decision, error) = decision.await;
+                    let mut req = req;
+                    let decision = match held {
+                        Some(_) if !decision.is_allowed() => {
+                            req = service.give_back(req);
+                            decision
+                        }
+                        Some(extras) => decision.tighter(extras),
+                        None => decision,
+                    };
                     service.report(&decision, &req, error.as_deref());
                     service.respond(decision, req).await
                 }))
@@ -145,7 +182,49 @@ where
     }
 }
 
+/// Runs `f` on `req`'s head as a bodiless request, then puts the body back (moves, no
+/// copy).
+fn with_head<B, R>(req: Request<B>, f: impl FnOnce(&Request<()>) -> R) -> (R, Request<B>) {
+    let (parts, body) = req.into_parts();
+    let head = Request::from_parts(parts, ());
+    let result = f(&head);
+    let (parts, ()) = head.into_parts();
+    (result, Request::from_parts(parts, body))
+}
+
 impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
+    /// Gives back the units the further limits took for `req`.
+    fn give_back<B>(&self, req: Request<B>) -> Request<B> {
+        let config = &*self.config;
+        with_head(req, |head| {
+            extra::give_back(&config.extras, head, &config.limits)
+        })
+        .1
+    }
+
+    /// The 400 (or gRPC `INVALID_ARGUMENT`) for a request whose key is rejected,
+    /// counted and given to the rejection hook.
+    fn rejected<B, F, ResBody>(
+        &self,
+        why: KeyRejection,
+        looked_for: &str,
+        req: &Request<B>,
+    ) -> ResponseFuture<F, ResBody, S::Error>
+    where
+        S: Service<Request<B>>,
+    {
+        let config = &*self.config;
+        super::observe::http_rejected(&config.name, why);
+        if let Some(hook) = &config.rejection_hook {
+            hook(&RejectionEvent {
+                rejection: why,
+                looked_for,
+                head: RequestHead::of(req),
+            });
+        }
+        ResponseFuture::ready(config.style.rejected(why, looked_for, is_grpc(req)))
+    }
+
     /// Gives the decision to the decision hook, if there is one, and counts a deny that
     /// shadow mode lets through.
     fn report<B>(

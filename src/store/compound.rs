@@ -30,23 +30,8 @@ pub(crate) struct Compound<K> {
     stores: Box<[WordStore<K>]>,
 }
 
-/// Of two decisions of the same request under different quotas, the more constraining:
-/// a deny before an admission; of two denies, the longer wait; of two admissions, the
-/// fewer units left, then the longer time to full. An admission's delay (the leaky
-/// bucket's slot) is the latest of both.
 fn tighter(a: Decision, b: Decision) -> Decision {
-    match (a.is_allowed(), b.is_allowed()) {
-        (true, false) => b,
-        (false, true) => a,
-        (false, false) if b.retry_after_ns() > a.retry_after_ns() => b,
-        (false, false) => a,
-        (true, true) => {
-            let delay = a.delay_ns().max(b.delay_ns());
-            let key = |d: &Decision| (d.remaining(), std::cmp::Reverse(d.reset_after_ns()));
-            let pick = if key(&b) < key(&a) { b } else { a };
-            pick.with_delay(delay)
-        }
-    }
+    a.tighter(b)
 }
 
 /// A deny that reports the fewest units left among every quota (`remaining`), with the

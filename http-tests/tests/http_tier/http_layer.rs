@@ -612,3 +612,123 @@ async fn two_quotas_are_named_in_the_headers_and_the_tighter_one_reports() {
         assert_eq!(capped.header("ratelimit-policy"), policy);
     }
 }
+
+/// One layer holds each request to a per-key limit and a global one, all or nothing,
+/// over a real socket: a request one limit denies consumes nothing from the other, and
+/// the 429 names the limit that denied. At 1/s and at 100,000/s.
+#[tokio::test]
+async fn several_limits_in_one_layer_are_all_or_nothing() {
+    for (per_key, global_quota) in [
+        ("1/s burst 2", "1/s burst 3"),
+        ("100000/s burst 2", "100000/s burst 3"),
+    ] {
+        let clock = ManualClock::new();
+        let keyed: RateLimiter<String, ManualClock> =
+            RateLimiter::builder(per_key.parse().unwrap())
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+        let global: RateLimiter<(), ManualClock> =
+            RateLimiter::builder(global_quota.parse().unwrap())
+                .name("global")
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+        let app = Router::new()
+            .route("/", routing::get(|| async { "ok" }))
+            .layer(
+                RateLimitLayer::new(keyed.clone())
+                    .key(KeyExtractor::header("x-api-key").unwrap())
+                    .and(global.clone(), key_fn(|_| Some(())))
+                    .unwrap(),
+            );
+        let addr = serve(app).await;
+        let a: &[(&str, &[u8])] = &[("x-api-key", b"a")];
+        let b: &[(&str, &[u8])] = &[("x-api-key", b"b")];
+
+        let first = get_with(addr, "/", a).await;
+        assert_eq!(first.status, StatusCode::OK);
+        assert_eq!(
+            first.header("ratelimit-policy"),
+            "\"default\";q=2;w=1, \"global\";q=3;w=1",
+            "{per_key}"
+        );
+        assert_eq!(get_with(addr, "/", a).await.status, StatusCode::OK);
+        // a's own limit denies; the global limit keeps its unit.
+        let denied = get_with(addr, "/", a).await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS, "{per_key}");
+        assert!(
+            denied.header("ratelimit").starts_with("\"default\";r=0;"),
+            "{}",
+            denied.header("ratelimit")
+        );
+        assert_eq!(
+            global.peek(&()).remaining(),
+            1,
+            "{per_key}: the global limit lost a unit"
+        );
+        // b takes the global limit's last unit; then the global limit denies b, whose own
+        // limit keeps its unit.
+        assert_eq!(get_with(addr, "/", b).await.status, StatusCode::OK);
+        let global_deny = get_with(addr, "/", b).await;
+        assert_eq!(
+            global_deny.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{per_key}"
+        );
+        assert!(
+            global_deny
+                .header("ratelimit")
+                .starts_with("\"global\";r=0;"),
+            "{}",
+            global_deny.header("ratelimit")
+        );
+        assert_eq!(
+            keyed.peek("b").remaining(),
+            1,
+            "{per_key}: b's own limit lost a unit"
+        );
+        // Many denied requests later, nothing more was consumed anywhere.
+        for _ in 0..20 {
+            assert_eq!(
+                get_with(addr, "/", b).await.status,
+                StatusCode::TOO_MANY_REQUESTS
+            );
+        }
+        assert_eq!(keyed.peek("b").remaining(), 1);
+        assert_eq!(global.peek(&()).remaining(), 0);
+    }
+}
+
+/// Behind a Redis limiter too: the further limit is decided first, and given its unit
+/// back when Redis denies.
+#[tokio::test]
+async fn a_further_limit_gets_its_unit_back_when_redis_denies() {
+    use tollgate::redis::{FailMode, RedisLimiter};
+    let server = tollgate_testing::LocalRedis::start().unwrap();
+    let redis = RedisLimiter::builder(&server.url(), "2/min".parse().unwrap())
+        .build()
+        .await
+        .unwrap();
+    let (global, _clock) = limiter::<()>("10/min");
+    let app = Router::new()
+        .route("/", routing::get(|| async { "ok" }))
+        .layer(
+            RateLimitLayer::redis(redis, FailMode::Closed)
+                .key(KeyExtractor::header("x-api-key").unwrap())
+                .and(global.clone(), key_fn(|_| Some(())))
+                .unwrap(),
+        );
+    let addr = serve(app).await;
+    let key: &[(&str, &[u8])] = &[("x-api-key", b"k")];
+    let statuses: Vec<u16> = {
+        let mut out = Vec::new();
+        for _ in 0..5 {
+            out.push(get_with(addr, "/", key).await.status.as_u16());
+        }
+        out
+    };
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    // Only the two admitted requests used the global limit.
+    assert_eq!(global.peek(&()).remaining(), 8);
+}
