@@ -173,6 +173,19 @@ impl Decision {
     /// so on. A limiter with several quotas reports the most constraining one: for an
     /// admission, the quota with the fewest units left; for a deny, the denying quota
     /// with the longest wait. Always 0 for a limiter with one quota.
+    ///
+    /// ```
+    /// use tollgate::RateLimiter;
+    ///
+    /// let limiter: RateLimiter<u64> = RateLimiter::builder("5/s".parse()?)
+    ///     .also("2/min".parse()?)
+    ///     .build()?;
+    /// assert_eq!(limiter.check(&1).policy(), 1); // 4 of 5/s left, 1 of 2/min
+    /// limiter.check(&1);
+    /// let denied = limiter.check(&1);
+    /// assert_eq!((denied.is_allowed(), denied.policy(), denied.limit()), (false, 1, 2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn policy(&self) -> usize {
         self.verdict.policy()
     }

@@ -619,7 +619,20 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     /// intervals back (not before now); for the fixed window it lowers the current
     /// window's count; for the sliding window, the current window's count first, then the
     /// previous window's (whose units weigh in the estimate only as far as they have not
-    /// decayed). See [`charge`](Self::charge) for an example.
+    /// decayed).
+    ///
+    /// ```
+    /// use tollgate::RateLimiter;
+    ///
+    /// let uploads: RateLimiter<String> = RateLimiter::new("10/min".parse()?);
+    /// assert!(uploads.check_n("alice", 4)?.is_allowed()); // reserved for a batch of 4
+    /// // Two files were rejected upstream: they do not count.
+    /// let after = uploads.refund("alice", 2)?;
+    /// assert_eq!(after.remaining(), 8);
+    /// // Never beyond a full quota.
+    /// assert_eq!(uploads.refund("alice", 100)?.remaining(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     /// [`SettleError::Unsupported`] for the sliding log. Nothing changes then.

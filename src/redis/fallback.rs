@@ -25,7 +25,9 @@ use crate::quota::Quota;
 ///     .await?;
 /// // With 4 nodes, each admits a quarter of the global quota while Redis is away.
 /// let decision = limiter.check_or("user_1024", FailMode::Local("25/s".parse()?)).await;
-/// # let _ = decision;
+/// // The same, with the nodes counted for you: 100/s divided by the live limiters.
+/// let shared = limiter.check_or("user_1024", FailMode::LocalShare).await;
+/// # let _ = (decision, shared);
 /// # Ok(())
 /// # }
 /// ```

@@ -827,6 +827,23 @@ impl RedisLimiter {
     /// [`reset`](Self::reset) does), so the units given back are usable everywhere at
     /// once.
     ///
+    /// ```no_run
+    /// use tollgate::redis::RedisLimiter;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let calls = RedisLimiter::builder("redis://127.0.0.1/", "100/min".parse()?)
+    ///     .build()
+    ///     .await?;
+    /// if calls.check("tenant-a").await?.is_allowed() {
+    ///     let upstream_failed = true;
+    ///     if upstream_failed {
+    ///         calls.refund("tenant-a", 1).await?; // a failed call does not count
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// As [`charge`](Self::charge).
     pub async fn refund(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
