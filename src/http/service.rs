@@ -147,14 +147,7 @@ where
                 self.rejected(why, &looked_for, &req)
             }
             Step::Decided(decision) => {
-                let decision = match held {
-                    Some(_) if !decision.is_allowed() => {
-                        req = self.give_back(req);
-                        decision
-                    }
-                    Some(extras) => decision.tighter(extras),
-                    None => decision,
-                };
+                let (decision, req) = self.with_held(held, decision, req);
                 self.report(&decision, &req, None);
                 self.respond(decision, req)
             }
@@ -165,15 +158,7 @@ where
                 };
                 ResponseFuture::deferred(Box::pin(async move {
                     let (decision, error) = decision.await;
-                    let mut req = req;
-                    let decision = match held {
-                        Some(_) if !decision.is_allowed() => {
-                            req = service.give_back(req);
-                            decision
-                        }
-                        Some(extras) => decision.tighter(extras),
-                        None => decision,
-                    };
+                    let (decision, req) = service.with_held(held, decision, req);
                     service.report(&decision, &req, error.as_deref());
                     service.respond(decision, req).await
                 }))
@@ -193,6 +178,22 @@ fn with_head<B, R>(req: Request<B>, f: impl FnOnce(&Request<()>) -> R) -> (R, Re
 }
 
 impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
+    /// The layer's own `decision` with what the further limits decided (`held`, the
+    /// tightest of their admissions, if any applied): on a deny they get their units
+    /// back; on an admission the more constraining decision is reported.
+    fn with_held<B>(
+        &self,
+        held: Option<Decision>,
+        decision: Decision,
+        req: Request<B>,
+    ) -> (Decision, Request<B>) {
+        match held {
+            Some(_) if !decision.is_allowed() => (decision, self.give_back(req)),
+            Some(extras) => (decision.tighter(extras), req),
+            None => (decision, req),
+        }
+    }
+
     /// Gives back the units the further limits took for `req`.
     fn give_back<B>(&self, req: Request<B>) -> Request<B> {
         let config = &*self.config;
