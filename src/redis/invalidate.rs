@@ -23,6 +23,14 @@ pub(crate) fn channel(prefix: &str) -> String {
     format!("{prefix}reset")
 }
 
+/// The message that empties every deny cache listening on `channel`: it carries
+/// nothing, since the key may be a secret.
+pub(crate) fn message(channel: &str) -> redis::Cmd {
+    let mut publish = redis::cmd("PUBLISH");
+    publish.arg(channel).arg("");
+    publish
+}
+
 /// Subscribes to `channel` through `client`, within `timeout` (at least 500 ms).
 pub(crate) async fn subscribe(
     client: &redis::Client,

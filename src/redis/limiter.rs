@@ -724,11 +724,23 @@ impl RedisLimiter {
                     .map(|reply| decision_from(&reply)),
             }
         };
-        // One timer bounds the whole call, reconnection, retries and redirections included.
-        match tokio::time::timeout_at(deadline, run).await {
-            Ok(Ok(decided)) => decided,
+        self.bounded(deadline, &redis_key, run).await?
+    }
+
+    /// Runs `call` (a script call about `redis_key`) until `deadline`: one timer bounds
+    /// the whole call, reconnection, retries and redirections included. Its error is
+    /// classified, and an unavailable server or a timeout marks the connection failed.
+    async fn bounded<T>(
+        &self,
+        deadline: tokio::time::Instant,
+        redis_key: &[u8],
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, RedisError> {
+        let inner = &*self.inner;
+        match tokio::time::timeout_at(deadline, call).await {
+            Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) => {
-                let e = self.classify(e, &redis_key);
+                let e = self.classify(e, redis_key);
                 if matches!(e, RedisError::Unavailable(_)) {
                     inner.connection.failed();
                 }
@@ -887,25 +899,9 @@ impl RedisLimiter {
         };
         inner.calls.fetch_add(1, Ordering::Relaxed);
         let mut connection = inner.connection.get();
-        let reply =
-            match tokio::time::timeout_at(deadline, eval::<i64>(&mut connection, call)).await {
-                Ok(Ok(reply)) => Ok(reply),
-                Ok(Err(e)) => {
-                    let e = self.classify(e, &redis_key);
-                    if matches!(e, RedisError::Unavailable(_)) {
-                        inner.connection.failed();
-                    }
-                    Err(e)
-                }
-                Err(_) => {
-                    inner.connection.failed();
-                    Err(RedisError::Timeout(inner.timeout))
-                }
-            };
-        // A cached deny of the key may be wrong now (or, on a timeout, may be).
-        if let Some(cache) = &inner.cache {
-            cache.forget(key);
-        }
+        let reply = self
+            .bounded(deadline, &redis_key, eval::<i64>(&mut connection, call))
+            .await;
         let decided = reply.and_then(|reset_us| {
             // The decision of a unit request: denied while the TAT lies beyond tau.
             let reply = if reset_us > tau as i64 {
@@ -915,10 +911,20 @@ impl RedisLimiter {
             };
             gcra_decision(reply, t, tau, burst, 1)
         });
+        // A cached deny of the key may be wrong now when the settlement may outdate one
+        // (as in process, `Settle::may_outdate`), or when it failed and may or may not
+        // have been applied. Forgetting empties this node's whole cache, so it is left
+        // out after a settlement that leaves no deny of the key possibly live.
+        let outdated = decided
+            .as_ref()
+            .map_or(true, |after| settle.may_outdate(after));
+        if let (true, Some(cache)) = (outdated, &inner.cache) {
+            cache.forget(key);
+        }
         match &decided {
-            Ok(after) => {
+            Ok(_) => {
                 self.answered();
-                if settle.may_outdate(after) && inner.cache.is_some() {
+                if outdated && inner.cache.is_some() {
                     self.empty_every_cache().await;
                 }
             }
@@ -934,8 +940,7 @@ impl RedisLimiter {
         let inner = &*self.inner;
         let channel = super::invalidate::channel(&inner.prefix);
         let mut connection = inner.connection.get();
-        let mut publish = redis::cmd("PUBLISH");
-        publish.arg(&channel).arg("");
+        let publish = super::invalidate::message(&channel);
         match tokio::time::timeout(inner.timeout, publish.query_async::<i64>(&mut connection)).await
         {
             Ok(Ok(_)) => {}
@@ -965,9 +970,7 @@ impl RedisLimiter {
                 .query_async::<i64>(&mut connection)
                 .await?;
             // Every node's cache, this one's included, empties on hearing it.
-            redis::cmd("PUBLISH")
-                .arg(&channel)
-                .arg("")
+            super::invalidate::message(&channel)
                 .query_async::<i64>(&mut connection)
                 .await
         };

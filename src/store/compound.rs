@@ -30,10 +30,6 @@ pub(crate) struct Compound<K> {
     stores: Box<[WordStore<K>]>,
 }
 
-fn tighter(a: Decision, b: Decision) -> Decision {
-    a.tighter(b)
-}
-
 /// A deny that reports the fewest units left among every quota (`remaining`), with the
 /// denying quota's wait.
 fn with_fewest(deny: Decision, remaining: u64) -> Decision {
@@ -80,7 +76,7 @@ impl<K: crate::Key> Compound<K> {
             match store.check(key, || now, cost, max_delay) {
                 Ok(decision) if decision.is_allowed() => {
                     let decision = decision.for_policy(i);
-                    admitted = Some(admitted.map_or(decision, |a| tighter(a, decision)));
+                    admitted = Some(admitted.map_or(decision, |a| a.tighter(decision)));
                 }
                 Ok(deny) => return self.denied(key, now, cost, i, deny.for_policy(i)),
                 Err(too_large) => {
@@ -116,7 +112,7 @@ impl<K: crate::Key> Compound<K> {
             let later = store.peek(key, now, cost)?;
             fewest = fewest.min(later.remaining());
             if !later.is_allowed() {
-                decision = tighter(decision, later.for_policy(i));
+                decision = decision.tighter(later.for_policy(i));
             }
         }
         Ok(with_fewest(decision, fewest))
@@ -161,7 +157,7 @@ impl<K: crate::Key> Compound<K> {
                 return Ok(decision);
             }
             let decision = decision.for_policy(i);
-            result = Some(result.map_or(decision, |r| tighter(r, decision)));
+            result = Some(result.map_or(decision, |r| r.tighter(decision)));
         }
         Ok(result.unwrap_or_else(|| Decision::allow(0, 0, 0)))
     }
@@ -183,7 +179,7 @@ impl<K: crate::Key> Compound<K> {
         for (i, store) in self.stores.iter().enumerate() {
             let decision = store.peek(key, now, cost)?.for_policy(i);
             fewest = fewest.min(decision.remaining());
-            result = Some(result.map_or(decision, |r| tighter(r, decision)));
+            result = Some(result.map_or(decision, |r| r.tighter(decision)));
         }
         let decision = result.unwrap_or_else(|| Decision::allow(0, 0, 0));
         Ok(if decision.is_allowed() {
