@@ -19,7 +19,7 @@ struct Request {
     cost: u64,
 }
 
-fn quota() -> impl Strategy<Value = Quota> {
+pub(crate) fn quota() -> impl Strategy<Value = Quota> {
     (1u64..40, 1u64..3_000, 1u64..40).prop_filter_map("representable", |(limit, ms, burst)| {
         Quota::new(limit, Duration::from_millis(ms))
             .and_then(|q| q.with_burst(burst))
@@ -53,7 +53,10 @@ fn requests(period_ns: u64) -> impl Strategy<Value = Vec<Request>> {
     })
 }
 
-fn limiter(algorithm: Algorithm, quota: Quota) -> (RateLimiter<u8, ManualClock>, ManualClock) {
+pub(crate) fn limiter(
+    algorithm: Algorithm,
+    quota: Quota,
+) -> (RateLimiter<u8, ManualClock>, ManualClock) {
     let clock = ManualClock::new();
     let limiter = RateLimiter::builder(quota)
         .algorithm(algorithm)

@@ -9,6 +9,8 @@ use proptest::prelude::*;
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::{Algorithm, Decision, Quota, RateLimiter, SettleError, WhenFull};
 
+use super::properties::{limiter, quota};
+
 /// One step of a timeline on one key.
 #[derive(Clone, Copy, Debug)]
 enum Step {
@@ -46,24 +48,6 @@ fn timeline(period_ns: u64) -> impl Strategy<Value = Vec<(u64, Step)>> {
             })
             .collect()
     })
-}
-
-fn quota() -> impl Strategy<Value = Quota> {
-    (1u64..40, 1u64..3_000, 1u64..40).prop_filter_map("representable", |(limit, ms, burst)| {
-        Quota::new(limit, Duration::from_millis(ms))
-            .and_then(|q| q.with_burst(burst))
-            .ok()
-    })
-}
-
-fn limiter(algorithm: Algorithm, quota: Quota) -> (RateLimiter<u8, ManualClock>, ManualClock) {
-    let clock = ManualClock::new();
-    let limiter = RateLimiter::builder(quota)
-        .algorithm(algorithm)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    (limiter, clock)
 }
 
 /// The token bucket with debts, written from its definition in u128 arithmetic: the

@@ -13,7 +13,7 @@ use redis::AsyncCommands;
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::redis::{DEFAULT_TIMEOUT, FailMode, RedisError, RedisLimiter, RedisOptions, scripts};
 use tollgate::sync::RedisSync;
-use tollgate::{Algorithm, RateLimiter};
+use tollgate::{Algorithm, Decision, RateLimiter};
 use tollgate_testing::LocalRedis;
 
 const ALGORITHMS: [Algorithm; 3] = [
@@ -44,6 +44,34 @@ async fn limiter(
 /// Rounds nanoseconds up to whole microseconds, the scripts' unit.
 fn ceil_us(d: Duration) -> Duration {
     Duration::from_micros(d.as_nanos().div_ceil(1_000) as u64)
+}
+
+/// Asserts that Redis's decision `r` is the in-memory limiter's `l`: the same verdict,
+/// limit and remaining, and the same reset and retry once `l`'s are rounded up to the
+/// scripts' microseconds.
+fn assert_same(r: &Decision, l: &Decision, context: &str) {
+    assert_eq!(r.is_allowed(), l.is_allowed(), "{context}");
+    assert_eq!(
+        (r.limit(), r.remaining()),
+        (l.limit(), l.remaining()),
+        "{context}"
+    );
+    assert_eq!(r.reset_after(), ceil_us(l.reset_after()), "{context}");
+    assert_eq!(r.retry_after(), l.retry_after().map(ceil_us), "{context}");
+}
+
+/// Removes every key's TTL. Redis expires keys by their TTL in real time, which a loaded
+/// machine stretches between two calls: a differential on the caller's clock keeps every
+/// key (the scripts read an outdated state as the expired one, and
+/// `every_written_key_expires` checks the TTLs), so that the timeline is that clock's
+/// alone.
+async fn persist_all(con: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::Script::new(
+        "for _, k in ipairs(redis.call('KEYS', '*')) do redis.call('PERSIST', k) end",
+    )
+    .invoke_async(con)
+    .await
+    .unwrap();
 }
 
 /// A clock that can be moved backwards, as a skewed node's can.
@@ -77,10 +105,7 @@ async fn decisions_equal_the_in_memory_limiter() {
                     .build()
                     .unwrap();
             let prefix = format!("{}-{quota}", algorithm.name());
-            // Redis expires keys by their TTL in real time, which a loaded machine
-            // stretches between two calls: the test keeps every key (the scripts read an
-            // outdated state as the expired one, and `every_written_key_expires` checks
-            // the TTLs), so that the timeline is the caller clock's alone.
+            // Every key is kept after each step (see `persist_all`).
             let mut con = server.connection().await.unwrap();
             for step in 0..400 {
                 x ^= x << 13;
@@ -95,21 +120,9 @@ async fn decisions_equal_the_in_memory_limiter() {
                     remote.check_n(&key, cost).await.unwrap(),
                     local.check_n(key.as_str(), cost).unwrap(),
                 );
-                let _: () = redis::Script::new(
-                    "for _, k in ipairs(redis.call('KEYS', '*')) do redis.call('PERSIST', k) end",
-                )
-                .invoke_async(&mut con)
-                .await
-                .unwrap();
+                persist_all(&mut con).await;
                 let context = format!("{algorithm:?} {quota} step {step}: redis {r:?} local {l:?}");
-                assert_eq!(r.is_allowed(), l.is_allowed(), "{context}");
-                assert_eq!(
-                    (r.limit(), r.remaining()),
-                    (l.limit(), l.remaining()),
-                    "{context}"
-                );
-                assert_eq!(r.reset_after(), ceil_us(l.reset_after()), "{context}");
-                assert_eq!(r.retry_after(), l.retry_after().map(ceil_us), "{context}");
+                assert_same(&r, &l, &context);
             }
         }
     }
@@ -763,23 +776,9 @@ async fn settlements_equal_the_in_memory_limiter() {
                 ),
                 _ => (remote.check(&key).await.unwrap(), local.check(key.as_str())),
             };
-            // As in `decisions_equal_the_in_memory_limiter`: the timeline is the caller
-            // clock's alone.
-            let _: () = redis::Script::new(
-                "for _, k in ipairs(redis.call('KEYS', '*')) do redis.call('PERSIST', k) end",
-            )
-            .invoke_async(&mut con)
-            .await
-            .unwrap();
+            persist_all(&mut con).await;
             let context = format!("{quota} step {step}: redis {r:?} local {l:?}");
-            assert_eq!(r.is_allowed(), l.is_allowed(), "{context}");
-            assert_eq!(
-                (r.limit(), r.remaining()),
-                (l.limit(), l.remaining()),
-                "{context}"
-            );
-            assert_eq!(r.reset_after(), ceil_us(l.reset_after()), "{context}");
-            assert_eq!(r.retry_after(), l.retry_after().map(ceil_us), "{context}");
+            assert_same(&r, &l, &context);
         }
     }
 }
@@ -821,10 +820,7 @@ async fn settlements_are_exact_at_100k_per_second() {
             _ => (remote.check("edge").await.unwrap(), local.check("edge")),
         };
         let context = format!("step {i} {op} {n}: redis {r:?} local {l:?}");
-        assert_eq!(r.is_allowed(), l.is_allowed(), "{context}");
-        assert_eq!(r.remaining(), l.remaining(), "{context}");
-        assert_eq!(r.reset_after(), ceil_us(l.reset_after()), "{context}");
-        assert_eq!(r.retry_after(), l.retry_after().map(ceil_us), "{context}");
+        assert_same(&r, &l, &context);
         // Every state stays at least 0.3 s of debt from full.
         assert!(r.reset_after() >= Duration::from_millis(300), "{context}");
     }
