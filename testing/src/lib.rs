@@ -1,7 +1,8 @@
 //! Real Redis processes for tollgate's tests, benches and tools (unpublished).
 //!
 //! [`LocalRedis`] starts a `redis-server` on an ephemeral loopback port and stops it on
-//! drop; [`LocalCluster`] starts a local Redis Cluster the same way. They need
+//! drop; [`LocalCluster`] starts a local Redis Cluster the same way, and
+//! [`LocalSentinel`] a primary with replicas behind Redis Sentinel. They need
 //! `redis-server` (and, for the cluster, `redis-cli`) on `PATH`; `./scripts/test.sh`
 //! installs both. Neither depends on tollgate: they manage processes and hand out URLs
 //! (and, for a test's own commands, a redis-rs connection). [`example_server`] finds the
@@ -13,10 +14,12 @@
 mod alloc;
 mod local_cluster;
 mod local_redis;
+mod local_sentinel;
 
 pub use alloc::CountingAllocator;
 pub use local_cluster::{ClusterNode, LocalCluster};
 pub use local_redis::LocalRedis;
+pub use local_sentinel::{LocalSentinel, MASTER_NAME};
 
 /// The example server (`server/examples/server`), built beside the calling test's binary:
 /// tests live in `target/<profile>/deps`, examples in `target/<profile>/examples`.

@@ -20,6 +20,10 @@ pub struct LocalRedis {
     extra: Vec<String>,
     /// The port speaks TLS only.
     tls: bool,
+    /// A Sentinel's configuration: written to `sentinel.conf` in `dir` on the first start
+    /// (Sentinel rewrites it as it learns, and a restart keeps what it learnt), and the
+    /// server runs with `--sentinel`.
+    sentinel: Option<String>,
 }
 
 impl LocalRedis {
@@ -39,7 +43,7 @@ impl LocalRedis {
     /// # Errors
     /// As [`start`](Self::start).
     pub fn start_with(args: &[&str]) -> io::Result<Self> {
-        Self::launch(args, false)
+        Self::launch(args, false, None)
     }
 
     /// Starts a server that speaks TLS only, with the certificate, key and CA files
@@ -66,10 +70,20 @@ impl LocalRedis {
                 "no",
             ],
             true,
+            None,
         )
     }
 
-    fn launch(args: &[&str], tls: bool) -> io::Result<Self> {
+    /// Starts a Redis Sentinel whose configuration file holds `config` (its `sentinel
+    /// monitor` lines and the like), on a free port. It is ready once it answers `PING`.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_sentinel(config: &str) -> io::Result<Self> {
+        Self::launch(&[], false, Some(config))
+    }
+
+    fn launch(args: &[&str], tls: bool, sentinel: Option<&str>) -> io::Result<Self> {
         let mut last = None;
         for _ in 0..3 {
             let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -82,6 +96,7 @@ impl LocalRedis {
                 dir,
                 extra: args.iter().map(|&a| a.to_owned()).collect(),
                 tls,
+                sentinel: sentinel.map(str::to_owned),
             };
             match server.spawn() {
                 Ok(()) => return Ok(server),
@@ -99,7 +114,16 @@ impl LocalRedis {
         } else {
             &["--port", &port]
         };
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        if let Some(config) = &self.sentinel {
+            // The configuration file comes first; Sentinel needs one it can rewrite.
+            let file = self.dir.join("sentinel.conf");
+            if !file.exists() {
+                std::fs::write(&file, config)?;
+            }
+            command.arg(&file).arg("--sentinel");
+        }
+        let child = command
             .args(ports)
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
