@@ -6,8 +6,10 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
-# The Redis tier's tests (and benches) start their own redis-server, and their own
-# cluster with redis-cli; the TLS test makes its certificates with openssl.
+# The Redis tier's tests (and benches) start their own redis-server, their own cluster
+# with redis-cli, and their own sentinels (`redis-server <conf> --sentinel`: the same
+# binary, so the redis-sentinel package and its service are not needed); the TLS test
+# makes its certificates with openssl.
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)

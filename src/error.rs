@@ -100,6 +100,8 @@ pub enum ConfigError {
         /// The error (which never contains the password).
         reason: String,
     },
+    /// The sentinels answered, and none monitors a primary by this master name.
+    UnknownSentinelMaster(String),
     /// Another synced limiter of this process already uses this prefix and algorithm.
     PrefixInUse(String),
     /// A quota string such as `"100/s burst 200"` could not be parsed.
@@ -208,6 +210,10 @@ impl fmt::Display for ConfigError {
                 f,
                 "cannot reach Redis at {url} ({reason}): start it, fix the URL, or drop \
                  require_connection to serve by the fallback until it answers"
+            ),
+            Self::UnknownSentinelMaster(master) => write!(
+                f,
+                "no sentinel monitors a primary named {master:?}: check the master name"
             ),
             Self::PrefixInUse(what) => write!(
                 f,

@@ -1,5 +1,5 @@
-//! Where both Redis tiers connect: one server or a cluster, behind one connection type,
-//! with passwords kept out of every message.
+//! Where both Redis tiers connect: one server, a cluster, or the primary that Redis
+//! Sentinel names, behind one connection type, with passwords kept out of every message.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,14 +12,31 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
+use super::sentinel::Sentinels;
 use crate::error::ConfigError;
 
-/// A Redis deployment to connect to: one server, or the seed nodes of a cluster.
+/// What a [`Target`]'s URLs are.
+#[derive(Clone, PartialEq, Eq)]
+enum Kind {
+    /// One server.
+    Single,
+    /// A cluster's seed nodes.
+    Cluster,
+    /// The sentinels that name the primary of `master`.
+    Sentinel { master: String },
+}
+
+/// A Redis deployment to connect to: one server, the seed nodes of a cluster, or the
+/// sentinels of a primary.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Target {
     urls: Vec<String>,
-    cluster: bool,
+    kind: Kind,
     root_cert: Option<Vec<u8>>,
+    /// Behind Sentinel, the data nodes' ACL user and password (the sentinels' own are
+    /// in their URLs).
+    data_user: Option<String>,
+    data_password: Option<String>,
 }
 
 impl fmt::Debug for Target {
@@ -29,24 +46,53 @@ impl fmt::Debug for Target {
 }
 
 impl Target {
-    pub(crate) fn single(url: &str) -> Self {
+    fn new(urls: Vec<String>, kind: Kind) -> Self {
         Self {
-            urls: vec![url.to_owned()],
-            cluster: false,
+            urls,
+            kind,
             root_cert: None,
+            data_user: None,
+            data_password: None,
         }
+    }
+
+    pub(crate) fn single(url: &str) -> Self {
+        Self::new(vec![url.to_owned()], Kind::Single)
     }
 
     pub(crate) fn cluster(nodes: &[&str]) -> Self {
-        Self {
-            urls: nodes.iter().map(|&n| n.to_owned()).collect(),
-            cluster: true,
-            root_cert: None,
-        }
+        Self::new(nodes.iter().map(|&n| n.to_owned()).collect(), Kind::Cluster)
+    }
+
+    /// The sentinels (URLs, or `host:port` for `redis://host:port/`) that name the
+    /// primary of `master`.
+    pub(crate) fn sentinel(sentinels: &[&str], master: &str) -> Self {
+        let urls = sentinels
+            .iter()
+            .map(|&s| {
+                if s.contains("://") {
+                    s.to_owned()
+                } else {
+                    format!("redis://{s}/")
+                }
+            })
+            .collect();
+        Self::new(
+            urls,
+            Kind::Sentinel {
+                master: master.to_owned(),
+            },
+        )
     }
 
     pub(crate) fn is_cluster(&self) -> bool {
-        self.cluster
+        self.kind == Kind::Cluster
+    }
+
+    /// Behind Sentinel, the data nodes' password (and, with `user`, ACL user).
+    pub(crate) fn set_data_auth(&mut self, user: Option<&str>, password: &str) {
+        self.data_user = user.map(str::to_owned);
+        self.data_password = Some(password.to_owned());
     }
 
     /// Trust only this CA (PEM) for `rediss://` instead of the system's roots.
@@ -55,15 +101,23 @@ impl Target {
         self.root_cert = Some(pem);
     }
 
-    /// The URLs, comma-separated, each with its password replaced by `***`; and `cluster:`
-    /// in front for a cluster.
+    /// The URLs, comma-separated, each with its password replaced by `***`; `cluster:`
+    /// in front for a cluster, and `sentinel:<master>@` for sentinels (with `+auth` after
+    /// the master's name when the data nodes have a password).
     pub(crate) fn redacted(&self) -> String {
         let urls: Vec<String> = self.urls.iter().map(|u| redact_url(u)).collect();
         let urls = urls.join(",");
-        if self.cluster {
-            format!("cluster:{urls}")
-        } else {
-            urls
+        match &self.kind {
+            Kind::Single => urls,
+            Kind::Cluster => format!("cluster:{urls}"),
+            Kind::Sentinel { master } => {
+                let auth = if self.data_password.is_some() {
+                    "+auth"
+                } else {
+                    ""
+                };
+                format!("sentinel:{master}{auth}@{urls}")
+            }
         }
     }
 
@@ -71,8 +125,9 @@ impl Target {
     /// that quote what they were given).
     pub(crate) fn scrub(&self, text: &str) -> String {
         let mut text = text.to_owned();
-        for url in &self.urls {
-            if let Some(password) = password_of(url).filter(|p| !p.is_empty()) {
+        let passwords = self.urls.iter().filter_map(|url| password_of(url));
+        for password in passwords.chain(self.data_password.as_deref()) {
+            if !password.is_empty() {
                 text = text.replace(password, "***");
             }
         }
@@ -105,9 +160,8 @@ impl Target {
         }
     }
 
-    /// One plain client per URL (a cluster's seeds each), for a subscription: a cluster
-    /// broadcasts `PUBLISH` to every node, so any one will do. Connects nothing.
-    pub(crate) fn node_clients(&self) -> Result<Vec<redis::Client>, ConfigError> {
+    /// One plain client per URL (a cluster's seeds, or the sentinels). Connects nothing.
+    fn url_clients(&self) -> Result<Vec<redis::Client>, ConfigError> {
         self.urls
             .iter()
             .map(|url| {
@@ -130,6 +184,14 @@ impl Target {
             .collect()
     }
 
+    /// The data nodes a subscription may use (see [`Nodes`]). Connects nothing.
+    pub(crate) fn nodes(&self, timeout: Duration) -> Result<Nodes, ConfigError> {
+        match self.client(timeout)? {
+            Client::Sentinel(sentinels) => Ok(Nodes::Sentinel(sentinels, timeout)),
+            _ => Ok(Nodes::Fixed(self.url_clients()?)),
+        }
+    }
+
     /// Parses the URLs into a client; connects nothing.
     pub(crate) fn client(&self, timeout: Duration) -> Result<Client, ConfigError> {
         let invalid = |e: redis::RedisError| ConfigError::InvalidRedisUrl {
@@ -142,7 +204,38 @@ impl Target {
                 reason: "no Redis URL was given".to_owned(),
             });
         }
-        if !self.cluster {
+        if self.data_password.is_some() && !matches!(self.kind, Kind::Sentinel { .. }) {
+            return Err(ConfigError::InvalidRedisSetting {
+                setting: "master_password",
+                value: "(set)".to_owned(),
+                expected: "a Sentinel deployment: elsewhere the password goes in the URL",
+            });
+        }
+        if let Kind::Sentinel { master } = &self.kind {
+            if master.is_empty() {
+                return Err(ConfigError::InvalidRedisSetting {
+                    setting: "master_name",
+                    value: String::new(),
+                    expected: "the name the sentinels monitor the primary by",
+                });
+            }
+            let tls = self.urls[0].starts_with("rediss://");
+            if self.urls.iter().any(|u| u.starts_with("rediss://") != tls) {
+                return Err(ConfigError::InvalidRedisUrl {
+                    url: self.redacted(),
+                    reason: "every sentinel URL must use the same scheme".to_owned(),
+                });
+            }
+            return Ok(Client::Sentinel(Sentinels::new(
+                self.url_clients()?,
+                master.clone(),
+                tls,
+                self.data_user.clone(),
+                self.data_password.clone(),
+                self.root_cert.clone(),
+            )));
+        }
+        if self.kind == Kind::Single {
             let client = match &self.root_cert {
                 #[cfg(feature = "tls")]
                 Some(pem) => redis::Client::build_with_tls(
@@ -188,6 +281,32 @@ pub(crate) enum Client {
     /// The client, and the target it was made from (to add the nodes a cluster reports
     /// to its seeds).
     Cluster(ClusterClient, Box<Target>),
+    /// The sentinels, asked for the primary at every connection.
+    Sentinel(Sentinels),
+}
+
+/// The data nodes a subscription (the reset channel, and the count of its subscribers)
+/// may use: a fixed list (one server, or a cluster's seeds: a cluster broadcasts
+/// `PUBLISH` to every node, so any one will do), or, behind Sentinel, whichever node is
+/// the primary when asked (a replica would hear `PUBLISH` too, but the primary is the
+/// one node that every limiter agrees on, so that the count is whole).
+#[derive(Clone)]
+pub(crate) enum Nodes {
+    Fixed(Vec<redis::Client>),
+    Sentinel(Sentinels, Duration),
+}
+
+impl Nodes {
+    /// The clients to use now; empty if the sentinels name no reachable primary.
+    pub(crate) async fn current(&self) -> Vec<redis::Client> {
+        match self {
+            Self::Fixed(clients) => clients.clone(),
+            Self::Sentinel(sentinels, timeout) => match sentinels.primary_address(*timeout).await {
+                Ok(address) => sentinels.data_client(&address).into_iter().collect(),
+                Err(_) => Vec::new(),
+            },
+        }
+    }
 }
 
 impl Client {
@@ -195,18 +314,21 @@ impl Client {
     /// bounds the whole with its own timer too). The connection reconnects by itself,
     /// and a cluster connection follows failovers and slot moves.
     pub(crate) async fn connect(&self, timeout: Duration) -> redis::RedisResult<Connection> {
+        let manager = |client: redis::Client| async move {
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(1);
+            let manager = ConnectionManager::new_with_config(client, config).await?;
+            Ok(Connection::Single(manager))
+        };
         match self {
-            Self::Single(client) => {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
-                    .set_number_of_retries(1);
-                let manager = ConnectionManager::new_with_config(client.clone(), config).await?;
-                Ok(Connection::Single(manager))
-            }
+            Self::Single(client) => manager(client.clone()).await,
             Self::Cluster(client, _) => {
                 Ok(Connection::Cluster(client.get_async_connection().await?))
             }
+            // The primary the sentinels name, checked to be one.
+            Self::Sentinel(sentinels) => manager(sentinels.primary(timeout).await?).await,
         }
     }
 
@@ -223,6 +345,7 @@ impl Client {
                 connection.set_read_timeout(Some(timeout))?;
                 redis::cmd("PING").query::<String>(&mut connection)?;
             }
+            Self::Sentinel(sentinels) => sentinels.ping_blocking(timeout)?,
         }
         Ok(())
     }
@@ -293,8 +416,11 @@ async fn discover(connection: &Connection, timeout: Duration) -> Vec<String> {
 /// How often a failing cluster connection is rebuilt, at most.
 const REBUILD_EVERY: Duration = Duration::from_millis(500);
 
-/// A connection that heals itself. On one server the connection manager reconnects. On a
-/// cluster, a connection whose requests fail is rebuilt (at most every 500 ms, in the
+/// A connection that heals itself. On one server the connection manager reconnects.
+/// Behind Sentinel, a connection whose requests fail for want of a server (refused,
+/// dropped, timed out, or `READONLY` from a demoted primary) is rebuilt as on a cluster:
+/// the sentinels are asked for the primary anew, since the manager would only ever
+/// reconnect to the old address. On a cluster, a connection whose requests fail is rebuilt (at most every 500 ms, in the
 /// background): redis-rs retries a dead master's address and learns the new slot map
 /// from a `MOVED`, which a client whose every request for those slots goes to the dead
 /// address may never get (a CI run saw a sync connection stay on it for 12 s after a
@@ -332,8 +458,9 @@ impl Link {
         self.current.read().clone()
     }
 
-    /// A request failed for want of a server: on a cluster, rebuild the connection in
-    /// the background, unless that began less than 500 ms ago or is under way.
+    /// A request failed for want of a server: on a cluster or behind Sentinel, rebuild
+    /// the connection in the background, unless that began less than 500 ms ago or is
+    /// under way.
     pub(crate) fn failed(self: &Arc<Self>) {
         if matches!(self.client, Client::Single(_)) {
             return;
@@ -488,6 +615,28 @@ mod tests {
         );
         assert_eq!(target.scrub("bad pw1 and pw2"), "bad *** and ***");
         assert_eq!(format!("{target:?}"), target.redacted());
+    }
+
+    #[test]
+    fn sentinel_targets_take_addresses_or_urls_and_hide_both_passwords() {
+        let mut target =
+            Target::sentinel(&["10.0.0.1:26379", "redis://:s-pw@10.0.0.2:26379/"], "m");
+        assert_eq!(
+            target.urls,
+            ["redis://10.0.0.1:26379/", "redis://:s-pw@10.0.0.2:26379/"]
+        );
+        target.set_data_auth(Some("app"), "d-pw");
+        let shown = format!("{target:?}");
+        assert_eq!(
+            shown,
+            "sentinel:m+auth@redis://10.0.0.1:26379/,redis://:***@10.0.0.2:26379/"
+        );
+        assert_eq!(target.scrub("s-pw then d-pw"), "*** then ***");
+        assert!(!target.is_cluster());
+        assert!(matches!(
+            target.client(Duration::from_millis(10)),
+            Ok(Client::Sentinel(_))
+        ));
     }
 
     #[test]

@@ -181,6 +181,9 @@ pub(crate) const UNAVAILABLE_CODES: [&str; 7] = [
 impl RedisError {
     /// Classifies an error from redis-rs about `key`.
     pub(crate) fn from_redis(e: redis::RedisError, key: &[u8]) -> Self {
+        if let Some(config) = super::sentinel::master_unknown(&e) {
+            return Self::Config(config);
+        }
         match e.code() {
             Some("WRONGTYPE") => Self::WrongType {
                 key: String::from_utf8_lossy(key).into_owned(),

@@ -5,7 +5,8 @@
 //! [`RedisLimiter::reset`](super::RedisLimiter::reset) publishes on the channel
 //! `<prefix>:<algorithm>:reset` after deleting the key. Every limiter with a deny cache
 //! subscribes to that channel while it is built (a connection of its own, to one node;
-//! a cluster broadcasts `PUBLISH` to every node) and empties its cache on each message.
+//! a cluster broadcasts `PUBLISH` to every node; behind Sentinel, to the primary of the
+//! moment) and empties its cache on each message.
 //! The message carries nothing (the key may be a secret): every cached deny goes, which
 //! costs at most one call per key that is still denied. When the subscription's
 //! connection breaks, the listener reconnects (trying each URL in turn, waiting 100 ms
@@ -16,6 +17,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::watch;
+
+use super::connection::Nodes;
 
 /// The channel of resets for the limiters whose keys start with `prefix`
 /// (`<prefix>:<algorithm>:`).
@@ -50,26 +53,30 @@ pub(crate) async fn subscribe(
 
 /// Listens on `channel` until `stop`'s sender is dropped, calling `flush` on every
 /// message and every time it subscribes again. `first` is the subscription made while
-/// the limiter was built, if that worked (then nothing was missed before it).
+/// the limiter was built, if that worked (then nothing was missed before it). Each
+/// attempt to subscribe again takes the next of the nodes' current clients.
 pub(crate) fn spawn(
-    clients: Vec<redis::Client>,
+    nodes: Nodes,
     channel: String,
     timeout: Duration,
     first: Option<redis::aio::PubSub>,
     mut stop: watch::Receiver<()>,
     flush: impl Fn() + Send + 'static,
 ) {
-    if clients.is_empty() {
-        return;
-    }
     tokio::spawn(async move {
         let mut wait = Duration::from_millis(100);
         let mut current = first;
-        for client in clients.iter().cycle() {
+        for turn in 0usize.. {
             if current.is_none() {
                 current = tokio::select! {
                     _ = stop.changed() => return,
-                    subscribed = subscribe(client, &channel, timeout) => subscribed,
+                    subscribed = async {
+                        let clients = nodes.current().await;
+                        match clients.get(turn % clients.len().max(1)) {
+                            Some(client) => subscribe(client, &channel, timeout).await,
+                            None => None,
+                        }
+                    } => subscribed,
                 };
                 if current.is_some() {
                     // Whatever happened while nobody listened is forgotten with the cache.
@@ -102,14 +109,10 @@ pub(crate) fn spawn(
 /// How often the limiters sharing a prefix count each other.
 const COUNT_EVERY: Duration = Duration::from_secs(1);
 
-/// The subscribers of `channel`, summed over `clients` (one per node the limiter was
-/// given: a cluster's subscriptions are each node's own); `None` if no node answered
-/// within `timeout`.
-pub(crate) async fn count(
-    clients: &[redis::Client],
-    channel: &str,
-    timeout: Duration,
-) -> Option<u64> {
+/// The subscribers of `channel`, summed over the nodes' current clients (a cluster's
+/// subscriptions are each node's own); `None` if no node answered within `timeout`.
+pub(crate) async fn count(nodes: &Nodes, channel: &str, timeout: Duration) -> Option<u64> {
+    let clients = nodes.current().await;
     let ask = |client: &redis::Client| {
         let client = client.clone();
         async move {
@@ -137,15 +140,12 @@ pub(crate) async fn count(
 /// `counted`, until `stop`'s sender is dropped or `counted` returns false (its limiter
 /// is gone). A round with no answer hands nothing: the last count stands.
 pub(crate) fn spawn_counting(
-    clients: Vec<redis::Client>,
+    nodes: Nodes,
     channel: String,
     timeout: Duration,
     mut stop: watch::Receiver<()>,
     counted: impl Fn(u64) -> bool + Send + 'static,
 ) {
-    if clients.is_empty() {
-        return;
-    }
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -154,7 +154,7 @@ pub(crate) fn spawn_counting(
             }
             let n = tokio::select! {
                 _ = stop.changed() => return,
-                n = count(&clients, &channel, timeout) => n,
+                n = count(&nodes, &channel, timeout) => n,
             };
             if let Some(n) = n {
                 if !counted(n) {

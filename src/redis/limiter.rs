@@ -201,11 +201,11 @@ impl RedisBuilder {
         let (listening, stop) = tokio::sync::watch::channel(());
         // Every limiter subscribes, with a deny cache or not: the subscribers are how
         // the limiters sharing the prefix count each other (`FailMode::LocalShare`).
-        let node_clients = self.options.target.node_clients()?;
+        let nodes = self.options.target.nodes(timeout)?;
         let channel = super::invalidate::channel(&prefix);
         // Subscribed before the first check, so that no reset can go unheard; if that
         // fails, the listener keeps trying (and empties the cache once it succeeds).
-        let first = match node_clients.first() {
+        let first = match nodes.current().await.first() {
             Some(client) => super::invalidate::subscribe(client, &channel, timeout).await,
             None => None,
         };
@@ -241,14 +241,14 @@ impl RedisBuilder {
             }),
         };
         // Counted once now, so that the share is known before the first outage.
-        let nodes = super::invalidate::count(&node_clients, &channel, timeout).await;
+        let counted = super::invalidate::count(&nodes, &channel, timeout).await;
         limiter
             .inner
             .nodes
-            .store(nodes.unwrap_or(1).max(1), Ordering::Relaxed);
+            .store(counted.unwrap_or(1).max(1), Ordering::Relaxed);
         let counting = Arc::downgrade(&limiter.inner);
         super::invalidate::spawn_counting(
-            node_clients.clone(),
+            nodes.clone(),
             channel.clone(),
             timeout,
             limiter.inner._listening.subscribe(),
@@ -262,7 +262,7 @@ impl RedisBuilder {
             },
         );
         let weak = Arc::downgrade(&limiter.inner);
-        super::invalidate::spawn(node_clients, channel, timeout, first, stop, move || {
+        super::invalidate::spawn(nodes, channel, timeout, first, stop, move || {
             if let Some(inner) = weak.upgrade() {
                 if let Some(cache) = &inner.cache {
                     cache.clear(inner.now_us());
@@ -330,6 +330,11 @@ impl RedisBuilder {
 /// **Redis Cluster.** [`cluster_builder`](Self::cluster_builder) takes seed nodes; every
 /// key's state lives in its own slot, calls go to the master that owns it, and the
 /// connection follows slot moves and failovers without a restart (a check meanwhile fails
+/// within its timeout).
+///
+/// **Redis Sentinel.** [`sentinel_builder`](Self::sentinel_builder) takes the sentinels
+/// and the master name; calls go to the primary they name, and after a failover the
+/// limiter asks them again and carries on without a restart (a check meanwhile fails
 /// within its timeout).
 ///
 /// Clones are cheap and share the connection. `Debug` shows the URLs with their
@@ -464,6 +469,36 @@ impl RedisLimiter {
     /// seed is enough), enforcing `quota`. Credentials are taken from the first URL.
     pub fn cluster_builder(nodes: &[&str], quota: Quota) -> RedisBuilder {
         Self::builder_with(RedisOptions::cluster(nodes), quota)
+    }
+
+    /// A builder for a limiter on the primary that Redis Sentinel names `master_name`,
+    /// found through the `sentinels` (`host:port`, or URLs that carry the sentinels'
+    /// password), enforcing `quota`. The data nodes' password is set with
+    /// [`master_password`](RedisBuilder::master_password). After a failover the limiter
+    /// finds the new primary by itself, as [`RedisOptions::sentinel`] describes; the
+    /// [Redis guide](crate::guide::redis) gives the bound across one.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::redis::RedisLimiter;
+    /// use tollgate::Quota;
+    ///
+    /// # async fn run() -> Result<(), tollgate::redis::RedisError> {
+    /// let limiter = RedisLimiter::sentinel_builder(
+    ///     &["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"],
+    ///     "mymaster",
+    ///     Quota::per_second(100).unwrap(),
+    /// )
+    /// .master_password("data-node-secret")
+    /// .timeout(Duration::from_millis(100))
+    /// .build()
+    /// .await?;
+    /// assert!(limiter.check("user:42").await?.is_allowed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn sentinel_builder(sentinels: &[&str], master_name: &str, quota: Quota) -> RedisBuilder {
+        Self::builder_with(RedisOptions::sentinel(sentinels, master_name), quota)
     }
 
     /// A builder for a limiter on the Redis that `options` reach, with their prefix,

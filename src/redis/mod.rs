@@ -21,6 +21,7 @@ mod observe;
 pub(crate) mod options;
 pub(crate) mod rule;
 pub mod scripts;
+pub(crate) mod sentinel;
 
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use error::{RedisCause, RedisError};

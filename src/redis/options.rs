@@ -13,8 +13,8 @@ const DEFAULT_PREFIX: &str = "tollgate";
 const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
-/// How to reach Redis, shared by both tiers: one server's URL or a cluster's seed nodes,
-/// the prefix of every key, the timeout of a call, the TLS roots, and whether keys are
+/// How to reach Redis, shared by both tiers: one server's URL, a cluster's seed nodes or
+/// the sentinels of a primary, the prefix of every key, the timeout of a call, the TLS roots, and whether keys are
 /// stored hashed.
 ///
 /// [`RedisLimiter::builder_with`](super::RedisLimiter::builder_with) and
@@ -70,6 +70,35 @@ impl RedisOptions {
     /// credentials are taken from the first URL).
     pub fn cluster(nodes: &[&str]) -> Self {
         Self::with_target(Target::cluster(nodes))
+    }
+
+    /// The primary that Redis Sentinel names `master_name`, found through the
+    /// `sentinels` (URLs such as `redis://:sentinel-password@10.0.0.1:26379/`, or
+    /// `host:port`). Sentinel URLs carry the sentinels' own password, if they have one;
+    /// the data nodes' password is set with [`master_password`](Self::master_password)
+    /// or [`master_user`](Self::master_user). `rediss://` sentinel URLs mean TLS to the
+    /// sentinels and to the data nodes.
+    ///
+    /// Every connection asks the sentinels (all at once; the first to name the primary
+    /// wins) and checks with `ROLE` that the node it names is a primary. A call that
+    /// fails for want of a server, or meets a demoted primary (`READONLY`), makes the
+    /// tier ask again (at most every 500 ms): a failover needs no restart. One sentinel
+    /// that answers is enough.
+    pub fn sentinel(sentinels: &[&str], master_name: &str) -> Self {
+        Self::with_target(Target::sentinel(sentinels, master_name))
+    }
+
+    /// Behind Sentinel ([`sentinel`](Self::sentinel)): the data nodes' password
+    /// (`requirepass`, the default user's). Never shown.
+    pub fn master_password(mut self, password: &str) -> Self {
+        self.target.set_data_auth(None, password);
+        self
+    }
+
+    /// Behind Sentinel: the data nodes' ACL user and its password. Never shown.
+    pub fn master_user(mut self, user: &str, password: &str) -> Self {
+        self.target.set_data_auth(Some(user), password);
+        self
     }
 
     fn with_target(target: Target) -> Self {
@@ -166,6 +195,22 @@ macro_rules! option_setters {
         #[cfg(feature = "tls")]
         pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
             self.options = self.options.tls_root_cert(pem);
+            self
+        }
+
+        /// Behind Sentinel: the data nodes' password, as
+        /// [`RedisOptions::master_password`](crate::redis::RedisOptions::master_password)
+        /// describes (the sentinels' own goes in their URLs). Never shown.
+        pub fn master_password(mut self, password: &str) -> Self {
+            self.options = self.options.master_password(password);
+            self
+        }
+
+        /// Behind Sentinel: the data nodes' ACL user and its password, as
+        /// [`RedisOptions::master_user`](crate::redis::RedisOptions::master_user)
+        /// describes. Never shown.
+        pub fn master_user(mut self, user: &str, password: &str) -> Self {
+            self.options = self.options.master_user(user, password);
             self
         }
     };

@@ -163,6 +163,32 @@ impl RedisSync {
         Self::with_options(RedisOptions::cluster(nodes))
     }
 
+    /// Sync through the primary that Redis Sentinel names `master_name`, found through
+    /// the `sentinels` (`host:port`, or URLs that carry the sentinels' password), with
+    /// the same settings and defaults as [`new`](Self::new). The data nodes' password is
+    /// set with [`master_password`](Self::master_password). A round that fails for want
+    /// of a server makes the task ask the sentinels again, so a failover needs no
+    /// restart; the [sync guide](crate::guide::sync) gives the bound across one.
+    ///
+    /// ```no_run
+    /// use tollgate::sync::{RedisSync, SyncMode};
+    /// use tollgate::{Quota, RateLimiter};
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), tollgate::ConfigError> {
+    /// let sync = RedisSync::sentinel(&["10.0.0.1:26379", "10.0.0.2:26379"], "mymaster")
+    ///     .master_password("data-node-secret")
+    ///     .mode(SyncMode::Lease);
+    /// let (limiter, handle) =
+    ///     RateLimiter::<String>::builder(Quota::per_second(1000).unwrap()).build_synced(sync)?;
+    /// limiter.check("user:42");
+    /// handle.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn sentinel(sentinels: &[&str], master_name: &str) -> Self {
+        Self::with_options(RedisOptions::sentinel(sentinels, master_name))
+    }
+
     /// Sync through the Redis that `options` reach, with their prefix, timeout (200 ms
     /// unless set), TLS roots and key hashing, and the same defaults as
     /// [`new`](Self::new) otherwise.

@@ -213,6 +213,16 @@
 //! one burst `B` (leases the new master does not know of), besides the fallback's
 //! `2·(B + N)` while the key's master is missing.
 //!
+//! # Redis Sentinel
+//!
+//! With [`RedisSync::sentinel`], the task connects to the primary the sentinels name,
+//! and a round that fails for want of a server (or meets a demoted primary's
+//! `READONLY`) makes it ask them again (see
+//! [`RedisOptions::sentinel`](crate::redis::RedisOptions::sentinel)). A failover is an
+//! outage of every key at once, as a dead master is for its slots on a Cluster, and the
+//! same bound holds: the fallback's `2·(B + N)` while no primary answers, and in lease
+//! mode one burst `B` of leases the promoted replica never heard of.
+//!
 //! # Clocks
 //!
 //! Global state uses Redis's `TIME` only, so a node whose clock is skewed or jumps cannot
@@ -287,7 +297,8 @@ pub struct SyncStats {
     /// `authentication` (a wrong password or user: fix the URL; retrying will not help),
     /// `timeout`, `unavailable` (refused, dropped, or a cluster slot without a master),
     /// `script` (Redis refused the round's script), `reply` (an answer the task cannot
-    /// read) or `redis` (any other error reply).
+    /// read), `unknown_master` (no sentinel monitors the master name given to
+    /// [`RedisSync::sentinel`]) or `redis` (any other error reply).
     pub last_error: Option<&'static str>,
     /// Whether this node admits on cold keys now (see [`RedisSync::cold_keys`]): on
     /// once it has read the keys turned hot, off once it has not for `share_ttl`.

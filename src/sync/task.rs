@@ -170,9 +170,13 @@ where
         settings
             .client
             .ping_blocking(settings.timeout)
-            .map_err(|e| ConfigError::RedisUnreachable {
-                url: config.options.target.redacted(),
-                reason: config.options.target.scrub(&e.to_string()),
+            .map_err(|e| {
+                crate::redis::sentinel::master_unknown(&e).unwrap_or_else(|| {
+                    ConfigError::RedisUnreachable {
+                        url: config.options.target.redacted(),
+                        reason: config.options.target.scrub(&e.to_string()),
+                    }
+                })
             })?;
     }
     static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -396,7 +400,9 @@ fn error_kind(e: &redis::RedisError) -> &'static str {
     };
     // Without a password, Redis refuses the round's large request before any code:
     // "Protocol error: unauthenticated multibulk length".
-    if e.kind() == redis::ErrorKind::AuthenticationFailed
+    if crate::redis::sentinel::master_unknown(e).is_some() {
+        "unknown_master"
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
         || coded(&["NOAUTH", "WRONGPASS"])
         || text.contains("unauthenticated")
     {

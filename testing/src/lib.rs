@@ -4,7 +4,7 @@
 //! drop; [`LocalCluster`] starts a local Redis Cluster the same way, and
 //! [`LocalSentinel`] a primary with replicas behind Redis Sentinel. They need
 //! `redis-server` (and, for the cluster, `redis-cli`) on `PATH`; `./scripts/test.sh`
-//! installs both. Neither depends on tollgate: they manage processes and hand out URLs
+//! installs both. None depends on tollgate: they manage processes and hand out URLs
 //! (and, for a test's own commands, a redis-rs connection). [`example_server`] finds the
 //! example server's binary that the tests run.
 // `unsafe` only in `alloc`, the counting allocator.

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::{excess_over_rate, wall_secs_since, within_rate};
 
-use tollgate::clock::ManualClock;
-use tollgate::redis::{RedisError, RedisLimiter};
+use tollgate::redis::RedisLimiter;
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 use tollgate::{Algorithm, Quota, RateLimiter};
 use tollgate_testing::LocalCluster;
@@ -55,41 +54,11 @@ async fn every_key_works_and_decides_as_in_memory() {
         Algorithm::SlidingWindow,
         Algorithm::FixedWindow,
     ] {
-        let clock = ManualClock::new();
         let quota: Quota = "5/s burst 3".parse().unwrap();
         let remote = RedisLimiter::cluster_builder(&refs(&one_seed), quota)
-            .algorithm(algorithm)
             .prefix(algorithm.name())
-            .timeout(Duration::from_secs(2))
-            .caller_clock(clock.clone())
-            .build()
-            .await
-            .unwrap();
-        let local: RateLimiter<String, ManualClock> = RateLimiter::builder(quota)
-            .algorithm(algorithm)
-            .clock(clock.clone())
-            .build()
-            .unwrap();
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut real = Instant::now();
-        for step in 0..900 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let drawn = Duration::from_micros([0, 1, 900, 45_000, 250_000][(x % 5) as usize]);
-            // The caller clock never falls behind real time (Redis expires keys by it).
-            let behind = Duration::from_micros(real.elapsed().as_micros() as u64 + 1);
-            clock.advance(drawn.max(behind));
-            real = Instant::now();
-            let key = format!("key-{}", step % 300);
-            let r = remote.check(&key).await.unwrap();
-            let l = local.check(key.as_str());
-            assert_eq!(
-                (r.is_allowed(), r.remaining()),
-                (l.is_allowed(), l.remaining()),
-                "{algorithm:?} step {step} {key}: redis {r:?} local {l:?}"
-            );
-        }
+            .timeout(Duration::from_secs(2));
+        crate::assert_decides_as_in_memory(remote, quota, algorithm, (300, 900, 1)).await;
     }
     // The 300 keys live on every master. (Counted with a quota whose keys live a minute:
     // the keys above expire within a second, some before they could be counted.)
@@ -393,17 +362,7 @@ async fn a_failover_is_recovered_from_without_a_restart() {
                 }
             }
             Err(e) => {
-                // Three failures in a row open the breaker: checks then fail at once
-                // until a probe (at most 2 s apart) finds the new master.
-                assert!(
-                    matches!(
-                        e,
-                        RedisError::Timeout(_)
-                            | RedisError::Unavailable(_)
-                            | RedisError::CircuitOpen { .. }
-                    ),
-                    "{e}"
-                );
+                crate::assert_failover_error(&e);
                 failures += 1;
                 worst_failure = worst_failure.max(started.elapsed());
             }

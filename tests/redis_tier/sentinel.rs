@@ -1,0 +1,600 @@
+//! Both Redis tiers behind Redis Sentinel: 1 primary, 2 replicas and 3 sentinels
+//! (`down-after-milliseconds` 1000), real processes on ephemeral ports that each test
+//! starts and always stops. Decisions through the primary the sentinels name equal the
+//! in-memory limiter's; a primary killed mid-run is recovered from within 5 s in both
+//! tiers, five runs, with one sentinel down or paused in two of them; admissions across
+//! each failover stay within the documented bound; a wrong master name or password is
+//! a typed error that shows no password.
+#![cfg(feature = "redis")]
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{Lateness, excess_over_rate};
+
+use tollgate::clock::ManualClock;
+use tollgate::redis::{RedisError, RedisLimiter};
+use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
+use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
+use tollgate_testing::LocalSentinel;
+
+/// Failovers run one at a time: how soon the sentinels agree depends on their timers,
+/// which two deployments failing over at once on two CPUs stretch.
+static FAULTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const DOWN_AFTER: Duration = Duration::from_millis(1000);
+
+fn deployment() -> LocalSentinel {
+    LocalSentinel::start(2, 3, DOWN_AFTER)
+        .expect("these tests need redis-server (./scripts/test.sh installs it)")
+}
+
+fn refs(items: &[String]) -> Vec<&str> {
+    items.iter().map(String::as_str).collect()
+}
+
+/// Through the primary the sentinels name, 900 checks on 50 keys give the same decisions
+/// as the in-memory limiter on the same timeline, for every algorithm the Redis tier
+/// runs; the others are a typed error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_through_sentinel_equal_in_memory() {
+    let sentinel = deployment();
+    let sentinels = sentinel.sentinel_addresses();
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let quota: Quota = "5/s burst 3".parse().unwrap();
+        let remote =
+            RedisLimiter::sentinel_builder(&refs(&sentinels), sentinel.master_name(), quota)
+                .prefix(algorithm.name())
+                .timeout(common::DECISION_TIMEOUT);
+        crate::assert_decides_as_in_memory(remote, quota, algorithm, (50, 900, 2)).await;
+    }
+    let err = RedisLimiter::sentinel_builder(
+        &refs(&sentinels),
+        sentinel.master_name(),
+        "5/s".parse().unwrap(),
+    )
+    .algorithm(Algorithm::SlidingLog)
+    .build()
+    .await
+    .unwrap_err();
+    assert!(matches!(err, RedisError::UnsupportedAlgorithm(_)), "{err}");
+}
+
+/// The quota of the failover runs: 100/s, burst 20 for the exact tier; the sync's
+/// nodes run 100/s with its default burst (100).
+const EXACT_QUOTA: &str = "100/s burst 20";
+const SYNC_QUOTA: &str = "100/s";
+/// The exact tier's timeout in the failover runs.
+const TIMEOUT: Duration = Duration::from_millis(100);
+
+/// What one failover run measured.
+#[derive(Debug)]
+struct Run {
+    /// When a sentinel first named the new primary: the deployment's own failover.
+    switched: Option<Duration>,
+    exact_back: Option<Duration>,
+    sync_back: Option<Duration>,
+    failures: u32,
+    worst_failure: Duration,
+    lateness: Duration,
+    exact_excess: f64,
+    sync_excess: f64,
+}
+
+/// How a run treats the first sentinel before it kills the primary.
+#[derive(Clone, Copy, Debug)]
+enum FirstSentinel {
+    Up,
+    Killed,
+    Paused,
+}
+
+/// One failover: a fresh deployment, the exact tier and two synced nodes (lease mode)
+/// offered twice their limits; the primary is killed 2 s in, and the run goes on until
+/// both tiers have answered again for 2 s (at most 12 s after the death).
+async fn failover_run(first: FirstSentinel) -> Run {
+    let mut sentinel = deployment();
+    let sentinels = sentinel.sentinel_addresses();
+    let master = sentinel.master_name();
+    let exact =
+        RedisLimiter::sentinel_builder(&refs(&sentinels), master, EXACT_QUOTA.parse().unwrap())
+            .timeout(TIMEOUT)
+            // Every check must reach Redis: a cached deny would not notice the death.
+            .local_deny_cache(false)
+            .prefix("fo-exact")
+            .build()
+            .await
+            .unwrap();
+    let nodes: Vec<(SyncedLimiter<String>, SyncHandle)> = (0..2)
+        .map(|_| {
+            RateLimiter::builder(SYNC_QUOTA.parse().unwrap())
+                .build_synced(
+                    RedisSync::sentinel(&refs(&sentinels), master)
+                        .mode(SyncMode::Lease)
+                        .interval(Duration::from_millis(50))
+                        .prefix("fo-sync")
+                        .allow_shared_prefix(true),
+                )
+                .unwrap()
+        })
+        .collect();
+    match first {
+        FirstSentinel::Up => {}
+        FirstSentinel::Killed => sentinel.sentinel(0).stop(),
+        FirstSentinel::Paused => sentinel.sentinel(0).pause().unwrap(),
+    }
+    let lateness = Lateness::watch();
+    let start = Instant::now();
+    let (mut exact_admitted, mut sync_admitted) = (Vec::new(), Vec::new());
+    let mut killed = None;
+    let mut switched = None;
+    let (mut exact_back, mut sync_back) = (None, None);
+    let mut failures = 0;
+    let mut worst_failure = Duration::ZERO;
+    // The sync: its error count when the primary died, and its round count at the
+    // first failure seen after that.
+    let mut sync_at_kill = None;
+    let mut sync_failed_at = None;
+    let mut owed = 0.0f64;
+    let mut ticker = tokio::time::interval(Duration::from_millis(1));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = Instant::now();
+    loop {
+        ticker.tick().await;
+        let now = start.elapsed();
+        if killed.is_none() && now >= Duration::from_secs(2) {
+            let stats = nodes[0].1.stats();
+            assert!(stats.syncs > 0 && !stats.fallback_active, "{stats:?}");
+            sync_at_kill = Some(stats.errors);
+            let old = sentinel.kill_primary().unwrap();
+            let at = Instant::now();
+            killed = Some(at);
+            switched = Some(std::thread::spawn({
+                let sentinels = sentinels.clone();
+                move || switched_after(&sentinels, old, at)
+            }));
+        }
+        if let Some(at) = killed {
+            let after = at.elapsed();
+            let both_back = exact_back.zip(sync_back);
+            if both_back.is_some_and(|(a, b): (Duration, Duration)| {
+                after > a.max(b) + Duration::from_secs(2)
+            }) || after > Duration::from_secs(12)
+            {
+                break;
+            }
+        }
+        // Twice the limit, on both tiers; the time a check takes counts as offered.
+        owed += 2.0 * 100.0 * last.elapsed().as_secs_f64();
+        last = Instant::now();
+        while owed >= 1.0 {
+            owed -= 1.0;
+            let asked = Instant::now();
+            match exact.check("global").await {
+                Ok(d) => {
+                    if d.is_allowed() {
+                        exact_admitted.push(start.elapsed().as_micros() as u64);
+                    }
+                    if let (Some(at), None, true) = (killed, exact_back, failures > 0) {
+                        exact_back = Some(at.elapsed());
+                    }
+                }
+                Err(e) => {
+                    crate::assert_failover_error(&e);
+                    failures += 1;
+                    worst_failure = worst_failure.max(asked.elapsed());
+                }
+            }
+            let node = sync_admitted.len() % nodes.len();
+            if nodes[node].0.check("global").is_allowed() {
+                sync_admitted.push(start.elapsed().as_micros() as u64);
+            }
+        }
+        if let (Some(at), Some(errors)) = (killed, sync_at_kill) {
+            let stats = nodes[0].1.stats();
+            match sync_failed_at {
+                None if stats.errors > errors => sync_failed_at = Some(stats.syncs),
+                Some(syncs) if sync_back.is_none() && stats.syncs > syncs => {
+                    sync_back = Some(at.elapsed());
+                }
+                _ => {}
+            }
+        }
+    }
+    if matches!(first, FirstSentinel::Paused) {
+        sentinel.sentinel(0).resume().unwrap();
+    }
+    for (_, handle) in nodes {
+        handle.shutdown().await;
+    }
+    Run {
+        switched: switched.and_then(|t| t.join().ok().flatten()),
+        exact_back,
+        sync_back,
+        failures,
+        worst_failure,
+        lateness: lateness.worst(),
+        exact_excess: excess_over_rate(&exact_admitted, 100.0 / 1e6),
+        sync_excess: excess_over_rate(&sync_admitted, 100.0 / 1e6),
+    }
+}
+
+/// How long after `at` one of `sentinels` first named a primary other than `old` (asked
+/// every 10 ms, 100 ms each; `None` after 10 s).
+fn switched_after(sentinels: &[String], old: u16, at: Instant) -> Option<Duration> {
+    let timeout = Duration::from_millis(100);
+    while at.elapsed() < Duration::from_secs(10) {
+        for address in sentinels {
+            let ask = || -> redis::RedisResult<Option<(String, u16)>> {
+                let client = redis::Client::open(format!("redis://{address}/"))?;
+                let mut connection = client.get_connection_with_timeout(timeout)?;
+                connection.set_read_timeout(Some(timeout))?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(tollgate_testing::MASTER_NAME)
+                    .query(&mut connection)
+            };
+            if let Ok(Some((_, port))) = ask() {
+                if port != old {
+                    return Some(at.elapsed());
+                }
+            }
+        }
+        // Polls the real sentinels while they fail over.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// Five failovers, both tiers at once: each recovers within 5 s of the primary's death
+/// (with `down-after-milliseconds` 1000), every failed check returns within the timeout
+/// + 15 ms (beyond the runtime's own lateness, which the canary measures), and the worst
+/// excess over the rate in any interval stays within the documented bounds:
+/// - exact tier: `B + B` = 40 (one burst, and one more for writes the promoted replica
+///   never received);
+/// - sync, lease mode, 2 nodes: `x + 2·(B + N) + B` = 418 (lease `x` = B + r·2I + 2N =
+///   114; the fallback's `2·(B + N)`; one burst of lost leases).
+///
+/// In the fourth run the first sentinel (the first listed) is dead, in the fifth it is
+/// paused (it accepts connections and never answers): neither changes anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_recovered_from_within_five_seconds_in_both_tiers() {
+    let _faults = FAULTS.lock().await;
+    let mut runs = Vec::new();
+    for first in [
+        FirstSentinel::Up,
+        FirstSentinel::Up,
+        FirstSentinel::Up,
+        FirstSentinel::Killed,
+        FirstSentinel::Paused,
+    ] {
+        let run = failover_run(first).await;
+        eprintln!("sentinel failover ({first:?}): {run:?}");
+        runs.push((first, run));
+    }
+    for (first, run) in &runs {
+        let limit = Duration::from_secs(5);
+        assert!(
+            run.failures > 0,
+            "{first:?}: the dead primary was never missed"
+        );
+        assert!(
+            run.switched.is_some(),
+            "{first:?}: the sentinels never named a new primary"
+        );
+        assert!(
+            run.exact_back.is_some_and(|t| t <= limit),
+            "{first:?}: RedisLimiter back after {:?}",
+            run.exact_back
+        );
+        assert!(
+            run.sync_back.is_some_and(|t| t <= limit),
+            "{first:?}: sync back after {:?}",
+            run.sync_back
+        );
+        assert!(
+            run.worst_failure <= TIMEOUT + Duration::from_millis(15) + run.lateness,
+            "{first:?}: a failure took {:?} (runtime lateness {:?})",
+            run.worst_failure,
+            run.lateness
+        );
+        assert!(run.exact_excess <= 40.0, "{first:?}: {run:?}");
+        assert!(run.sync_excess <= 418.0, "{first:?}: {run:?}");
+    }
+}
+
+/// The lost-writes term of the exact tier's bound, made to happen: a promoted replica
+/// that lagged holds an older state of the key, which is what restoring an earlier
+/// `DUMP` of it on one server does. On loopback a real replica lags by microseconds, so
+/// the failover runs never exercise it. 40 runs at twice the limit (100/s burst 20, one
+/// check every 5 ms on the caller's clock), each restoring the state of 0 to 500 ms
+/// before at a random step: the worst excess over the rate in any interval is at most
+/// `2B` = 40, and some run goes beyond one burst (the loss happened).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_that_lagged_admits_at_most_one_more_burst() {
+    let server = tollgate_testing::LocalRedis::start().unwrap();
+    let mut connection = server.connection().await.unwrap();
+    let step = Duration::from_millis(5);
+    let mut worst = 0.0f64;
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for run in 0..40 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let fail_at = 200 + (x % 200) as usize;
+        let lag = ((x >> 16) % 101) as usize;
+        let clock = ManualClock::new();
+        let limiter = RedisLimiter::builder(&server.url(), EXACT_QUOTA.parse().unwrap())
+            .caller_clock(clock.clone())
+            .local_deny_cache(false)
+            .prefix(&format!("lag{run}"))
+            .timeout(common::DECISION_TIMEOUT)
+            .build()
+            .await
+            .unwrap();
+        let key = limiter.redis_key("k");
+        let mut snapshots: Vec<Option<Vec<u8>>> = Vec::new();
+        let mut admitted = Vec::new();
+        for i in 0..600 {
+            clock.advance(step);
+            if i == fail_at {
+                let old = snapshots[i - lag].clone();
+                redis::cmd("DEL")
+                    .arg(&key)
+                    .query_async::<()>(&mut connection)
+                    .await
+                    .unwrap();
+                if let Some(dump) = old {
+                    redis::cmd("RESTORE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(dump)
+                        .query_async::<()>(&mut connection)
+                        .await
+                        .unwrap();
+                }
+            }
+            if limiter.check("k").await.unwrap().is_allowed() {
+                admitted.push(i as u64 * step.as_micros() as u64);
+            }
+            let dump: Option<Vec<u8>> = redis::cmd("DUMP")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            snapshots.push(dump);
+        }
+        let excess = excess_over_rate(&admitted, 100.0 / 1e6);
+        assert!(
+            excess <= 40.0,
+            "run {run}: lag {lag} steps, excess {excess}"
+        );
+        worst = worst.max(excess);
+    }
+    eprintln!("a promoted replica that lagged: worst excess {worst:.1} (bound 40)");
+    assert!(worst > 21.0, "no run lost a write: worst excess {worst}");
+}
+
+/// The old primary restarted after a failover comes back as a replica: both tiers keep
+/// answering through the new primary, with no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_old_primary_restarted_rejoins_as_a_replica_unnoticed() {
+    let _faults = FAULTS.lock().await;
+    let mut sentinel = deployment();
+    let sentinels = sentinel.sentinel_addresses();
+    let master = sentinel.master_name();
+    let exact =
+        RedisLimiter::sentinel_builder(&refs(&sentinels), master, "1000/s".parse().unwrap())
+            .timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .unwrap();
+    let (synced, handle) = RateLimiter::<String>::builder("1000/s".parse().unwrap())
+        .build_synced(
+            RedisSync::sentinel(&refs(&sentinels), master).interval(Duration::from_millis(20)),
+        )
+        .unwrap();
+    let old = sentinel.kill_primary().unwrap();
+    let new = sentinel
+        .wait_failover(old, Duration::from_secs(10))
+        .unwrap();
+    // Until both tiers reach the new primary.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let exact_ok = exact.check("k").await.is_ok();
+        synced.check("k");
+        handle.sync_now();
+        // Paces the retries while the tiers find the new primary.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if exact_ok && handle.stats().last_error.is_none() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{:?}", handle.stats());
+    }
+    sentinel.node(old).unwrap().restart().unwrap();
+    // Sentinel turns it into a replica of the new primary.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let role = sentinel.data_query(old, &["ROLE"]);
+        if matches!(&role, Ok(redis::Value::Array(f)) if f.first() == Some(&redis::Value::BulkString(b"slave".to_vec())))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {role:?}");
+        // Waits for Sentinel to reconfigure the restarted process.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let errors = handle.stats().errors;
+    for i in 0..200 {
+        exact.check(&format!("after-{i}")).await.unwrap();
+        synced.check(format!("after-{i}").as_str());
+    }
+    handle.sync_now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = handle.stats();
+    assert_eq!(stats.errors, errors, "{stats:?}");
+    assert_eq!(sentinel.primary_port().unwrap(), new);
+    handle.shutdown().await;
+}
+
+/// With passwords on the data nodes and on the sentinels: the right ones work in both
+/// tiers; a wrong master name, a wrong data-node password and a wrong sentinel password
+/// are each a typed error, and no password shows in any error, `Debug` or stats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_master_names_and_passwords_are_typed_errors_that_show_no_password() {
+    let data_pw = "data-pw-4417";
+    let sentinel_pw = "sentinel-pw-8812";
+    let sentinel =
+        LocalSentinel::start_with_passwords(1, 3, DOWN_AFTER, data_pw, Some(sentinel_pw)).unwrap();
+    let urls = sentinel.sentinel_urls();
+    let master = sentinel.master_name();
+    let quota: Quota = "5/s".parse().unwrap();
+    let hidden = |texts: &[String]| {
+        for text in texts {
+            for secret in [data_pw, sentinel_pw, "wrong-pw-31"] {
+                assert!(!text.contains(secret), "{secret} in {text}");
+            }
+        }
+    };
+
+    // The right credentials.
+    let builder = RedisLimiter::sentinel_builder(&refs(&urls), master, quota)
+        .master_password(data_pw)
+        .prefix("pw")
+        .timeout(Duration::from_secs(2));
+    let builder_debug = format!("{builder:?}");
+    let limiter = builder.build().await.unwrap();
+    assert!(limiter.check("k").await.unwrap().is_allowed());
+    let config = RedisSync::sentinel(&refs(&urls), master)
+        .master_password(data_pw)
+        .prefix("pw")
+        .interval(Duration::from_millis(20))
+        .require_connection(true);
+    let config_debug = format!("{config:?}");
+    let (synced, handle) = RateLimiter::<String>::builder(quota)
+        .build_synced(config)
+        .unwrap();
+    synced.check("k");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while handle.stats().syncs == 0 {
+        assert!(Instant::now() < deadline, "{:?}", handle.stats());
+        // Waits for a round against the real deployment.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(handle.stats().errors, 0, "{:?}", handle.stats());
+    hidden(&[
+        builder_debug,
+        config_debug,
+        format!("{limiter:?}"),
+        format!("{handle:?}"),
+    ]);
+    handle.shutdown().await;
+
+    // A master name no sentinel monitors: a configuration error in both tiers.
+    let err = RedisLimiter::sentinel_builder(&refs(&urls), "no-such-master", quota)
+        .master_password(data_pw)
+        .timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, RedisError::Config(ConfigError::UnknownSentinelMaster(m)) if m == "no-such-master"),
+        "{err:?}"
+    );
+    let err = RateLimiter::<String>::builder(quota)
+        .build_synced(
+            RedisSync::sentinel(&refs(&urls), "no-such-master")
+                .master_password(data_pw)
+                .require_connection(true),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::UnknownSentinelMaster(m) if m == "no-such-master"),
+        "{err:?}"
+    );
+    // Without `require_connection`, the sync serves by its fallback and says why.
+    let (_l, handle) = RateLimiter::<String>::builder(quota)
+        .build_synced(
+            RedisSync::sentinel(&refs(&urls), "no-such-master")
+                .master_password(data_pw)
+                .prefix("pw2")
+                .interval(Duration::from_millis(20)),
+        )
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while handle.stats().last_error.is_none() {
+        assert!(Instant::now() < deadline, "{:?}", handle.stats());
+        // Waits for a round to fail against the real sentinels.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(handle.stats().last_error, Some("unknown_master"));
+    handle.shutdown().await;
+
+    // A wrong data-node password, and none; a wrong sentinel password: the data node or
+    // the sentinels refuse, a typed error in both tiers that shows no password.
+    let wrong_sentinels: Vec<String> = sentinel
+        .sentinel_addresses()
+        .iter()
+        .map(|a| format!("redis://:wrong-pw-31@{a}/"))
+        .collect();
+    for (sentinels, data_pw) in [
+        (&urls, Some("wrong-pw-31")),
+        (&urls, None),
+        (&wrong_sentinels, Some(data_pw)),
+    ] {
+        let mut builder = RedisLimiter::sentinel_builder(&refs(sentinels), master, quota)
+            .timeout(Duration::from_millis(500));
+        let mut config = RedisSync::sentinel(&refs(sentinels), master).require_connection(true);
+        if let Some(pw) = data_pw {
+            builder = builder.master_password(pw);
+            config = config.master_password(pw);
+        }
+        let err = builder.build().await.unwrap_err();
+        assert!(
+            matches!(err, RedisError::Redis(_) | RedisError::Unavailable(_)),
+            "{err:?}"
+        );
+        hidden(&[err.to_string(), format!("{err:?}")]);
+        let err = RateLimiter::<String>::builder(quota)
+            .build_synced(config)
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::RedisUnreachable { .. }), "{err}");
+        hidden(&[err.to_string(), format!("{err:?}")]);
+    }
+}
+
+/// Settings that cannot work are refused before anything connects: no sentinel, an
+/// empty master name, sentinels of mixed schemes, and a data-node password given to a
+/// target that is not Sentinel (its password goes in the URL).
+#[tokio::test]
+async fn impossible_sentinel_settings_are_refused_at_build() {
+    let quota: Quota = "5/s".parse().unwrap();
+    for (builder, says) in [
+        (
+            RedisLimiter::sentinel_builder(&[], "m", quota),
+            "no Redis URL",
+        ),
+        (
+            RedisLimiter::sentinel_builder(&["127.0.0.1:1"], "", quota),
+            "master_name",
+        ),
+        (
+            RedisLimiter::sentinel_builder(&["127.0.0.1:1", "rediss://127.0.0.1:2"], "m", quota),
+            "same scheme",
+        ),
+        (
+            RedisLimiter::builder("redis://127.0.0.1:1/", quota).master_password("pw-9"),
+            "master_password",
+        ),
+    ] {
+        let err = builder.build().await.unwrap_err();
+        assert!(matches!(err, RedisError::Config(_)), "{err:?}");
+        assert!(err.to_string().contains(says), "{err}");
+        assert!(!err.to_string().contains("pw-9"), "{err}");
+    }
+}
