@@ -1,13 +1,13 @@
 //! The example server (`cargo run --release --example server`) with Redis: `--sync off`
-//! (the Redis script on every request) and `--redis-cluster` seeds, in every sync mode,
-//! answering real HTTP requests over a socket.
+//! (the Redis script on every request), `--redis-cluster` seeds and `--redis-sentinel`,
+//! in every sync mode, answering real HTTP requests over a socket.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use tollgate_testing::{LocalCluster, LocalRedis, example_server};
+use tollgate_testing::{LocalCluster, LocalRedis, LocalSentinel, example_server};
 
 /// The example server, killed on drop.
 struct Server {
@@ -152,19 +152,62 @@ fn redis_cluster_seeds_work_in_every_sync_mode() {
     let seeds = cluster.urls().join(",");
     for mode in ["off", "reconcile", "lease"] {
         let server = start(&["--redis-cluster", &seeds, "--sync", mode]);
-        if mode == "lease" {
-            // A node spends only what it leased, and leases by demand: requests spread
-            // over rounds get the whole quota, and never more.
-            let allowed = (0..12)
-                .filter(|_| {
-                    std::thread::sleep(Duration::from_millis(100));
-                    status(&server) == 200
-                })
-                .count();
-            assert_eq!(allowed, 5, "--sync lease");
-        } else {
-            assert_eq!(eight(&server), FIVE_OF_EIGHT, "--sync {mode}");
-        }
+        holds_five_per_minute(&server, mode);
+    }
+}
+
+/// Behind Sentinel, with passwords on the data nodes (from the environment) and on the
+/// sentinels (in their URLs), every sync mode holds the quota; a wrong master name stops
+/// the server with a message that names it and shows no password.
+#[test]
+fn redis_sentinel_works_in_every_sync_mode() {
+    let data_pw = "data-pw-5120";
+    let sentinel =
+        LocalSentinel::start_with_passwords(1, 3, Duration::from_secs(1), data_pw, Some("s-pw-77"))
+            .unwrap();
+    let sentinels = sentinel.sentinel_urls().join(",");
+    let env = [("TOLLGATE_REDIS_MASTER_PASSWORD", data_pw)];
+    for mode in ["off", "reconcile", "lease"] {
+        let args = [
+            "--redis-sentinel",
+            &sentinels,
+            "--redis-master",
+            sentinel.master_name(),
+            "--sync",
+            mode,
+        ];
+        let server = start_logging(&args, &env, None);
+        holds_five_per_minute(&server, mode);
+    }
+    let out = Command::new(example_server())
+        .args(["--listen", "127.0.0.1:0", "--sync", "off"])
+        .args(["--redis-sentinel", &sentinels, "--redis-master", "no-such"])
+        .env("TOLLGATE_REDIS_MASTER_PASSWORD", data_pw)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no-such"), "{stderr}");
+    assert!(
+        !stderr.contains(data_pw) && !stderr.contains("s-pw-77"),
+        "{stderr}"
+    );
+}
+
+/// A server at 5/min with `--sync mode` admits five requests and no more. In lease mode
+/// a node spends only what it leased, and leases by demand: requests spread over rounds
+/// get the whole quota, and never more.
+fn holds_five_per_minute(server: &Server, mode: &str) {
+    if mode == "lease" {
+        let allowed = (0..12)
+            .filter(|_| {
+                std::thread::sleep(Duration::from_millis(100));
+                status(server) == 200
+            })
+            .count();
+        assert_eq!(allowed, 5, "--sync lease");
+    } else {
+        assert_eq!(eight(server), FIVE_OF_EIGHT, "--sync {mode}");
     }
 }
 

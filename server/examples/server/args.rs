@@ -31,6 +31,11 @@ Options:
       --redis <URL>            Redis URL: one global limit across servers, through this Redis
       --redis-cluster <URLS>   Seed nodes of a Redis Cluster, comma-separated: as --redis, on
                                a cluster
+      --redis-sentinel <ADDRS> Sentinels, comma-separated (HOST:PORT, or URLs with the
+                               sentinels' password): as --redis, on the primary they name
+                               --redis-master; the data nodes' password is read from the
+                               TOLLGATE_REDIS_MASTER_PASSWORD environment variable, if set
+      --redis-master <NAME>    With --redis-sentinel: the master name the sentinels monitor
       --sync <MODE>            With Redis: reconcile or lease (local checks, background sync),
                                or off (the Redis script on every request) [default: reconcile]
       --on-redis-failure <M>   With --sync off: when Redis fails (or its circuit breaker is
@@ -66,6 +71,8 @@ pub struct Args {
     pub headers: Headers,
     pub redis: Option<String>,
     pub redis_cluster: Vec<String>,
+    pub redis_sentinel: Vec<String>,
+    pub redis_master: Option<String>,
     pub sync: Sync,
     pub on_redis_failure: OnFailure,
     pub hash_keys: bool,
@@ -119,6 +126,8 @@ impl Args {
             headers: Headers::Both,
             redis: None,
             redis_cluster: Vec::new(),
+            redis_sentinel: Vec::new(),
+            redis_master: None,
             sync: Sync::Reconcile,
             on_redis_failure: OnFailure::Open,
             hash_keys: false,
@@ -184,6 +193,10 @@ impl Args {
                 "--redis-cluster" => args
                     .redis_cluster
                     .extend(value.split(',').map(str::to_owned)),
+                "--redis-sentinel" => args
+                    .redis_sentinel
+                    .extend(value.split(',').map(str::to_owned)),
+                "--redis-master" => args.redis_master = Some(value),
                 "--sync" => {
                     args.sync = choice(
                         &name,
@@ -215,8 +228,18 @@ impl Args {
                 _ => unreachable!("is_flag lists every flag with a value"),
             }
         }
-        if args.redis.is_some() && !args.redis_cluster.is_empty() {
-            return Err("'--redis' cannot be used with '--redis-cluster'".to_owned());
+        let given = [
+            args.redis.is_some(),
+            !args.redis_cluster.is_empty(),
+            !args.redis_sentinel.is_empty(),
+        ];
+        if given.iter().filter(|&&g| g).count() > 1 {
+            return Err(
+                "give one of '--redis', '--redis-cluster' and '--redis-sentinel'".to_owned(),
+            );
+        }
+        if args.redis_sentinel.is_empty() != args.redis_master.is_none() {
+            return Err("'--redis-sentinel' and '--redis-master' go together".to_owned());
         }
         Ok(Command::Run(Box::new(args)))
     }
@@ -234,6 +257,8 @@ fn is_flag(name: &str) -> bool {
             | "--headers"
             | "--redis"
             | "--redis-cluster"
+            | "--redis-sentinel"
+            | "--redis-master"
             | "--sync"
             | "--on-redis-failure"
             | "--hash-keys"

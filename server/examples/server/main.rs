@@ -9,8 +9,9 @@
 //! (every tollgate metric, Prometheus text format, limiter `api`) are not. Every second the
 //! server prints what it allowed and denied, how many keys it holds, and the sync state.
 //!
-//! With `--redis URL` (one server) or `--redis-cluster URL,URL,...` (seed nodes of a
-//! Redis Cluster) the limit is global: `--sync reconcile` (the default) or `lease` keeps
+//! With `--redis URL` (one server), `--redis-cluster URL,URL,...` (seed nodes of a
+//! Redis Cluster) or `--redis-sentinel HOST:PORT,... --redis-master NAME` (the primary
+//! that Redis Sentinel names) the limit is global: `--sync reconcile` (the default) or `lease` keeps
 //! checks local with a background sync; `--sync off` runs the Redis script on every
 //! request (exact, one round trip each).
 
@@ -28,7 +29,7 @@ use axum::response::Response;
 use axum::routing::get;
 use tollgate::RateLimiter;
 use tollgate::http::{HeaderStyle, KeyExtractor, RateLimitLayer};
-use tollgate::redis::{FailMode, RedisLimiter};
+use tollgate::redis::{FailMode, RedisLimiter, RedisOptions};
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 
 mod args;
@@ -267,6 +268,37 @@ async fn run(args: Args) -> Result<(), String> {
     result
 }
 
+/// How the flags reach Redis (`None` without Redis): one server, a cluster's seeds or
+/// the sentinels, with the data nodes' password behind Sentinel and the key-hashing
+/// secret, each from its environment variable.
+fn redis_options(args: &Args) -> Result<Option<RedisOptions>, String> {
+    let mut options = if let Some(url) = &args.redis {
+        RedisOptions::new(url)
+    } else if !args.redis_cluster.is_empty() {
+        let seeds: Vec<&str> = args.redis_cluster.iter().map(String::as_str).collect();
+        RedisOptions::cluster(&seeds)
+    } else if let Some(master) = &args.redis_master {
+        let sentinels: Vec<&str> = args.redis_sentinel.iter().map(String::as_str).collect();
+        let options = RedisOptions::sentinel(&sentinels, master);
+        match std::env::var("TOLLGATE_REDIS_MASTER_PASSWORD") {
+            Ok(password) if !password.is_empty() => options.master_password(&password),
+            _ => options,
+        }
+    } else {
+        if args.hash_keys {
+            return Err("--hash-keys needs Redis".into());
+        }
+        return Ok(None);
+    };
+    if args.hash_keys {
+        match std::env::var("TOLLGATE_KEY_SECRET") {
+            Ok(secret) if !secret.is_empty() => options = options.hash_keys(secret),
+            _ => return Err("--hash-keys needs the secret in TOLLGATE_KEY_SECRET".into()),
+        }
+    }
+    Ok(Some(options))
+}
+
 /// The limiter the flags ask for.
 async fn tier(args: &Args) -> Result<Tier, String> {
     let mut builder = RateLimiter::<String>::builder(args.quota)
@@ -275,40 +307,24 @@ async fn tier(args: &Args) -> Result<Tier, String> {
     for &quota in &args.also {
         builder = builder.also(quota);
     }
-    let seeds: Vec<&str> = args.redis_cluster.iter().map(String::as_str).collect();
-    let secret = if args.hash_keys {
-        match std::env::var("TOLLGATE_KEY_SECRET") {
-            Ok(secret) if !secret.is_empty() => Some(secret),
-            _ => return Err("--hash-keys needs the secret in TOLLGATE_KEY_SECRET".into()),
+    let Some(options) = redis_options(args)? else {
+        if args.sync == Sync::Off {
+            return Err("--sync off needs --redis, --redis-cluster or --redis-sentinel".into());
         }
-    } else {
-        None
+        return Ok(Tier::Local(builder.build().map_err(|e| e.to_string())?));
     };
-    if !args.also.is_empty() && (args.redis.is_some() || !seeds.is_empty()) {
+    if !args.also.is_empty() {
         return Err(
             "several --quota flags need the in-process tier: the Redis tiers take one quota".into(),
         );
-    }
-    if args.redis.is_none() && seeds.is_empty() {
-        if args.sync == Sync::Off {
-            return Err("--sync off needs --redis or --redis-cluster".into());
-        }
-        return Ok(Tier::Local(builder.build().map_err(|e| e.to_string())?));
     }
     let mode = match args.sync {
         Sync::Reconcile => SyncMode::Reconcile,
         Sync::Lease => SyncMode::Lease,
         Sync::Off => {
-            let mut exact = match &args.redis {
-                Some(url) => RedisLimiter::builder(url, args.quota),
-                None => RedisLimiter::cluster_builder(&seeds, args.quota),
-            }
-            .algorithm(args.algorithm)
-            .name("api");
-            if let Some(secret) = &secret {
-                exact = exact.hash_keys(secret);
-            }
-            let limiter = exact
+            let limiter = RedisLimiter::builder_with(options, args.quota)
+                .algorithm(args.algorithm)
+                .name("api")
                 .timeout(Duration::from_millis(200))
                 .build()
                 .await
@@ -316,18 +332,12 @@ async fn tier(args: &Args) -> Result<Tier, String> {
             return Ok(Tier::Exact(limiter));
         }
     };
-    let mut config = match &args.redis {
-        Some(url) => RedisSync::new(url),
-        None => RedisSync::cluster(&seeds),
-    }
-    .mode(mode)
-    .interval(args.sync_interval)
-    .share_ttl(args.share_ttl);
+    let mut config = RedisSync::with_options(options)
+        .mode(mode)
+        .interval(args.sync_interval)
+        .share_ttl(args.share_ttl);
     if let Some(cold) = args.cold_keys {
         config = config.cold_keys(cold);
-    }
-    if let Some(secret) = &secret {
-        config = config.hash_keys(secret);
     }
     let (limiter, handle) = builder.build_synced(config).map_err(|e| e.to_string())?;
     // An unreachable Redis is not fatal: the limiter serves by its fallback (its reserved
