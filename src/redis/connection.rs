@@ -301,10 +301,9 @@ impl Nodes {
     pub(crate) async fn current(&self) -> Vec<redis::Client> {
         match self {
             Self::Fixed(clients) => clients.clone(),
-            Self::Sentinel(sentinels, timeout) => match sentinels.primary_address(*timeout).await {
-                Ok(address) => sentinels.data_client(&address).into_iter().collect(),
-                Err(_) => Vec::new(),
-            },
+            Self::Sentinel(sentinels, timeout) => {
+                sentinels.primary(*timeout).await.into_iter().collect()
+            }
         }
     }
 }
@@ -420,7 +419,8 @@ const REBUILD_EVERY: Duration = Duration::from_millis(500);
 /// Behind Sentinel, a connection whose requests fail for want of a server (refused,
 /// dropped, timed out, or `READONLY` from a demoted primary) is rebuilt as on a cluster:
 /// the sentinels are asked for the primary anew, since the manager would only ever
-/// reconnect to the old address. On a cluster, a connection whose requests fail is rebuilt (at most every 500 ms, in the
+/// reconnect to the old address; and so is one whose sentinels announce a new primary
+/// ([`watch_switches`](Link::watch_switches)). On a cluster, a connection whose requests fail is rebuilt (at most every 500 ms, in the
 /// background): redis-rs retries a dead master's address and learns the new slot map
 /// from a `MOVED`, which a client whose every request for those slots goes to the dead
 /// address may never get (a CI run saw a sync connection stay on it for 12 s after a
@@ -432,11 +432,20 @@ pub(crate) struct Link {
     client: Client,
     timeout: Duration,
     current: RwLock<Connection>,
-    /// When the last rebuild started, and whether one is under way.
-    rebuild: Mutex<(Option<Instant>, bool)>,
+    rebuild: Mutex<Rebuild>,
     /// The cluster's nodes (`host:port`) as `CLUSTER SLOTS` listed them at the last
     /// connection; empty for one server.
     known: Mutex<Vec<String>>,
+}
+
+/// Whether a [`Link`] is being rebuilt, when that last started, and whether another
+/// rebuild must follow the one under way (the sentinels named a new primary meanwhile,
+/// which the running one may have asked too early to see).
+#[derive(Default)]
+struct Rebuild {
+    last: Option<Instant>,
+    running: bool,
+    again: bool,
 }
 
 impl Link {
@@ -448,7 +457,7 @@ impl Link {
             client,
             timeout,
             current: RwLock::new(current),
-            rebuild: Mutex::new((None, false)),
+            rebuild: Mutex::new(Rebuild::default()),
             known: Mutex::new(known),
         })
     }
@@ -462,30 +471,96 @@ impl Link {
     /// the connection in the background, unless that began less than 500 ms ago or is
     /// under way.
     pub(crate) fn failed(self: &Arc<Self>) {
+        self.rebuild(false);
+    }
+
+    /// Behind Sentinel, listens (in the background, while this link lives) for the
+    /// sentinels' `+switch-master` about its master, and rebuilds the connection as soon
+    /// as one comes, failing or not: a primary that the sentinels demoted may still be
+    /// up and answering (cut off from them, not from this node), and what it accepts
+    /// now is lost when it rejoins as a replica. Every sentinel is listened to (one
+    /// subscription each): they switch at different times, the leader first.
+    pub(crate) fn watch_switches(self: &Arc<Self>) {
+        let Client::Sentinel(sentinels) = &self.client else {
+            return;
+        };
+        for which in 0..sentinels.len() {
+            let sentinels = sentinels.clone();
+            let weak = Arc::downgrade(self);
+            let timeout = self.timeout;
+            tokio::spawn(async move {
+                while weak.strong_count() > 0 {
+                    let Some(mut pubsub) = sentinels.switches(which, timeout).await else {
+                        tokio::time::sleep(REBUILD_EVERY).await;
+                        continue;
+                    };
+                    let mut messages = pubsub.on_message();
+                    loop {
+                        let message = tokio::select! {
+                            message = futures_util::StreamExt::next(&mut messages) => message,
+                            // Ends with the link, even when the sentinel says nothing.
+                            () = tokio::time::sleep(Duration::from_secs(1)) => {
+                                if weak.strong_count() == 0 {
+                                    return;
+                                }
+                                continue;
+                            }
+                        };
+                        let Some(message) = message else { break };
+                        let payload: String = message.get_payload().unwrap_or_default();
+                        if sentinels.names_master(&payload) {
+                            match weak.upgrade() {
+                                Some(link) => link.rebuild(true),
+                                None => return,
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    /// Rebuilds the connection in the background (see [`Link`]); unless `now`, not
+    /// within 500 ms of the last start. One rebuild runs at a time: asked `now` while
+    /// one runs, another follows it.
+    fn rebuild(self: &Arc<Self>, now: bool) {
         if matches!(self.client, Client::Single(_)) {
             return;
         }
         {
             let mut rebuild = self.rebuild.lock();
-            if rebuild.1 || rebuild.0.is_some_and(|at| at.elapsed() < REBUILD_EVERY) {
+            if rebuild.running {
+                rebuild.again |= now;
                 return;
             }
-            *rebuild = (Some(Instant::now()), true);
+            if !now && rebuild.last.is_some_and(|at| at.elapsed() < REBUILD_EVERY) {
+                return;
+            }
+            rebuild.running = true;
+            rebuild.last = Some(Instant::now());
         }
         let link = Arc::clone(self);
         tokio::spawn(async move {
-            let within = link.timeout.max(Duration::from_secs(1));
-            let known = link.known.lock().clone();
-            let client = link.client.with_nodes(&known, link.timeout);
-            let fresh = tokio::time::timeout(within, client.connect(link.timeout)).await;
-            if let Ok(Ok(fresh)) = fresh {
-                let nodes = discover(&fresh, link.timeout).await;
-                if !nodes.is_empty() {
-                    *link.known.lock() = nodes;
+            loop {
+                let within = link.timeout.max(Duration::from_secs(1));
+                let known = link.known.lock().clone();
+                let client = link.client.with_nodes(&known, link.timeout);
+                let fresh = tokio::time::timeout(within, client.connect(link.timeout)).await;
+                if let Ok(Ok(fresh)) = fresh {
+                    let nodes = discover(&fresh, link.timeout).await;
+                    if !nodes.is_empty() {
+                        *link.known.lock() = nodes;
+                    }
+                    *link.current.write() = fresh;
                 }
-                *link.current.write() = fresh;
+                let mut rebuild = link.rebuild.lock();
+                if !rebuild.again {
+                    rebuild.running = false;
+                    return;
+                }
+                rebuild.again = false;
+                rebuild.last = Some(Instant::now());
             }
-            link.rebuild.lock().1 = false;
         });
     }
 }

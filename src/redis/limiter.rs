@@ -180,7 +180,9 @@ impl RedisBuilder {
             if !self.options.target.is_cluster() {
                 script.prepare_invoke().load_async(&mut link.get()).await?;
             }
-            Ok::<_, redis::RedisError>(Arc::new(link))
+            let link = Arc::new(link);
+            link.watch_switches();
+            Ok::<_, redis::RedisError>(link)
         };
         let connection = tokio::time::timeout(timeout, connect)
             .await

@@ -1,6 +1,7 @@
 //! Finding the primary behind Redis Sentinel, as the Sentinel client protocol describes:
 //! ask the sentinels for the primary's address by its master name, connect to that
-//! address, and check with `ROLE` that the node is a primary before trusting it. Both
+//! address, check with `ROLE` that the node is a primary before trusting it, and listen
+//! for the sentinels' `+switch-master`. Both
 //! tiers connect through [`Sentinels`] (see [`Client`](super::connection::Client)), and
 //! ask again whenever a call fails for want of a server, so that a failover needs no
 //! restart.
@@ -53,24 +54,20 @@ impl Sentinels {
         }
     }
 
-    /// The primary's `(host, port)` as the first sentinel to answer with an address
-    /// reports it. All are asked at once, each within `timeout`, so that a sentinel that
-    /// is down or paused costs nothing while another answers.
-    ///
-    /// # Errors
-    /// [`UNKNOWN_MASTER`] if the sentinels that answered all said they know no such
-    /// master; otherwise the last sentinel's error, or a timeout.
-    pub(crate) async fn primary_address(
+    /// Asks every sentinel at once for the primary's `(host, port)`, each within
+    /// `timeout`: the answers as they come (`None` from a sentinel that monitors no such
+    /// master).
+    fn ask_all(
         &self,
         timeout: Duration,
-    ) -> redis::RedisResult<(String, u16)> {
+    ) -> FuturesUnordered<impl Future<Output = redis::RedisResult<Option<(String, u16)>>> + '_>
+    {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout));
-        let mut asking: FuturesUnordered<_> = self
-            .sentinels
+        self.sentinels
             .iter()
-            .map(|sentinel| {
+            .map(move |sentinel| {
                 let config = config.clone();
                 async move {
                     let ask = async {
@@ -88,29 +85,11 @@ impl Sentinels {
                         .unwrap_or_else(|_| Err(timed_out()))
                 }
             })
-            .collect();
-        let mut unknown = false;
-        let mut last = None;
-        while let Some(answer) = asking.next().await {
-            match answer {
-                Ok(Some(address)) => return Ok(address),
-                Ok(None) => unknown = true,
-                Err(e) => last = Some(e),
-            }
-        }
-        if unknown {
-            return Err(unknown_master(&self.master));
-        }
-        Err(last.unwrap_or_else(|| {
-            redis::make_extension_error(
-                NOT_PRIMARY.to_owned(),
-                Some("no sentinel was given".to_owned()),
-            )
-        }))
+            .collect()
     }
 
-    /// [`primary_address`](Self::primary_address), blocking (for a check made outside
-    /// any runtime), each sentinel asked in turn within `timeout`.
+    /// The primary's address, blocking (for a check made outside any runtime): the
+    /// first sentinel to name one, each asked in turn within `timeout`.
     pub(crate) fn primary_address_blocking(
         &self,
         timeout: Duration,
@@ -173,9 +152,49 @@ impl Sentinels {
     }
 
     /// A client of the current primary, checked to be one (`ROLE`) within `timeout`.
+    ///
+    /// Every sentinel is asked at once, and the first address to answer is tried. During
+    /// a failover some sentinels still name the old primary, which is dead or demoted:
+    /// then each further address the others give is tried, until one is a primary. A
+    /// sentinel that is down or paused costs nothing while another answers.
+    ///
+    /// # Errors
+    /// [`UNKNOWN_MASTER`] if the sentinels that answered all said they monitor no such
+    /// master; otherwise the last error (a sentinel's, or a named node's), or a
+    /// timeout.
     pub(crate) async fn primary(&self, timeout: Duration) -> redis::RedisResult<redis::Client> {
-        let address = self.primary_address(timeout).await?;
-        let client = self.data_client(&address)?;
+        let mut answers = self.ask_all(timeout);
+        let mut tried: Vec<(String, u16)> = Vec::new();
+        let mut unknown = false;
+        let mut last = None;
+        while let Some(answer) = answers.next().await {
+            match answer {
+                Ok(Some(address)) if !tried.contains(&address) => {
+                    match self.verified(&address, timeout).await {
+                        Ok(client) => return Ok(client),
+                        Err(e) => last = Some(e),
+                    }
+                    tried.push(address);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => unknown = true,
+                Err(e) => last = Some(e),
+            }
+        }
+        if unknown && tried.is_empty() {
+            return Err(unknown_master(&self.master));
+        }
+        Err(last.unwrap_or_else(timed_out))
+    }
+
+    /// A client of the node at `address` if it says it is a primary (`ROLE`) within
+    /// `timeout`.
+    async fn verified(
+        &self,
+        address: &(String, u16),
+        timeout: Duration,
+    ) -> redis::RedisResult<redis::Client> {
+        let client = self.data_client(address)?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout));
@@ -194,7 +213,38 @@ impl Sentinels {
         }
     }
 
-    /// [`primary`](Self::primary), blocking, and pinging the primary.
+    /// How many sentinels there are.
+    pub(crate) fn len(&self) -> usize {
+        self.sentinels.len()
+    }
+
+    /// A subscription to the `+switch-master` events of the `which`-th sentinel, made
+    /// within `timeout` (at least 500 ms); `None` if it failed.
+    pub(crate) async fn switches(
+        &self,
+        which: usize,
+        timeout: Duration,
+    ) -> Option<redis::aio::PubSub> {
+        let sentinel = self.sentinels.get(which)?;
+        let subscribe = async {
+            let mut pubsub = sentinel.get_async_pubsub().await?;
+            pubsub.subscribe("+switch-master").await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        tokio::time::timeout(timeout.max(Duration::from_millis(500)), subscribe)
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Whether a `+switch-master` event (`<master name> <old ip> <old port> <new ip>
+    /// <new port>`) is about this master.
+    pub(crate) fn names_master(&self, event: &str) -> bool {
+        event.split(' ').next() == Some(self.master.as_str())
+    }
+
+    /// Whether the primary answers, blocking: the address the first sentinel names,
+    /// checked with `ROLE`.
     pub(crate) fn ping_blocking(&self, timeout: Duration) -> redis::RedisResult<()> {
         let address = self.primary_address_blocking(timeout)?;
         let mut connection = self
@@ -268,6 +318,14 @@ mod tests {
         assert!(is_primary(&master));
         assert!(!is_primary(&replica));
         assert!(!is_primary(&Value::Nil));
+    }
+
+    #[test]
+    fn switch_events_are_told_apart_by_master_name() {
+        let sentinels = Sentinels::new(Vec::new(), "orders".to_owned(), false, None, None, None);
+        assert!(sentinels.names_master("orders 10.0.0.1 6379 10.0.0.2 6379"));
+        assert!(!sentinels.names_master("orders-eu 10.0.0.1 6379 10.0.0.2 6379"));
+        assert!(!sentinels.names_master(""));
     }
 
     #[test]

@@ -436,9 +436,10 @@ struct Round {
 
 impl Task {
     async fn connect(&self) -> Result<Arc<Link>, redis::RedisError> {
-        Link::connect(self.settings.client.clone(), self.settings.timeout)
-            .await
-            .map(Arc::new)
+        let link = Link::connect(self.settings.client.clone(), self.settings.timeout).await?;
+        let link = Arc::new(link);
+        link.watch_switches();
+        Ok(link)
     }
 
     async fn run<K, C>(self: Arc<Self>, limiter: SyncedLimiter<K, C>)
