@@ -107,16 +107,7 @@ impl LocalCluster {
         create
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null());
-        let output = create.output().map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                io::Error::new(
-                    e.kind(),
-                    "redis-cli is not installed: run ./scripts/test.sh",
-                )
-            } else {
-                e
-            }
-        })?;
+        let output = create.output().map_err(crate::local_redis::cli_missing)?;
         if !output.status.success() {
             return Err(io::Error::other(format!(
                 "redis-cli --cluster create failed: {}",
@@ -139,21 +130,7 @@ impl LocalCluster {
     /// # Errors
     /// When `redis-cli` fails or the node does not answer in time.
     pub fn cli(&self, port: u16, args: &[&str]) -> io::Result<String> {
-        let mut command = Command::new("timeout");
-        command.args(["1", "redis-cli", "-p", &port.to_string()]);
-        if let Some(password) = &self.password {
-            command.args(["-a", password, "--no-auth-warning"]);
-        }
-        let output = command
-            .args(args)
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()?;
-        if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-        } else {
-            Err(io::Error::other(format!("redis-cli -p {port} failed")))
-        }
+        crate::local_redis::redis_cli(port, self.password.as_deref(), None, args)
     }
 
     /// Every node's port, in start order.

@@ -57,21 +57,19 @@ impl LocalRedis {
         key: &std::path::Path,
         ca: &std::path::Path,
     ) -> io::Result<Self> {
-        let files = [cert, key, ca].map(|p| p.display().to_string());
-        Self::launch(
-            &[
-                "--tls-cert-file",
-                &files[0],
-                "--tls-key-file",
-                &files[1],
-                "--tls-ca-cert-file",
-                &files[2],
-                "--tls-auth-clients",
-                "no",
-            ],
-            true,
-            None,
-        )
+        Self::start_tls_with([cert, key, ca], &[])
+    }
+
+    /// [`start_tls`](Self::start_tls) with further arguments; `files` are the
+    /// certificate, its key and the CA. Replication to and from it uses TLS too.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_tls_with(files: [&std::path::Path; 3], args: &[&str]) -> io::Result<Self> {
+        let mut all = tls_args(files);
+        all.extend(args.iter().map(|&a| a.to_owned()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        Self::launch(&all, true, None)
     }
 
     /// Starts a Redis Sentinel whose configuration file holds `config` (its `sentinel
@@ -81,6 +79,17 @@ impl LocalRedis {
     /// As [`start`](Self::start).
     pub fn start_sentinel(config: &str) -> io::Result<Self> {
         Self::launch(&[], false, Some(config))
+    }
+
+    /// [`start_sentinel`](Self::start_sentinel), speaking TLS only, to its clients and
+    /// to the nodes it watches; `files` are the certificate, its key and the CA.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_sentinel_tls(config: &str, files: [&std::path::Path; 3]) -> io::Result<Self> {
+        let args = tls_args(files);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::launch(&args, true, Some(config))
     }
 
     fn launch(args: &[&str], tls: bool, sentinel: Option<&str>) -> io::Result<Self> {
@@ -254,6 +263,68 @@ impl LocalRedis {
     pub fn restart(&mut self) -> io::Result<()> {
         self.stop();
         self.spawn()
+    }
+}
+
+/// The arguments that make a server speak TLS only with `files` (certificate, key, CA),
+/// clients not asked for certificates, replication over TLS too.
+fn tls_args(files: [&std::path::Path; 3]) -> Vec<String> {
+    let [cert, key, ca] = files.map(|p| p.display().to_string());
+    [
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+        "--tls-replication",
+        "yes",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Runs one `redis-cli` command against `127.0.0.1:port` (1 s timeout) with `password`
+/// and, for a TLS port, the CA `tls_ca`; returns what it printed (raw: one line per
+/// value, an error reply as its text).
+pub(crate) fn redis_cli(
+    port: u16,
+    password: Option<&str>,
+    tls_ca: Option<&std::path::Path>,
+    args: &[&str],
+) -> io::Result<String> {
+    let mut command = Command::new("timeout");
+    command.args(["1", "redis-cli", "-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(password) = password {
+        command.args(["-a", password, "--no-auth-warning"]);
+    }
+    if let Some(ca) = tls_ca {
+        command.arg("--tls").arg("--cacert").arg(ca);
+    }
+    let output = command
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(cli_missing)?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(io::Error::other(format!("redis-cli -p {port} failed")))
+    }
+}
+
+/// A failure to run `redis-cli`, saying how to install it when it is missing.
+pub(crate) fn cli_missing(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::NotFound {
+        io::Error::new(
+            e.kind(),
+            "redis-cli is not installed: run ./scripts/test.sh",
+        )
+    } else {
+        e
     }
 }
 

@@ -2,10 +2,11 @@
 //! sentinels that watch them, for tests and benchmarks.
 
 use std::io;
+use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::local_redis::LocalRedis;
+use crate::local_redis::{LocalRedis, redis_cli};
 
 /// The name the sentinels know the primary by.
 pub const MASTER_NAME: &str = "tollgate-primary";
@@ -23,6 +24,19 @@ pub struct LocalSentinel {
     sentinels: Vec<LocalRedis>,
     password: Option<String>,
     sentinel_password: Option<String>,
+    /// With TLS: the CA that signed every process's certificate.
+    tls_ca: Option<PathBuf>,
+}
+
+/// A deployment's TLS files: the certificate (for 127.0.0.1), its key and the CA.
+#[derive(Clone, Copy, Debug)]
+pub struct TlsFiles<'a> {
+    /// The certificate every process presents.
+    pub cert: &'a Path,
+    /// Its private key.
+    pub key: &'a Path,
+    /// The CA that signed it.
+    pub ca: &'a Path,
 }
 
 impl LocalSentinel {
@@ -32,7 +46,21 @@ impl LocalSentinel {
     /// # Errors
     /// When a process does not start, or the deployment is not ready within 30 seconds.
     pub fn start(replicas: usize, sentinels: usize, down_after: Duration) -> io::Result<Self> {
-        Self::launch(replicas, sentinels, down_after, None, None)
+        Self::launch(replicas, sentinels, down_after, None, None, None)
+    }
+
+    /// [`start`](Self::start), every process speaking TLS only (to clients, and among
+    /// themselves), with the certificate, key and CA of `tls`.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_tls(
+        replicas: usize,
+        sentinels: usize,
+        down_after: Duration,
+        tls: TlsFiles<'_>,
+    ) -> io::Result<Self> {
+        Self::launch(replicas, sentinels, down_after, None, None, Some(tls))
     }
 
     /// [`start`](Self::start), with the data nodes requiring `password` (`requirepass`,
@@ -53,6 +81,7 @@ impl LocalSentinel {
             down_after,
             Some(password),
             sentinel_password,
+            None,
         )
     }
 
@@ -62,19 +91,24 @@ impl LocalSentinel {
         down_after: Duration,
         password: Option<&str>,
         sentinel_password: Option<&str>,
+        tls: Option<TlsFiles<'_>>,
     ) -> io::Result<Self> {
         // A replica syncs at once, not after the default 5 s wait for others.
         let mut args = vec!["--repl-diskless-sync-delay", "0"];
         if let Some(password) = password {
             args.extend(["--requirepass", password, "--masterauth", password]);
         }
-        let primary = LocalRedis::start_with(&args)?;
+        let start = |args: &[&str]| match tls {
+            Some(tls) => LocalRedis::start_tls_with([tls.cert, tls.key, tls.ca], args),
+            None => LocalRedis::start_with(args),
+        };
+        let primary = start(&args)?;
         let primary_port = primary.port().to_string();
         let mut nodes = vec![primary];
         for _ in 0..replicas {
             let mut node_args = args.clone();
             node_args.extend(["--replicaof", "127.0.0.1", &primary_port]);
-            nodes.push(LocalRedis::start_with(&node_args)?);
+            nodes.push(start(&node_args)?);
         }
         let quorum = sentinels / 2 + 1;
         let mut config = format!(
@@ -94,13 +128,17 @@ impl LocalSentinel {
         }
         let mut watching = Vec::with_capacity(sentinels);
         for _ in 0..sentinels {
-            watching.push(LocalRedis::start_sentinel(&config)?);
+            watching.push(match tls {
+                Some(tls) => LocalRedis::start_sentinel_tls(&config, [tls.cert, tls.key, tls.ca])?,
+                None => LocalRedis::start_sentinel(&config)?,
+            });
         }
         let deployment = Self {
             nodes,
             sentinels: watching,
             password: password.map(str::to_owned),
             sentinel_password: sentinel_password.map(str::to_owned),
+            tls_ca: tls.map(|t| t.ca.to_owned()),
         };
         deployment.wait_ready(replicas, Duration::from_secs(30))?;
         Ok(deployment)
@@ -113,15 +151,14 @@ impl LocalSentinel {
         loop {
             let synced = self.nodes[1..].iter().all(|node| {
                 self.data_query(node.port(), &["INFO", "replication"])
-                    .is_ok_and(|info| text(&info).contains("master_link_status:up"))
+                    .is_ok_and(|info| info.contains("master_link_status:up"))
             });
             let known = self.sentinels.iter().all(|sentinel| {
+                // Raw replies: each replica or sentinel is a map whose first field is
+                // `name`.
                 let count = |what: &str| {
                     self.sentinel_query(sentinel.port(), &["SENTINEL", what, MASTER_NAME])
-                        .map_or(0, |v| match v {
-                            redis::Value::Array(items) => items.len(),
-                            _ => 0,
-                        })
+                        .map_or(0, |out| out.lines().filter(|l| *l == "name").count())
                 };
                 count("replicas") == replicas && count("sentinels") + 1 == self.sentinels.len()
             });
@@ -152,15 +189,21 @@ impl LocalSentinel {
             .collect()
     }
 
-    /// Every sentinel's `redis://` URL, with the sentinels' password when they need one.
+    /// Every sentinel's URL (`rediss://` with TLS), with the sentinels' password when
+    /// they need one.
     pub fn sentinel_urls(&self) -> Vec<String> {
         let auth = self
             .sentinel_password
             .as_ref()
             .map_or(String::new(), |p| format!(":{p}@"));
+        let scheme = if self.tls_ca.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         self.sentinels
             .iter()
-            .map(|s| format!("redis://{auth}127.0.0.1:{}/", s.port()))
+            .map(|s| format!("{scheme}://{auth}127.0.0.1:{}/", s.port()))
             .collect()
     }
 
@@ -175,12 +218,10 @@ impl LocalSentinel {
                 sentinel.port(),
                 &["SENTINEL", "get-master-addr-by-name", MASTER_NAME],
             ) {
-                Ok(redis::Value::Array(fields)) if fields.len() == 2 => {
-                    return text(&fields[1])
-                        .parse()
-                        .map_err(|_| io::Error::other("a sentinel reported no port"));
-                }
-                Ok(other) => last = io::Error::other(format!("unexpected reply {other:?}")),
+                Ok(out) => match out.lines().nth(1).map(str::parse) {
+                    Some(Ok(port)) => return Ok(port),
+                    _ => last = io::Error::other(format!("unexpected reply {out:?}")),
+                },
                 Err(e) => last = e,
             }
         }
@@ -209,12 +250,7 @@ impl LocalSentinel {
                 let promoted = port != old
                     && self
                         .data_query(port, &["ROLE"])
-                        .is_ok_and(|role| match role {
-                            redis::Value::Array(fields) => {
-                                fields.first().is_some_and(|f| text(f) == "master")
-                            }
-                            _ => false,
-                        });
+                        .is_ok_and(|role| role.starts_with("master"));
                 if promoted {
                     return Ok(port);
                 }
@@ -246,45 +282,21 @@ impl LocalSentinel {
         &mut self.sentinels[i]
     }
 
-    /// Runs a command on the data node on `port` (with the data nodes' password), 1 s
-    /// timeout.
+    /// Runs a command on the data node on `port` (with the data nodes' password and the
+    /// TLS CA) through `redis-cli`, 1 s timeout, and returns its raw output.
     ///
     /// # Errors
-    /// The client's error.
-    pub fn data_query(&self, port: u16, args: &[&str]) -> io::Result<redis::Value> {
-        query(port, self.password.as_deref(), args)
+    /// When `redis-cli` fails or the node does not answer in time.
+    pub fn data_query(&self, port: u16, args: &[&str]) -> io::Result<String> {
+        redis_cli(port, self.password.as_deref(), self.tls_ca.as_deref(), args)
     }
 
-    fn sentinel_query(&self, port: u16, args: &[&str]) -> io::Result<redis::Value> {
-        query(port, self.sentinel_password.as_deref(), args)
-    }
-}
-
-/// Runs `args` on `127.0.0.1:port`, authenticating with `password` if given.
-fn query(port: u16, password: Option<&str>, args: &[&str]) -> io::Result<redis::Value> {
-    let auth = password.map_or(String::new(), |p| format!(":{p}@"));
-    let client = redis::Client::open(format!("redis://{auth}127.0.0.1:{port}/"))
-        .map_err(io::Error::other)?;
-    let timeout = Duration::from_secs(1);
-    let mut connection = client
-        .get_connection_with_timeout(timeout)
-        .map_err(io::Error::other)?;
-    connection
-        .set_read_timeout(Some(timeout))
-        .map_err(io::Error::other)?;
-    let mut cmd = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        cmd.arg(*arg);
-    }
-    cmd.query(&mut connection).map_err(io::Error::other)
-}
-
-/// A reply's text (a bulk or simple string), or empty.
-fn text(value: &redis::Value) -> String {
-    match value {
-        redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-        redis::Value::SimpleString(s) => s.clone(),
-        redis::Value::VerbatimString { text, .. } => text.clone(),
-        _ => String::new(),
+    fn sentinel_query(&self, port: u16, args: &[&str]) -> io::Result<String> {
+        redis_cli(
+            port,
+            self.sentinel_password.as_deref(),
+            self.tls_ca.as_deref(),
+            args,
+        )
     }
 }

@@ -11,6 +11,9 @@
 //! another, and `./scripts/test.sh` runs each module in a process of its own, side by side
 //! (`isolated alloc::`, `isolated secrets::`, ...).
 
+#[path = "../common/mod.rs"]
+mod common;
+
 mod alloc;
 mod reclamation;
 mod secrets;

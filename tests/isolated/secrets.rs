@@ -3,6 +3,9 @@
 //! `Debug`, `Display`, an error, the stats or a Redis key name.
 #![cfg(feature = "redis")]
 
+#[cfg(feature = "tls")]
+use crate::common;
+
 use std::process::Command;
 use std::time::Duration;
 
@@ -284,64 +287,6 @@ async fn hashed_keys_keep_tokens_out_of_redis() {
     handle.shutdown().await;
 }
 
-/// Makes a CA and a server certificate for 127.0.0.1 signed by it, in `dir`.
-#[cfg(feature = "tls")]
-fn certificates(dir: &std::path::Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("these tests need openssl (./scripts/test.sh installs it)");
-        assert!(out.status.success(), "openssl {args:?}: {out:?}");
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=tollgate test CA",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "server.crt",
-    ]);
-}
-
 /// `rediss://` to a TLS-only redis-server whose certificate the test's own CA signed:
 /// both tiers work when told to trust that CA, and fail with a typed error otherwise.
 #[cfg(feature = "tls")]
@@ -350,7 +295,7 @@ async fn tls_works_with_a_trusted_ca_only() {
     let _alone = super::alone_async().await;
     let dir = std::env::temp_dir().join(format!("tollgate-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    certificates(&dir);
+    common::certificates(&dir);
     let server = LocalRedis::start_tls(
         &dir.join("server.crt"),
         &dir.join("server.key"),

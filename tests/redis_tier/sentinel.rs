@@ -86,18 +86,25 @@ struct Run {
     sync_excess: f64,
 }
 
-/// How a run treats the first sentinel before it kills the primary.
-#[derive(Clone, Copy, Debug)]
-enum FirstSentinel {
-    Up,
-    Killed,
-    Paused,
+/// What a failover run does to the deployment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// Kills the primary.
+    Kill,
+    /// Kills the first sentinel listed, then the primary.
+    KillWithFirstSentinelDead,
+    /// Pauses the first sentinel listed (it accepts connections and never answers),
+    /// then kills the primary.
+    KillWithFirstSentinelPaused,
+    /// Pauses the primary (SIGSTOP) until the end of the run: its connections stay
+    /// open and silent. Resumed, it must rejoin as a replica unnoticed.
+    PausePrimary,
 }
 
 /// One failover: a fresh deployment, the exact tier and two synced nodes (lease mode)
-/// offered twice their limits; the primary is killed 2 s in, and the run goes on until
-/// both tiers have answered again for 2 s (at most 12 s after the death).
-async fn failover_run(first: FirstSentinel) -> Run {
+/// offered twice their limits; the primary is killed (or paused) 2 s in, and the run
+/// goes on until both tiers have answered again for 2 s (at most 12 s after the fault).
+async fn failover_run(fault: Fault) -> Run {
     let mut sentinel = deployment();
     let sentinels = sentinel.sentinel_addresses();
     let master = sentinel.master_name();
@@ -123,15 +130,16 @@ async fn failover_run(first: FirstSentinel) -> Run {
                 .unwrap()
         })
         .collect();
-    match first {
-        FirstSentinel::Up => {}
-        FirstSentinel::Killed => sentinel.sentinel(0).stop(),
-        FirstSentinel::Paused => sentinel.sentinel(0).pause().unwrap(),
+    match fault {
+        Fault::KillWithFirstSentinelDead => sentinel.sentinel(0).stop(),
+        Fault::KillWithFirstSentinelPaused => sentinel.sentinel(0).pause().unwrap(),
+        Fault::Kill | Fault::PausePrimary => {}
     }
     let lateness = Lateness::watch();
     let start = Instant::now();
     let (mut exact_admitted, mut sync_admitted) = (Vec::new(), Vec::new());
     let mut killed = None;
+    let mut paused = None;
     let mut switched = None;
     let (mut exact_back, mut sync_back) = (None, None);
     let mut failures = 0;
@@ -151,7 +159,14 @@ async fn failover_run(first: FirstSentinel) -> Run {
             let stats = nodes[0].1.stats();
             assert!(stats.syncs > 0 && !stats.fallback_active, "{stats:?}");
             sync_at_kill = Some(stats.errors);
-            let old = sentinel.kill_primary().unwrap();
+            let old = if fault == Fault::PausePrimary {
+                let port = sentinel.primary_port().unwrap();
+                sentinel.node(port).unwrap().pause().unwrap();
+                paused = Some(port);
+                port
+            } else {
+                sentinel.kill_primary().unwrap()
+            };
             let at = Instant::now();
             killed = Some(at);
             switched = Some(std::thread::spawn({
@@ -206,8 +221,27 @@ async fn failover_run(first: FirstSentinel) -> Run {
             }
         }
     }
-    if matches!(first, FirstSentinel::Paused) {
+    if fault == Fault::KillWithFirstSentinelPaused {
         sentinel.sentinel(0).resume().unwrap();
+    }
+    if let Some(old) = paused {
+        // The old primary runs again, is demoted, and nothing notices: both tiers
+        // left it when the sentinels switched.
+        sentinel.node(old).unwrap().resume().unwrap();
+        until_replica(&sentinel, old).await;
+        let errors = nodes[0].1.stats().errors;
+        for i in 0..100 {
+            exact.check(&format!("after-{i}")).await.unwrap();
+            nodes[0].0.check(format!("after-{i}").as_str());
+        }
+        nodes[0].1.sync_now();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            nodes[0].1.stats().errors,
+            errors,
+            "{:?}",
+            nodes[0].1.stats()
+        );
     }
     for (_, handle) in nodes {
         handle.shutdown().await;
@@ -221,6 +255,33 @@ async fn failover_run(first: FirstSentinel) -> Run {
         lateness: lateness.worst(),
         exact_excess: excess_over_rate(&exact_admitted, 100.0 / 1e6),
         sync_excess: excess_over_rate(&sync_admitted, 100.0 / 1e6),
+    }
+}
+
+/// Waits (at most 5 s) until the sync behind `handle` has had a round.
+async fn until_synced(handle: &SyncHandle) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while handle.stats().syncs == 0 {
+        assert!(Instant::now() < deadline, "{:?}", handle.stats());
+        // Waits for a round against the real deployment.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits (at most 20 s) until the sentinels have made the old primary on `port`, back
+/// after a failover, a replica of the new one (`ROLE`).
+async fn until_replica(sentinel: &LocalSentinel, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sentinel
+        .data_query(port, &["ROLE"])
+        .is_ok_and(|role| role.starts_with("slave"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the old primary never became a replica"
+        );
+        // Waits for the sentinels to reconfigure the process.
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -261,31 +322,33 @@ fn switched_after(sentinels: &[String], old: u16, at: Instant) -> Option<Duratio
 /// - sync, lease mode, 2 nodes: `x + 2·(B + N) + B` = 418 (lease `x` = B + r·2I + 2N =
 ///   114; the fallback's `2·(B + N)`; one burst of lost leases).
 ///
-/// In the fourth run the first sentinel (the first listed) is dead, in the fifth it is
-/// paused (it accepts connections and never answers): neither changes anything.
+/// Five runs kill the primary: in the fourth the first sentinel (the first listed) is
+/// dead, in the fifth it is paused; neither changes anything. A sixth pauses the primary
+/// instead, and resumes it once both tiers are back: it rejoins as a replica unnoticed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_is_recovered_from_within_five_seconds_in_both_tiers() {
     let _faults = FAULTS.lock().await;
     let mut runs = Vec::new();
-    for first in [
-        FirstSentinel::Up,
-        FirstSentinel::Up,
-        FirstSentinel::Up,
-        FirstSentinel::Killed,
-        FirstSentinel::Paused,
+    for fault in [
+        Fault::Kill,
+        Fault::Kill,
+        Fault::Kill,
+        Fault::KillWithFirstSentinelDead,
+        Fault::KillWithFirstSentinelPaused,
+        Fault::PausePrimary,
     ] {
-        let run = failover_run(first).await;
-        eprintln!("sentinel failover ({first:?}): {run:?}");
-        runs.push((first, run));
+        let run = failover_run(fault).await;
+        eprintln!("sentinel failover ({fault:?}): {run:?}");
+        runs.push((fault, run));
     }
-    for (first, run) in &runs {
+    for (fault, run) in &runs {
         let limit = Duration::from_secs(5);
         assert!(
             run.failures > 0,
-            "{first:?}: the dead primary was never missed"
+            "{fault:?}: the dead primary was never missed"
         );
         let Some(switched) = run.switched else {
-            panic!("{first:?}: the sentinels never named a new primary");
+            panic!("{fault:?}: the sentinels never named a new primary");
         };
         // Both tiers follow the sentinels' switch promptly: the sync hears it and
         // reconnects at once, the exact tier at its breaker's next probe.
@@ -293,27 +356,27 @@ async fn a_failover_is_recovered_from_within_five_seconds_in_both_tiers() {
             let after = back.map(|b| b.saturating_sub(switched));
             assert!(
                 after.is_some_and(|a| a <= Duration::from_millis(1500)),
-                "{first:?}: {tier} back {after:?} after the switch"
+                "{fault:?}: {tier} back {after:?} after the switch"
             );
         }
         assert!(
             run.exact_back.is_some_and(|t| t <= limit),
-            "{first:?}: RedisLimiter back after {:?}",
+            "{fault:?}: RedisLimiter back after {:?}",
             run.exact_back
         );
         assert!(
             run.sync_back.is_some_and(|t| t <= limit),
-            "{first:?}: sync back after {:?}",
+            "{fault:?}: sync back after {:?}",
             run.sync_back
         );
         assert!(
             run.worst_failure <= TIMEOUT + Duration::from_millis(15) + run.lateness,
-            "{first:?}: a failure took {:?} (runtime lateness {:?})",
+            "{fault:?}: a failure took {:?} (runtime lateness {:?})",
             run.worst_failure,
             run.lateness
         );
-        assert!(run.exact_excess <= 40.0, "{first:?}: {run:?}");
-        assert!(run.sync_excess <= 418.0, "{first:?}: {run:?}");
+        assert!(run.exact_excess <= 40.0, "{fault:?}: {run:?}");
+        assert!(run.sync_excess <= 418.0, "{fault:?}: {run:?}");
     }
 }
 
@@ -428,18 +491,7 @@ async fn the_old_primary_restarted_rejoins_as_a_replica_unnoticed() {
         assert!(Instant::now() < deadline, "{:?}", handle.stats());
     }
     sentinel.node(old).unwrap().restart().unwrap();
-    // Sentinel turns it into a replica of the new primary.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let role = sentinel.data_query(old, &["ROLE"]);
-        if matches!(&role, Ok(redis::Value::Array(f)) if f.first() == Some(&redis::Value::BulkString(b"slave".to_vec())))
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "still {role:?}");
-        // Waits for Sentinel to reconfigure the restarted process.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_replica(&sentinel, old).await;
     let errors = handle.stats().errors;
     for i in 0..200 {
         exact.check(&format!("after-{i}")).await.unwrap();
@@ -491,12 +543,7 @@ async fn wrong_master_names_and_passwords_are_typed_errors_that_show_no_password
         .build_synced(config)
         .unwrap();
     synced.check("k");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while handle.stats().syncs == 0 {
-        assert!(Instant::now() < deadline, "{:?}", handle.stats());
-        // Waits for a round against the real deployment.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_synced(&handle).await;
     assert_eq!(handle.stats().errors, 0, "{:?}", handle.stats());
     hidden(&[
         builder_debug,
@@ -584,6 +631,97 @@ async fn wrong_master_names_and_passwords_are_typed_errors_that_show_no_password
         assert!(matches!(err, ConfigError::RedisUnreachable { .. }), "{err}");
         hidden(&[err.to_string(), format!("{err:?}")]);
     }
+}
+
+/// Every process speaks TLS only (`rediss://` to the sentinels and the data nodes, and
+/// TLS among themselves), with a CA of the test's own: both tiers work when told to
+/// trust it, and follow a failover within 5 s; without it, a typed error.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_the_sentinels_and_the_data_nodes() {
+    let _faults = FAULTS.lock().await;
+    let dir = std::env::temp_dir().join(format!("tollgate-sentinel-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    common::certificates(&dir);
+    let files = tollgate_testing::TlsFiles {
+        cert: &dir.join("server.crt"),
+        key: &dir.join("server.key"),
+        ca: &dir.join("ca.crt"),
+    };
+    let mut sentinel = LocalSentinel::start_tls(1, 3, DOWN_AFTER, files).unwrap();
+    let ca = std::fs::read(files.ca).unwrap();
+    let urls = sentinel.sentinel_urls();
+    assert!(urls[0].starts_with("rediss://"), "{urls:?}");
+    let master = sentinel.master_name();
+    let quota: Quota = "1000/s".parse().unwrap();
+    let exact = RedisLimiter::sentinel_builder(&refs(&urls), master, quota)
+        .tls_root_cert(ca.clone())
+        .prefix("tls")
+        .timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    assert!(exact.check("k").await.unwrap().is_allowed());
+    let (synced, handle) = RateLimiter::<String>::builder(quota)
+        .build_synced(
+            RedisSync::sentinel(&refs(&urls), master)
+                .tls_root_cert(ca)
+                .prefix("tls")
+                .interval(Duration::from_millis(20)),
+        )
+        .unwrap();
+    synced.check("k");
+    until_synced(&handle).await;
+    // A failover, over TLS.
+    let old = sentinel.kill_primary().unwrap();
+    let killed = Instant::now();
+    let errors = handle.stats().errors;
+    let (mut exact_back, mut sync_back) = (None, None);
+    // The round count at the first failed round after the death.
+    let mut failed_at = None;
+    while killed.elapsed() < Duration::from_secs(8) && (exact_back.is_none() || sync_back.is_none())
+    {
+        let ok = exact.check("k").await.is_ok();
+        if exact_back.is_none() && ok && killed.elapsed() > DOWN_AFTER {
+            exact_back = Some(killed.elapsed());
+        }
+        synced.check("k");
+        handle.sync_now();
+        let stats = handle.stats();
+        match failed_at {
+            None if stats.errors > errors => failed_at = Some(stats.syncs),
+            Some(syncs) if sync_back.is_none() && stats.syncs > syncs => {
+                sync_back = Some(killed.elapsed());
+            }
+            _ => {}
+        }
+        // Paces the checks while the real deployment fails over.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("sentinel over TLS: exact back after {exact_back:?}, sync after {sync_back:?}");
+    assert_ne!(sentinel.primary_port().unwrap(), old);
+    for back in [exact_back, sync_back] {
+        assert!(
+            back.is_some_and(|t| t <= Duration::from_secs(5)),
+            "{back:?}"
+        );
+    }
+    handle.shutdown().await;
+
+    // Without the CA, the certificate is not trusted: a typed error, no hang.
+    let err = RedisLimiter::sentinel_builder(&refs(&urls), master, quota)
+        .timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RedisError::Redis(_) | RedisError::Unavailable(_) | RedisError::Timeout(_)
+        ),
+        "{err:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Settings that cannot work are refused before anything connects: no sentinel, an
