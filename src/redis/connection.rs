@@ -187,7 +187,11 @@ impl Target {
     /// The data nodes a subscription may use (see [`Nodes`]). Connects nothing.
     pub(crate) fn nodes(&self, timeout: Duration) -> Result<Nodes, ConfigError> {
         match self.client(timeout)? {
-            Client::Sentinel(sentinels) => Ok(Nodes::Sentinel(sentinels, timeout)),
+            Client::Sentinel(sentinels) => Ok(Nodes::Sentinel {
+                sentinels,
+                timeout,
+                primary: Arc::default(),
+            }),
             _ => Ok(Nodes::Fixed(self.url_clients()?)),
         }
     }
@@ -287,13 +291,19 @@ pub(crate) enum Client {
 
 /// The data nodes a subscription (the reset channel, and the count of its subscribers)
 /// may use: a fixed list (one server, or a cluster's seeds: a cluster broadcasts
-/// `PUBLISH` to every node, so any one will do), or, behind Sentinel, whichever node is
-/// the primary when asked (a replica would hear `PUBLISH` too, but the primary is the
-/// one node that every limiter agrees on, so that the count is whole).
+/// `PUBLISH` to every node, so any one will do), or, behind Sentinel, the primary (a
+/// replica would hear `PUBLISH` too, but the primary is the one node that every limiter
+/// agrees on, so that the count is whole). The primary is asked of the sentinels once,
+/// and again after a caller [`forget`](Self::forget)s it (its subscription broke, or it
+/// failed to count).
 #[derive(Clone)]
 pub(crate) enum Nodes {
     Fixed(Vec<redis::Client>),
-    Sentinel(Sentinels, Duration),
+    Sentinel {
+        sentinels: Sentinels,
+        timeout: Duration,
+        primary: Arc<Mutex<Option<redis::Client>>>,
+    },
 }
 
 impl Nodes {
@@ -301,10 +311,32 @@ impl Nodes {
     pub(crate) async fn current(&self) -> Vec<redis::Client> {
         match self {
             Self::Fixed(clients) => clients.clone(),
-            Self::Sentinel(sentinels, timeout) => {
-                sentinels.primary(*timeout).await.into_iter().collect()
+            Self::Sentinel {
+                sentinels,
+                timeout,
+                primary,
+            } => {
+                if let Some(client) = primary.lock().clone() {
+                    return vec![client];
+                }
+                let found = sentinels.primary(*timeout).await.ok();
+                primary.lock().clone_from(&found);
+                found.into_iter().collect()
             }
         }
+    }
+
+    /// The current clients failed: behind Sentinel, ask the sentinels again next time.
+    pub(crate) fn forget(&self) {
+        if let Self::Sentinel { primary, .. } = self {
+            *primary.lock() = None;
+        }
+    }
+
+    /// Whether the nodes must be primaries (a demoted one, back after a failover, has
+    /// no subscriber: its count of them is no count).
+    pub(crate) fn primary_only(&self) -> bool {
+        matches!(self, Self::Sentinel { .. })
     }
 }
 

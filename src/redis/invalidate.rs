@@ -81,6 +81,8 @@ pub(crate) fn spawn(
                 if current.is_some() {
                     // Whatever happened while nobody listened is forgotten with the cache.
                     flush();
+                } else {
+                    nodes.forget();
                 }
             }
             if let Some(mut pubsub) = current.take() {
@@ -92,7 +94,10 @@ pub(crate) fn spawn(
                         message = messages.next() => match message {
                             Some(_) => flush(),
                             // The connection broke.
-                            None => break,
+                            None => {
+                                nodes.forget();
+                                break;
+                            }
                         },
                     }
                 }
@@ -110,14 +115,26 @@ pub(crate) fn spawn(
 const COUNT_EVERY: Duration = Duration::from_secs(1);
 
 /// The subscribers of `channel`, summed over the nodes' current clients (a cluster's
-/// subscriptions are each node's own); `None` if no node answered within `timeout`.
+/// subscriptions are each node's own); `None` if no node answered within `timeout`, or,
+/// behind Sentinel, if the node is no longer the primary.
 pub(crate) async fn count(nodes: &Nodes, channel: &str, timeout: Duration) -> Option<u64> {
     let clients = nodes.current().await;
+    let primary_only = nodes.primary_only();
     let ask = |client: &redis::Client| {
         let client = client.clone();
         async move {
             let ask = async {
                 let mut connection = client.get_multiplexed_async_connection().await?;
+                if primary_only {
+                    let role: redis::Value =
+                        redis::cmd("ROLE").query_async(&mut connection).await?;
+                    if !super::sentinel::is_primary(&role) {
+                        return Err(redis::RedisError::from((
+                            redis::ErrorKind::Client,
+                            "not the primary",
+                        )));
+                    }
+                }
                 let reply: Vec<(String, u64)> = redis::cmd("PUBSUB")
                     .arg("NUMSUB")
                     .arg(channel)
@@ -130,10 +147,14 @@ pub(crate) async fn count(nodes: &Nodes, channel: &str, timeout: Duration) -> Op
     };
     // Every node at once: one that does not answer costs the timeout once, not per node.
     let counts = futures_util::future::join_all(clients.iter().map(ask)).await;
-    counts
+    let total = counts
         .into_iter()
         .flatten()
-        .fold(None, |total, n| Some(total.unwrap_or(0) + n))
+        .fold(None, |total, n| Some(total.unwrap_or(0) + n));
+    if total.is_none() {
+        nodes.forget();
+    }
+    total
 }
 
 /// Counts the subscribers of `channel` every [`COUNT_EVERY`] and hands the count to

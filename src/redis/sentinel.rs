@@ -261,7 +261,7 @@ impl Sentinels {
 }
 
 /// Whether a `ROLE` reply is a primary's (`["master", offset, replicas]`).
-fn is_primary(role: &Value) -> bool {
+pub(crate) fn is_primary(role: &Value) -> bool {
     let Value::Array(fields) = role else {
         return false;
     };

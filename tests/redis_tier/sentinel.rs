@@ -380,6 +380,71 @@ async fn a_failover_is_recovered_from_within_five_seconds_in_both_tiers() {
     }
 }
 
+/// The limiters' own channel follows the primary: three limiters sharing a prefix count
+/// each other (`FailMode::LocalShare`'s N) and a reset on one empties the others' deny
+/// caches, before and after a failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_and_the_node_count_follow_the_primary() {
+    let _faults = FAULTS.lock().await;
+    let mut sentinel = deployment();
+    let sentinels = sentinel.sentinel_addresses();
+    let quota: Quota = "2/min".parse().unwrap();
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        fleet.push(
+            RedisLimiter::sentinel_builder(&refs(&sentinels), sentinel.master_name(), quota)
+                .prefix("chan")
+                .timeout(Duration::from_millis(500))
+                .build()
+                .await
+                .unwrap(),
+        );
+    }
+    for round in ["before", "after"] {
+        // Every limiter counts three.
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while fleet.iter().any(|l| l.stats().nodes != 3) {
+            let counts: Vec<u64> = fleet.iter().map(|l| l.stats().nodes).collect();
+            assert!(Instant::now() < deadline, "{round}: {counts:?}");
+            // Waits for the limiters' counting rounds (every second).
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The first limiter's cache denies the key; a reset on the second empties it.
+        let key = format!("k-{round}");
+        for _ in 0..3 {
+            fleet[0].check(&key).await.unwrap();
+        }
+        let before = fleet[0].stats().cached_denies;
+        assert!(!fleet[0].check(&key).await.unwrap().is_allowed());
+        assert_eq!(fleet[0].stats().cached_denies, before + 1, "{round}");
+        fleet[1].reset(&key).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !fleet[0].check(&key).await.unwrap().is_allowed() {
+            assert!(
+                Instant::now() < deadline,
+                "{round}: the reset never arrived"
+            );
+            // Waits for the real reset message.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if round == "before" {
+            let old = sentinel.kill_primary().unwrap();
+            sentinel
+                .wait_failover(old, Duration::from_secs(10))
+                .unwrap();
+            // Until every limiter reaches the new primary.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            for limiter in &fleet {
+                while limiter.check("probe").await.is_err() {
+                    assert!(Instant::now() < deadline, "{:?}", limiter.stats());
+                    // Paces the checks while the limiter finds the new primary.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
 /// The lost-writes term of the exact tier's bound, made to happen: a promoted replica
 /// that lagged holds an older state of the key, which is what restoring an earlier
 /// `DUMP` of it on one server does. On loopback a real replica lags by microseconds, so
