@@ -444,7 +444,7 @@ async fn discover(connection: &Connection, timeout: Duration) -> Vec<String> {
     nodes
 }
 
-/// How often a failing cluster connection is rebuilt, at most.
+/// How often a failing connection (a cluster's, or behind Sentinel) is rebuilt, at most.
 const REBUILD_EVERY: Duration = Duration::from_millis(500);
 
 /// A connection that heals itself. On one server the connection manager reconnects.
@@ -452,14 +452,16 @@ const REBUILD_EVERY: Duration = Duration::from_millis(500);
 /// dropped, timed out, or `READONLY` from a demoted primary) is rebuilt as on a cluster:
 /// the sentinels are asked for the primary anew, since the manager would only ever
 /// reconnect to the old address; and so is one whose sentinels announce a new primary
-/// ([`watch_switches`](Link::watch_switches)). On a cluster, a connection whose requests fail is rebuilt (at most every 500 ms, in the
-/// background): redis-rs retries a dead master's address and learns the new slot map
-/// from a `MOVED`, which a client whose every request for those slots goes to the dead
-/// address may never get (a CI run saw a sync connection stay on it for 12 s after a
-/// failover that another connection had followed in 4 s). A fresh connection reads the
-/// slot map anew. It starts from the seeds and from every node the cluster listed when
-/// this link last connected: a node given one seed, which then died, would otherwise
-/// never reach the cluster again.
+/// ([`watch_switches`](Link::watch_switches)).
+///
+/// On a cluster, a connection whose requests fail is rebuilt (at most every 500 ms, in
+/// the background): redis-rs retries a dead master's address and learns the new slot
+/// map from a `MOVED`, which a client whose every request for those slots goes to the
+/// dead address may never get (a CI run saw a sync connection stay on it for 12 s after
+/// a failover that another connection had followed in 4 s). A fresh connection reads
+/// the slot map anew. It starts from the seeds and from every node the cluster listed
+/// when this link last connected: a node given one seed, which then died, would
+/// otherwise never reach the cluster again.
 pub(crate) struct Link {
     client: Client,
     timeout: Duration,

@@ -1,9 +1,9 @@
 //! Finding the primary behind Redis Sentinel, as the Sentinel client protocol describes:
 //! ask the sentinels for the primary's address by its master name, connect to that
 //! address, check with `ROLE` that the node is a primary before trusting it, and listen
-//! for the sentinels' `+switch-master`. Both
-//! tiers connect through [`Sentinels`] (see [`Client`](super::connection::Client)), and
-//! ask again whenever a call fails for want of a server, so that a failover needs no
+//! for the sentinels' `+switch-master`. Both tiers connect through [`Sentinels`] (see
+//! [`Client`](super::connection::Client)), and ask again when the sentinels announce a
+//! new primary or a call fails for want of a server, so that a failover needs no
 //! restart.
 
 use std::time::Duration;
