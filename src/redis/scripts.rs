@@ -24,3 +24,26 @@ pub const FIXED_WINDOW: &str = concat!(
 pub const SYNC_ROUND: &str = include_str!("lua/sync_round.lua");
 /// The background sync's cold tier: announces and reads the keys turned hot.
 pub const SYNC_HOT_KEYS: &str = include_str!("lua/sync_hot_keys.lua");
+
+#[cfg(test)]
+mod tests {
+    /// Every script writes, so every one declares it (`#!lua`, Redis 7+): a replica,
+    /// or a primary that Sentinel demoted, refuses it before it runs instead of
+    /// failing at its first write (or, for a script that reads first, answering from
+    /// a stale copy).
+    #[test]
+    fn every_script_declares_that_it_writes() {
+        for (name, script) in [
+            ("TOKEN_BUCKET", super::TOKEN_BUCKET),
+            ("TOKEN_BUCKET_SETTLE", super::TOKEN_BUCKET_SETTLE),
+            ("SLIDING_WINDOW", super::SLIDING_WINDOW),
+            ("FIXED_WINDOW", super::FIXED_WINDOW),
+            ("SYNC_ROUND", super::SYNC_ROUND),
+            ("SYNC_HOT_KEYS", super::SYNC_HOT_KEYS),
+        ] {
+            let first = script.lines().next().unwrap_or_default();
+            assert_eq!(first, "#!lua", "{name}");
+            assert!(!script.contains("no-writes"), "{name}");
+        }
+    }
+}

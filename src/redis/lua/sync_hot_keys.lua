@@ -1,3 +1,6 @@
+#!lua
+-- (The shebang, Redis 7+, declares a script that writes: a replica, or a primary that
+-- Sentinel demoted, refuses it before it runs, with READONLY or MOVED.)
 -- tollgate background sync: the keys turned hot (see the cold tier in src/sync/mod.rs).
 -- KEYS[1]: the announcements, a sorted set: each member a limiter key's Redis key, its
 --   score until when (ms of Redis's clock) the key counts as hot.
