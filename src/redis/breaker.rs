@@ -10,7 +10,9 @@
 //!   task (not a check: no request ever waits for a probe) makes one call (the breaker is
 //!   *half-open* while it runs). A probe that Redis answers closes the breaker; one that
 //!   fails opens it again for twice the period, up to `max_open_for`. So checks answer
-//!   again at most `max_open_for` after Redis does.
+//!   again at most `max_open_for` after Redis does. When the limiter's connection is
+//!   rebuilt meanwhile (the new primary of a cluster's slots, or the one Sentinel
+//!   names, found), the next probe goes at once.
 //!
 //! The arithmetic takes time as an argument (nanoseconds of a monotonic clock), so the
 //! unit tests drive it without sleeping. Closed and healthy, a check reads one atomic.
@@ -210,6 +212,15 @@ impl Breaker {
         self.troubled.load(Ordering::Acquire) && self.run.lock().open
     }
 
+    /// An open breaker's next probe is due at `now` (unless one runs): the connection was
+    /// rebuilt (after a failover), so Redis may well answer already.
+    pub(crate) fn probe_soon(&self, now: u64) {
+        let mut run = self.run.lock();
+        if run.open && !run.probing {
+            run.open_until = run.open_until.min(now);
+        }
+    }
+
     /// What the background prober does at `now`; `Now` marks the breaker half-open until
     /// the outcome is reported (and, should the probe hang, lets the next one start a
     /// period later).
@@ -307,6 +318,28 @@ mod tests {
             CircuitBreaker::new(3, Duration::from_secs(1))
                 .open_for(Duration::from_millis(500), Duration::from_secs(2)),
         )
+    }
+
+    /// A rebuilt connection brings the next probe forward to now, once a probe is not
+    /// running; a closed breaker ignores it.
+    #[test]
+    fn a_rebuilt_connection_brings_the_probe_forward() {
+        let b = breaker();
+        b.probe_soon(0);
+        assert_eq!(b.next_probe(0), Probe::Closed);
+        for t in 0..3 {
+            b.failed(t * MS, false);
+        }
+        assert_eq!(b.next_probe(10 * MS), Probe::Wait(492 * MS));
+        b.probe_soon(10 * MS);
+        assert_eq!(b.next_probe(10 * MS), Probe::Now);
+        // While that probe runs, nothing moves; it fails, and the period doubles.
+        b.probe_soon(11 * MS);
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        b.failed(12 * MS, true);
+        assert_eq!(b.next_probe(12 * MS), Probe::Wait(1_000 * MS));
+        b.probe_soon(20 * MS);
+        assert_eq!(b.next_probe(20 * MS), Probe::Now);
     }
 
     #[test]

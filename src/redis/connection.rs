@@ -467,6 +467,10 @@ pub(crate) struct Link {
     timeout: Duration,
     current: RwLock<Connection>,
     rebuild: Mutex<Rebuild>,
+    /// Told each time a rebuilt connection replaces the current one, and how many times
+    /// that happened.
+    rebuilt: tokio::sync::Notify,
+    generation: std::sync::atomic::AtomicU64,
     /// The cluster's nodes (`host:port`) as `CLUSTER SLOTS` listed them at the last
     /// connection; empty for one server.
     known: Mutex<Vec<String>>,
@@ -492,6 +496,8 @@ impl Link {
             timeout,
             current: RwLock::new(current),
             rebuild: Mutex::new(Rebuild::default()),
+            rebuilt: tokio::sync::Notify::new(),
+            generation: std::sync::atomic::AtomicU64::new(0),
             known: Mutex::new(known),
         })
     }
@@ -499,6 +505,17 @@ impl Link {
     /// The connection to use now (a cheap clone).
     pub(crate) fn get(&self) -> Connection {
         self.current.read().clone()
+    }
+
+    /// Returns once a rebuilt connection replaces the current one (a rebuild that
+    /// ends before this is awaited is not seen: compare [`generation`](Self::generation)).
+    pub(crate) async fn rebuilt(&self) {
+        self.rebuilt.notified().await;
+    }
+
+    /// How many rebuilt connections have replaced the current one.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A request failed for want of a server: on a cluster or behind Sentinel, rebuild
@@ -586,6 +603,9 @@ impl Link {
                         *link.known.lock() = nodes;
                     }
                     *link.current.write() = fresh;
+                    link.generation
+                        .fetch_add(1, std::sync::atomic::Ordering::Release);
+                    link.rebuilt.notify_waiters();
                 }
                 let mut rebuild = link.rebuild.lock();
                 if !rebuild.again {

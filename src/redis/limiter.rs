@@ -31,17 +31,35 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const PROBE_KEY: &str = "tollgate:breaker-probe";
 
 /// While the breaker of the limiter behind `weak` is open, probes Redis once per period
-/// until a probe closes it, or the limiter is dropped.
+/// until a probe closes it, or the limiter is dropped; and at once when its connection
+/// was rebuilt since the last probe (a cluster's or Sentinel's new primary found),
+/// rather than at the end of the period.
 async fn probe_while_open(weak: std::sync::Weak<Inner>) {
+    // The connection's generation when the last probe began.
+    let mut probed = None;
     loop {
-        let due = {
+        let (due, link) = {
             let Some(inner) = weak.upgrade() else { return };
-            inner.breaker.next_probe(inner.monotonic.now_ns())
+            let due = inner.breaker.next_probe(inner.monotonic.now_ns());
+            (due, Arc::clone(&inner.connection))
         };
         match due {
             Probe::Closed => return,
-            Probe::Wait(ns) => tokio::time::sleep(Duration::from_nanos(ns)).await,
+            Probe::Wait(ns) => {
+                let rebuilt = probed.is_some_and(|g| g != link.generation());
+                if !rebuilt {
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_nanos(ns)) => continue,
+                        () = link.rebuilt() => {}
+                    }
+                }
+                // Once per rebuilt connection, whatever the breaker does with it.
+                probed = Some(link.generation());
+                let Some(inner) = weak.upgrade() else { return };
+                inner.breaker.probe_soon(inner.monotonic.now_ns());
+            }
             Probe::Now => {
+                probed = Some(link.generation());
                 let Some(inner) = weak.upgrade() else { return };
                 RedisLimiter { inner }.probe().await;
             }
@@ -311,8 +329,9 @@ impl RedisBuilder {
 /// - *A circuit breaker* ([`RedisBuilder::circuit_breaker`]). After 3 consecutive
 ///   failures within 1 s (by default), checks fail at once with
 ///   [`RedisError::CircuitOpen`] while a background task probes Redis, once after 250 ms
-///   and then every 500 ms while Redis stays down (no check ever waits for a probe); the
-///   first probe Redis answers closes the breaker.
+///   and then every 500 ms while Redis stays down, and at once when the connection finds
+///   a new primary (no check ever waits for a probe); the first probe Redis answers
+///   closes the breaker.
 /// - *Fail modes* ([`check_or`](Self::check_or)): when Redis fails or the breaker is
 ///   open, admit ([`FailMode::Open`]), deny ([`FailMode::Closed`]) or limit in process
 ///   by an insurance quota ([`FailMode::Local`]).
