@@ -70,8 +70,9 @@ async fn probe_while_open(weak: std::sync::Weak<Inner>) {
 /// The default bound on the keys the deny cache holds.
 pub const DEFAULT_DENY_CACHE_KEYS: usize = 100_000;
 
-/// Configures a [`RedisLimiter`]. Made by [`RedisLimiter::builder`] (one server) or
-/// [`RedisLimiter::cluster_builder`] (Redis Cluster).
+/// Configures a [`RedisLimiter`]. Made by [`RedisLimiter::builder`] (one server),
+/// [`RedisLimiter::cluster_builder`] (Redis Cluster) or
+/// [`RedisLimiter::sentinel_builder`] (Redis Sentinel).
 #[must_use = "a builder does nothing until .build() is awaited"]
 pub struct RedisBuilder {
     options: RedisOptions,

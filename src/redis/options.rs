@@ -14,8 +14,8 @@ const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// How to reach Redis, shared by both tiers: one server's URL, a cluster's seed nodes or
-/// the sentinels of a primary, the prefix of every key, the timeout of a call, the TLS roots, and whether keys are
-/// stored hashed.
+/// the sentinels of a primary, the prefix of every key, the timeout of a call, the TLS
+/// roots, and whether keys are stored hashed.
 ///
 /// [`RedisLimiter::builder_with`](super::RedisLimiter::builder_with) and
 /// [`RedisSync::with_options`](crate::sync::RedisSync::with_options) take one, so that a
@@ -79,11 +79,12 @@ impl RedisOptions {
     /// or [`master_user`](Self::master_user). `rediss://` sentinel URLs mean TLS to the
     /// sentinels and to the data nodes.
     ///
-    /// Every connection asks the sentinels (all at once; the first to name the primary
-    /// wins) and checks with `ROLE` that the node it names is a primary. A call that
-    /// fails for want of a server, or meets a demoted primary (`READONLY`), makes the
-    /// tier ask again (at most every 500 ms): a failover needs no restart. One sentinel
-    /// that answers is enough.
+    /// Every connection asks the sentinels (all at once) and checks with `ROLE` that the
+    /// node they name is a primary, trying each address they give until one is. Each
+    /// tier listens to every sentinel's `+switch-master` and moves to the new primary as
+    /// soon as one announces it; a call that fails for want of a server, or meets a
+    /// demoted primary (`READONLY`), makes it ask again too (at most every 500 ms). A
+    /// failover needs no restart, and one sentinel that answers is enough.
     pub fn sentinel(sentinels: &[&str], master_name: &str) -> Self {
         Self::with_target(Target::sentinel(sentinels, master_name))
     }
