@@ -46,6 +46,17 @@ impl Reply {
     fn text(&self) -> &str {
         std::str::from_utf8(&self.body).unwrap_or("<not text>")
     }
+
+    /// Asserts a 429 whose `RateLimit` field reports the policy `denied_by` exhausted
+    /// (the field starts with `"<denied_by>";r=0;t=`).
+    fn assert_denied_by(&self, denied_by: &str, context: &str) {
+        assert_eq!(self.status, StatusCode::TOO_MANY_REQUESTS, "{context}");
+        let field = self.header("ratelimit");
+        assert!(
+            field.starts_with(&format!("\"{denied_by}\";r=0;t=")),
+            "{context}: {field}"
+        );
+    }
 }
 
 /// Sends `req` over a fresh HTTP/1.1 connection with hyper's client.
@@ -576,13 +587,9 @@ async fn two_quotas_are_named_in_the_headers_and_the_tighter_one_reports() {
         for _ in 1..burst {
             assert_eq!(get_with(addr, "/", key).await.status, StatusCode::OK);
         }
-        let denied = get_with(addr, "/", key).await;
-        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
-        assert!(
-            denied.header("ratelimit").starts_with("\"burst\";r=0;"),
-            "{}",
-            denied.header("ratelimit")
-        );
+        get_with(addr, "/", key)
+            .await
+            .assert_denied_by("burst", &format!("{first} + {second}"));
 
         // The burst refills one unit per step (its emission interval, far shorter than
         // the minute's), until the minute's cap is used up; then the minute reports and
@@ -598,16 +605,7 @@ async fn two_quotas_are_named_in_the_headers_and_the_tighter_one_reports() {
         }
         clock.advance(step);
         let capped = get_with(addr, "/", key).await;
-        assert_eq!(
-            capped.status,
-            StatusCode::TOO_MANY_REQUESTS,
-            "{first} + {second}"
-        );
-        assert!(
-            capped.header("ratelimit").starts_with("\"minute\";r=0;t="),
-            "{}",
-            capped.header("ratelimit")
-        );
+        capped.assert_denied_by("minute", &format!("{first} + {second}"));
         assert_eq!(capped.header("ratelimit-limit"), cap.to_string());
         assert_eq!(capped.header("ratelimit-policy"), policy);
     }
@@ -655,13 +653,9 @@ async fn several_limits_in_one_layer_are_all_or_nothing() {
         );
         assert_eq!(get_with(addr, "/", a).await.status, StatusCode::OK);
         // a's own limit denies; the global limit keeps its unit.
-        let denied = get_with(addr, "/", a).await;
-        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS, "{per_key}");
-        assert!(
-            denied.header("ratelimit").starts_with("\"default\";r=0;"),
-            "{}",
-            denied.header("ratelimit")
-        );
+        get_with(addr, "/", a)
+            .await
+            .assert_denied_by("default", per_key);
         assert_eq!(
             global.peek(&()).remaining(),
             1,
@@ -670,19 +664,9 @@ async fn several_limits_in_one_layer_are_all_or_nothing() {
         // b takes the global limit's last unit; then the global limit denies b, whose own
         // limit keeps its unit.
         assert_eq!(get_with(addr, "/", b).await.status, StatusCode::OK);
-        let global_deny = get_with(addr, "/", b).await;
-        assert_eq!(
-            global_deny.status,
-            StatusCode::TOO_MANY_REQUESTS,
-            "{per_key}"
-        );
-        assert!(
-            global_deny
-                .header("ratelimit")
-                .starts_with("\"global\";r=0;"),
-            "{}",
-            global_deny.header("ratelimit")
-        );
+        get_with(addr, "/", b)
+            .await
+            .assert_denied_by("global", per_key);
         assert_eq!(
             keyed.peek("b").remaining(),
             1,
