@@ -7,6 +7,15 @@ mod manual;
 #[allow(unused_imports)] // each test crate uses its own subset
 pub use manual::manual;
 
+/// Steps `x` (never 0) by xorshift64 and returns it: the tests' seeded, reproducible
+/// random timelines.
+pub fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 /// The largest `count − rate·t` over any interval of admissions, i.e. the smallest `b`
 /// with "at most `b + rate·t` in any interval of length `t`".
 pub fn excess_over_rate(admitted: &[u64], rate_per_us: f64) -> f64 {

@@ -33,9 +33,7 @@ fn dropping_untouched_keys_changes_no_decision() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let mut next_new = 0u64;
         for step in 0..200_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            crate::common::xorshift(&mut x);
             // Mostly recent keys, sometimes a brand new one, sometimes an old one back.
             let key = match x % 10 {
                 0..=5 => next_new.saturating_sub(x % 50),
@@ -143,9 +141,7 @@ fn a_key_set_in_use_is_never_swept() {
         for round in 0..ROUNDS {
             // A fresh random order each round: a key's gaps range over 0‥2 periods.
             for i in (1..order.len()).rev() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                crate::common::xorshift(&mut x);
                 order.swap(i, (x % (i as u64 + 1)) as usize);
             }
             for &key in &order {

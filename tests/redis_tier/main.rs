@@ -43,9 +43,7 @@ async fn assert_decides_as_in_memory(
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut real = Instant::now();
     for step in 0..steps {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        crate::common::xorshift(&mut x);
         let drawn = Duration::from_micros([0, 1, 900, 45_000, 250_000][(x % 5) as usize]);
         let behind = Duration::from_micros(real.elapsed().as_micros() as u64 + 1);
         clock.advance(drawn.max(behind));

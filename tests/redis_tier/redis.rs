@@ -176,9 +176,7 @@ async fn decisions_equal_the_in_memory_limiter() {
             // Every key is kept after each step (see `Keeper`).
             let mut keeper = Keeper::new(&server).await;
             for step in 0..400 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                crate::common::xorshift(&mut x);
                 let drawn =
                     Duration::from_micros([0, 1, 17, 900, 45_000, 250_000][(x % 6) as usize]);
                 clock.advance(drawn);
@@ -833,9 +831,7 @@ async fn settlements_equal_the_in_memory_limiter() {
         let keys: Vec<String> = (0..2).map(|k| format!("settle-{quota}-{k}")).collect();
         let mut keeper = Keeper::new(&server).await;
         for step in 0..400 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            crate::common::xorshift(&mut x);
             let drawn = Duration::from_micros([0, 1, 10, 900, 45_000, 250_000][(x % 6) as usize]);
             clock.advance(drawn);
             let key = format!("settle-{quota}-{}", (x >> 8) % 2);

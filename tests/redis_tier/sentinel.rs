@@ -460,9 +460,7 @@ async fn a_promoted_replica_that_lagged_admits_at_most_one_more_burst() {
     let mut worst = 0.0f64;
     let mut x = 0x2545_f491_4f6c_dd1du64;
     for run in 0..40 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        crate::common::xorshift(&mut x);
         let fail_at = 200 + (x % 200) as usize;
         let lag = ((x >> 16) % 101) as usize;
         let clock = ManualClock::new();
