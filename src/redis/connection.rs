@@ -184,18 +184,6 @@ impl Target {
             .collect()
     }
 
-    /// The data nodes a subscription may use (see [`Nodes`]). Connects nothing.
-    pub(crate) fn nodes(&self, timeout: Duration) -> Result<Nodes, ConfigError> {
-        match self.client(timeout)? {
-            Client::Sentinel(sentinels) => Ok(Nodes::Sentinel {
-                sentinels,
-                timeout,
-                primary: Arc::default(),
-            }),
-            _ => Ok(Nodes::Fixed(self.url_clients()?)),
-        }
-    }
-
     /// Parses the URLs into a client; connects nothing.
     pub(crate) fn client(&self, timeout: Duration) -> Result<Client, ConfigError> {
         let invalid = |e: redis::RedisError| ConfigError::InvalidRedisUrl {
@@ -341,6 +329,20 @@ impl Nodes {
 }
 
 impl Client {
+    /// The data nodes a subscription may use (see [`Nodes`]): this client's own, a
+    /// cluster's seeds, or the sentinels' primary. Connects nothing.
+    pub(crate) fn nodes(&self, timeout: Duration) -> Result<Nodes, ConfigError> {
+        match self {
+            Self::Single(client) => Ok(Nodes::Fixed(vec![client.clone()])),
+            Self::Cluster(_, target) => Ok(Nodes::Fixed(target.url_clients()?)),
+            Self::Sentinel(sentinels) => Ok(Nodes::Sentinel {
+                sentinels: sentinels.clone(),
+                timeout,
+                primary: Arc::default(),
+            }),
+        }
+    }
+
     /// Connects, each connection attempt and reply bounded by `timeout` (the caller
     /// bounds the whole with its own timer too). The connection reconnects by itself,
     /// and a cluster connection follows failovers and slot moves.
@@ -487,11 +489,15 @@ struct Rebuild {
 }
 
 impl Link {
-    /// Connects, each step bounded by `timeout`.
-    pub(crate) async fn connect(client: Client, timeout: Duration) -> redis::RedisResult<Self> {
+    /// Connects, each step bounded by `timeout`; behind Sentinel, starts listening for
+    /// switches ([`watch_switches`](Self::watch_switches)).
+    pub(crate) async fn connect(
+        client: Client,
+        timeout: Duration,
+    ) -> redis::RedisResult<Arc<Self>> {
         let current = client.connect(timeout).await?;
         let known = discover(&current, timeout).await;
-        Ok(Self {
+        let link = Arc::new(Self {
             client,
             timeout,
             current: RwLock::new(current),
@@ -499,7 +505,9 @@ impl Link {
             rebuilt: tokio::sync::Notify::new(),
             generation: std::sync::atomic::AtomicU64::new(0),
             known: Mutex::new(known),
-        })
+        });
+        link.watch_switches();
+        Ok(link)
     }
 
     /// The connection to use now (a cheap clone).
@@ -531,7 +539,7 @@ impl Link {
     /// up and answering (cut off from them, not from this node), and what it accepts
     /// now is lost when it rejoins as a replica. Every sentinel is listened to (one
     /// subscription each): they switch at different times, the leader first.
-    pub(crate) fn watch_switches(self: &Arc<Self>) {
+    fn watch_switches(self: &Arc<Self>) {
         let Client::Sentinel(sentinels) = &self.client else {
             return;
         };

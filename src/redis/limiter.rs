@@ -193,14 +193,12 @@ impl RedisBuilder {
         };
         let script = redis::Script::new(source);
         let connect = async {
-            let link = Link::connect(client, timeout).await?;
+            let link = Link::connect(client.clone(), timeout).await?;
             // A cluster's nodes get the script on first use (`EVAL` after `NOSCRIPT`):
             // loading it on every node would make one unreachable replica fail the build.
             if !self.options.target.is_cluster() {
                 script.prepare_invoke().load_async(&mut link.get()).await?;
             }
-            let link = Arc::new(link);
-            link.watch_switches();
             Ok::<_, redis::RedisError>(link)
         };
         let connection = tokio::time::timeout(timeout, connect)
@@ -222,7 +220,7 @@ impl RedisBuilder {
         let (listening, stop) = tokio::sync::watch::channel(());
         // Every limiter subscribes, with a deny cache or not: the subscribers are how
         // the limiters sharing the prefix count each other (`FailMode::LocalShare`).
-        let nodes = self.options.target.nodes(timeout)?;
+        let nodes = client.nodes(timeout)?;
         let channel = super::invalidate::channel(&prefix);
         // Subscribed before the first check, so that no reset can go unheard; if that
         // fails, the listener keeps trying (and empties the cache once it succeeds).

@@ -436,10 +436,7 @@ struct Round {
 
 impl Task {
     async fn connect(&self) -> Result<Arc<Link>, redis::RedisError> {
-        let link = Link::connect(self.settings.client.clone(), self.settings.timeout).await?;
-        let link = Arc::new(link);
-        link.watch_switches();
-        Ok(link)
+        Link::connect(self.settings.client.clone(), self.settings.timeout).await
     }
 
     async fn run<K, C>(self: Arc<Self>, limiter: SyncedLimiter<K, C>)
