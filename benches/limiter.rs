@@ -662,6 +662,17 @@ fn redis_tier(c: &mut Criterion) {
                 .build(),
         )
         .expect("connect");
+    // The same quota and a second one (`also`, 864M a day: T = 100 µs), decided in the
+    // same script call; every check is admitted by both.
+    let two_quotas = runtime
+        .block_on(
+            RedisLimiter::builder(&server.url(), quota)
+                .also("864000000/day".parse().expect("valid quota"))
+                .prefix("two")
+                .timeout(Duration::from_secs(5))
+                .build(),
+        )
+        .expect("connect");
     let connection = runtime
         .block_on(async {
             let client = redis::Client::open(server.url())?;
@@ -682,6 +693,20 @@ fn redis_tier(c: &mut Criterion) {
             async move {
                 let key = &names[order[i & (SEQUENCE - 1)] as usize];
                 ours.check(key).await.expect("redis check").is_allowed()
+            }
+        }
+    };
+    let call_two = {
+        let (two_quotas, names, order) = (two_quotas.clone(), names.clone(), order.clone());
+        move |i: usize| {
+            let (two_quotas, names, order) = (two_quotas.clone(), names.clone(), order.clone());
+            async move {
+                let key = &names[order[i & (SEQUENCE - 1)] as usize];
+                two_quotas
+                    .check(key)
+                    .await
+                    .expect("redis check")
+                    .is_allowed()
             }
         }
     };
@@ -755,6 +780,11 @@ fn redis_tier(c: &mut Criterion) {
                 runtime.block_on(run_in_flight(iters, in_flight, call_ours.clone()))
             })
         });
+        group.bench_function(id("tollgate_two_quotas"), |b| {
+            b.iter_custom(|iters| {
+                runtime.block_on(run_in_flight(iters, in_flight, call_two.clone()))
+            })
+        });
         group.bench_function(id("common_lua_baseline"), |b| {
             b.iter_custom(|iters| {
                 runtime.block_on(run_in_flight(iters, in_flight, call_baseline.clone()))
@@ -770,10 +800,18 @@ fn redis_tier(c: &mut Criterion) {
     let mut admin = connection.clone();
     type BoxedCall =
         Box<dyn Fn(usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>>;
-    let (ours_call, baseline_call, bare_call) =
-        (call_ours.clone(), call_baseline.clone(), call_bare.clone());
-    let calls: [(&str, BoxedCall); 3] = [
+    let (ours_call, two_call, baseline_call, bare_call) = (
+        call_ours.clone(),
+        call_two.clone(),
+        call_baseline.clone(),
+        call_bare.clone(),
+    );
+    let calls: [(&str, BoxedCall); 4] = [
         ("tollgate_script", Box::new(move |i| Box::pin(ours_call(i)))),
+        (
+            "tollgate_two_quotas",
+            Box::new(move |i| Box::pin(two_call(i))),
+        ),
         (
             "common_lua_baseline",
             Box::new(move |i| Box::pin(baseline_call(i))),
@@ -793,7 +831,18 @@ fn redis_tier(c: &mut Criterion) {
             "redis_tier/server_cost/{name}: {per_call:.2} µs of server time per call (INFO commandstats, {calls} calls)"
         );
     }
-    alternating_rounds(&runtime, &mut admin, &call_ours, &call_bare);
+    alternating_rounds(
+        &runtime,
+        &mut admin,
+        ("tollgate", &call_ours),
+        ("bare", &call_bare),
+    );
+    alternating_rounds(
+        &runtime,
+        &mut admin,
+        ("two_quotas", &call_two),
+        ("one_quota", &call_ours),
+    );
     let local = tollgate(Algorithm::TokenBucket, quota);
     group.bench_function(BenchmarkId::new("local_rate_limiter", "1_thread"), |b| {
         b.iter_custom(|iters| {
@@ -829,18 +878,20 @@ async fn evalsha_usec_per_call(admin: &mut redis::aio::ConnectionManager) -> f64
         .unwrap_or(f64::NAN)
 }
 
-/// tollgate's script against the bare GCRA in alternating rounds at 1, 16 and 64 in flight:
-/// on this VM a criterion group runs one contender for seconds and then the other, and
-/// the machine's load moves between them by more than the gap measured, so the ratio is
-/// also taken round by round, each round timing the same calls of both back to back.
-/// Prints the median of the rounds' throughput ratios (bare time / tollgate time) and
-/// of each script's server time per call (`INFO commandstats`, reset before each half).
+/// Two kinds of call (`ours` against `theirs`, each with its name; tollgate's script
+/// against the bare GCRA, or two quotas against one) in alternating rounds at 1, 16 and
+/// 64 in flight: on this VM a criterion group runs one contender for seconds and then
+/// the other, and the machine's load moves between them by more than the gap measured,
+/// so the ratio is also taken round by round, each round timing the same calls of both
+/// back to back. Prints the median of the rounds' throughput ratios (their time / our
+/// time) and of each script's server time per call (`INFO commandstats`, reset before
+/// each half).
 #[cfg(feature = "redis")]
 fn alternating_rounds<O, OF, B, BF>(
     runtime: &tokio::runtime::Runtime,
     admin: &mut redis::aio::ConnectionManager,
-    ours: &O,
-    bare: &B,
+    (ours_name, ours): (&str, &O),
+    (bare_name, bare): (&str, &B),
 ) where
     O: Fn(usize) -> OF + Clone + Send + 'static,
     OF: std::future::Future<Output = bool> + Send + 'static,
@@ -876,7 +927,7 @@ fn alternating_rounds<O, OF, B, BF>(
             .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
         let (ours_us, bare_us) = (median(ours_us), median(bare_us));
         println!(
-            "redis_tier/alternating/{in_flight}_in_flight: throughput tollgate / bare {:.3} (median of {rounds} rounds, {lo:.3}–{hi:.3}); server µs per call {ours_us:.2} vs {bare_us:.2} ({:.3}×)",
+            "redis_tier/alternating/{in_flight}_in_flight: throughput {ours_name} / {bare_name} {:.3} (median of {rounds} rounds, {lo:.3}–{hi:.3}); server µs per call {ours_us:.2} vs {bare_us:.2} ({:.3}×)",
             median(ratios),
             ours_us / bare_us
         );

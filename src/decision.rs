@@ -156,6 +156,39 @@ impl Decision {
         }
     }
 
+    /// This deny, reporting `remaining` units left if that is fewer (the fewest left
+    /// among every quota of a limiter with several).
+    pub(crate) fn with_fewest(self, remaining: u64) -> Self {
+        if remaining >= self.remaining {
+            return self;
+        }
+        Self { remaining, ..self }
+    }
+
+    /// The decision of a request under several quotas, given each quota's own decision
+    /// of it (tagged with [`for_policy`](Self::for_policy)), every one taken against the
+    /// same state: when all admit, the tightest admission ([`tighter`](Self::tighter));
+    /// otherwise the denying quota with the longest wait (the first on a tie), with the
+    /// fewest units left of all. `None` for no quota.
+    pub(crate) fn all_of(decisions: impl IntoIterator<Item = Self>) -> Option<Self> {
+        let mut admitted: Option<Self> = None;
+        let mut denied: Option<Self> = None;
+        let mut fewest = u64::MAX;
+        for decision in decisions {
+            fewest = fewest.min(decision.remaining);
+            let tightest = if decision.is_allowed() {
+                &mut admitted
+            } else {
+                &mut denied
+            };
+            *tightest = Some(tightest.map_or(decision, |t| t.tighter(decision)));
+        }
+        match denied {
+            Some(deny) => Some(deny.with_fewest(fewest)),
+            None => admitted,
+        }
+    }
+
     /// Whether the request was admitted (and, for a check, consumed quota).
     #[inline(always)]
     pub fn is_allowed(&self) -> bool {

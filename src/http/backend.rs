@@ -125,10 +125,11 @@ mod redis {
             Q: ?Sized + Hash + Eq + ToOwned<Owned = String>,
         {
             let (limiter, on_failure) = self;
-            let (name, quota, capacity) = (
+            let (name, quota, capacity, also) = (
                 Arc::from(limiter.name()),
                 limiter.quota(),
-                limiter.capacity(),
+                limiter.quota_capacity(),
+                limiter.also_policies(),
             );
             let remote: RemoteLimiter<Q> = Arc::new(move |key: &Q| {
                 let limiter = limiter.clone();
@@ -143,7 +144,7 @@ mod redis {
                 name,
                 quota,
                 capacity,
-                also: Vec::new(),
+                also,
             }
         }
     }

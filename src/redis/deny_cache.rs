@@ -93,12 +93,14 @@ impl Policy for CachePolicy {
 }
 
 /// A cached deny: a unit request is denied while `now < retry_at`; both instants in µs
-/// of the local clock. `limit` is the quota's, as the reply gave it.
+/// of the local clock. `limit` is the quota's, as the reply gave it, and `policy` which
+/// of the limiter's quotas denied ([`Decision::policy`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Until {
     pub(crate) retry_at: u64,
     pub(crate) reset_at: u64,
     pub(crate) limit: u64,
+    pub(crate) policy: usize,
 }
 
 /// One key's entry: its deny and whether a call for it is under way. A mutex, not
@@ -179,6 +181,7 @@ pub(crate) fn cached_decision(until: Until, now_us: u64) -> Option<Decision> {
             until.reset_at.saturating_sub(now_us).saturating_mul(1_000),
             (until.retry_at - now_us).saturating_mul(1_000),
         )
+        .for_policy(until.policy)
     })
 }
 
@@ -248,6 +251,7 @@ pub(crate) fn lesson(
 ) -> Lesson {
     let reset_us = decision.reset_after_ns() / 1_000;
     let limit = decision.limit();
+    let policy = decision.policy();
     let at = |after_us: u64| sent_us.saturating_add(after_us);
     if !decision.is_allowed() {
         if cost != 1 {
@@ -258,6 +262,7 @@ pub(crate) fn lesson(
             retry_at: at(retry_us),
             reset_at: at(reset_us),
             limit,
+            policy,
         });
     }
     if decision.remaining() >= 1 {
@@ -270,12 +275,14 @@ pub(crate) fn lesson(
             retry_at: at(reset_us - tau_us),
             reset_at: at(reset_us),
             limit,
+            policy,
         }),
         // The window is full: the next unit request waits for its end.
         Algorithm::FixedWindow if cost >= 1 && reset_us > 0 => Lesson::Denied(Until {
             retry_at: at(reset_us),
             reset_at: at(reset_us),
             limit,
+            policy,
         }),
         _ => Lesson::Nothing,
     }
@@ -450,6 +457,7 @@ mod tests {
             retry_at: at,
             reset_at: at,
             limit: 1,
+            policy: 0,
         })
     }
 
@@ -483,6 +491,7 @@ mod tests {
                 retry_at: 50_010,
                 reset_at: 450_010,
                 limit: 5,
+                policy: 0,
             })
         );
         assert_eq!(
@@ -502,6 +511,7 @@ mod tests {
                 retry_at: 300_000,
                 reset_at: 300_000,
                 limit: 10,
+                policy: 0,
             })
         );
         assert_eq!(
@@ -524,6 +534,7 @@ mod tests {
             retry_at: 1_000,
             reset_at: 1_000,
             limit: 10,
+            policy: 0,
         });
         cache.learn("k", cache.generation(), 0, denied);
         assert!(cached(&cache, "k", 10).is_some());

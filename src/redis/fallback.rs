@@ -44,8 +44,9 @@ pub enum FailMode {
     /// across outages; it is not synchronised with Redis. (A quota the algorithm cannot
     /// hold in process — a window limit beyond its state word — denies as `Closed`.)
     Local(Quota),
-    /// Limit the request in process by this node's share of the limiter's own quota:
-    /// the quota divided by `N`, the number of live limiters sharing the prefix (and
+    /// Limit the request in process by this node's share of the limiter's quota (of
+    /// each, all or nothing, for a limiter with [`also`](super::RedisBuilder::also)
+    /// quotas): the quota divided by `N`, the number of live limiters sharing the prefix (and
     /// algorithm), as last counted while Redis answered. The limiters count each other
     /// through the subscribers of the reset channel (`PUBSUB NUMSUB` on every node the
     /// limiter was given, every second), so `N` follows nodes that start or stop, with
@@ -95,13 +96,14 @@ impl Clock for LocalClock {
 
 type Local = RateLimiter<String, LocalClock>;
 
-/// The in-process limiters of [`FailMode::Local`], one per quota asked for, built on
-/// first use (an outage's first check), kept for the next outage.
+/// The in-process limiters of [`FailMode::Local`] and [`FailMode::LocalShare`], one per
+/// set of quotas asked for, built on first use (an outage's first check), kept for the
+/// next outage.
 pub(crate) struct Fallbacks {
     algorithm: Algorithm,
     clock: LocalClock,
     name: Arc<str>,
-    limiters: RwLock<Vec<(Quota, Arc<Local>)>>,
+    limiters: RwLock<Vec<(Vec<Quota>, Arc<Local>)>>,
 }
 
 impl Fallbacks {
@@ -115,15 +117,16 @@ impl Fallbacks {
     }
 
     /// The decision `mode` gives a request of cost `n` for `key` when Redis cannot
-    /// decide. `quota` is the Redis limiter's, `capacity` and `interval_ns` its
-    /// capacity and emission interval, and `nodes` the live limiters last counted.
+    /// decide. `quotas` are the Redis limiter's (its own, then its `also` quotas),
+    /// `capacity` and `interval_ns` its capacity and emission interval, and `nodes` the
+    /// live limiters last counted.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn decide(
         &self,
         mode: FailMode,
         key: &str,
         n: u64,
-        quota: Quota,
+        quotas: &[Quota],
         capacity: u64,
         interval_ns: u64,
         nodes: u64,
@@ -131,11 +134,11 @@ impl Fallbacks {
         let local = match mode {
             FailMode::Open => return Decision::allow(capacity, 0, 0),
             FailMode::Closed => return Decision::deny(capacity, 0, 0, interval_ns.max(1)),
-            FailMode::Local(quota) => Some(quota),
-            FailMode::LocalShare => share(quota, nodes),
+            FailMode::Local(quota) => Some(vec![quota]),
+            FailMode::LocalShare => quotas.iter().map(|&q| share(q, nodes)).collect(),
         };
         match local {
-            Some(quota) => match self.limiter(quota) {
+            Some(quotas) => match self.limiter(&quotas) {
                 Some(local) => local.check_n(key, n).unwrap_or_else(|e| {
                     // The cost fits the Redis quota but not the insurance one: it can never
                     // pass locally, so deny it until Redis is back (one interval).
@@ -147,24 +150,26 @@ impl Fallbacks {
         }
     }
 
-    /// The local limiter for `quota`, built if new; `None` only if the algorithm cannot
-    /// hold the quota (then the caller denies, as `Closed`).
-    fn limiter(&self, quota: Quota) -> Option<Arc<Local>> {
-        if let Some((_, l)) = self.limiters.read().iter().find(|(q, _)| *q == quota) {
+    /// The local limiter for `quotas` (one or more), built if new; `None` only if the
+    /// algorithm cannot hold them (then the caller denies, as `Closed`).
+    fn limiter(&self, quotas: &[Quota]) -> Option<Arc<Local>> {
+        if let Some((_, l)) = self.limiters.read().iter().find(|(q, _)| q == quotas) {
             return Some(Arc::clone(l));
         }
         let mut limiters = self.limiters.write();
-        if let Some((_, l)) = limiters.iter().find(|(q, _)| *q == quota) {
+        if let Some((_, l)) = limiters.iter().find(|(q, _)| q == quotas) {
             return Some(Arc::clone(l));
         }
-        let built = RateLimiter::builder(quota)
+        let (&first, also) = quotas.split_first()?;
+        let mut builder = RateLimiter::builder(first)
             .algorithm(self.algorithm)
             .name(&format!("{}-local", self.name))
-            .clock(self.clock.clone())
-            .build()
-            .ok()?;
-        let built = Arc::new(built);
-        limiters.push((quota, Arc::clone(&built)));
+            .clock(self.clock.clone());
+        for &quota in also {
+            builder = builder.also(quota);
+        }
+        let built = Arc::new(builder.build().ok()?);
+        limiters.push((quotas.to_vec(), Arc::clone(&built)));
         Some(built)
     }
 }

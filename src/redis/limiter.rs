@@ -83,6 +83,7 @@ pub struct RedisBuilder {
     deny_cache: bool,
     deny_cache_keys: usize,
     breaker: CircuitBreaker,
+    also: Vec<Quota>,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -90,6 +91,7 @@ impl fmt::Debug for RedisBuilder {
         f.debug_struct("RedisBuilder")
             .field("options", &self.options)
             .field("quota", &self.quota)
+            .field("also", &self.also)
             .field("algorithm", &self.algorithm)
             .field("caller_clock", &self.clock.is_some())
             .field("name", &self.name)
@@ -111,6 +113,54 @@ impl RedisBuilder {
     /// `TokenBucket` (the default), `SlidingWindow` or `FixedWindow`.
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
+        self
+    }
+
+    /// Holds every key to `quota` as well, all or nothing, as
+    /// [`Builder::also`](crate::Builder::also) does in process: a check is admitted only
+    /// if every quota admits it, and then consumes from each; a denied check consumes
+    /// from none. For example `"10/s burst 20"` and `"1000/day"`. Call it again for a
+    /// third quota.
+    ///
+    /// **One round trip.** All the quotas of a key are decided in one script call: each
+    /// keeps its state in a Redis key of its own (`<prefix>:<algorithm>+<i>:{<key>}` for
+    /// the `i`-th `also` quota, see [`redis_keys`](RedisLimiter::redis_keys)), and all of
+    /// them carry the key's hash tag, so on Redis Cluster they share one slot and the
+    /// script is atomic there too.
+    ///
+    /// The [`Decision`] describes the most constraining quota ([`Decision::policy`]
+    /// says which): for an admission, the one with the fewest units left; for a deny,
+    /// the denying one with the longest wait, with the fewest units left of all. The
+    /// decisions are those of the in-process limiter with the same quotas (tests hold
+    /// the two to each other on random timelines).
+    /// [`set_default_quota`](RedisLimiter::set_default_quota) changes the first quota;
+    /// the `also` quotas stay. [`charge`](RedisLimiter::charge) and
+    /// [`refund`](RedisLimiter::refund) settle every quota, and
+    /// [`FailMode::LocalShare`] shares each.
+    ///
+    /// A quota's state is found by its place in the list: give every node the quotas
+    /// in the same order. Reordering them on a restart reads each state under another
+    /// quota, as [`set_default_quota`](RedisLimiter::set_default_quota) does.
+    ///
+    /// ```no_run
+    /// use tollgate::redis::RedisLimiter;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisLimiter::builder("redis://127.0.0.1/", "10/s burst 20".parse()?)
+    ///     .also("1000/day".parse()?)
+    ///     .build()
+    ///     .await?;
+    /// let decision = limiter.check("tenant-a").await?; // one script call, both quotas
+    /// if !decision.is_allowed() {
+    ///     let which = ["burst", "daily"][decision.policy()];
+    ///     println!("{which} limit: retry in {:?}", decision.retry_after());
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn also(mut self, quota: Quota) -> Self {
+        self.also.push(quota);
         self
     }
 
@@ -168,6 +218,17 @@ impl RedisBuilder {
     /// [`RedisError::Unavailable`] when Redis cannot be reached within the timeout.
     pub async fn build(self) -> Result<RedisLimiter, RedisError> {
         let rule = Rule::new(self.algorithm, self.quota)?;
+        let short = short_name(self.algorithm);
+        let also = (1..)
+            .zip(&self.also)
+            .map(|(i, &quota)| {
+                Ok(Also {
+                    quota,
+                    rule: Rule::new(self.algorithm, quota)?,
+                    prefix: format!("{}:{short}+{i}:", self.options.prefix),
+                })
+            })
+            .collect::<Result<Box<[Also]>, RedisError>>()?;
         let (client, timeout) =
             self.options
                 .validate(DEFAULT_TIMEOUT, |setting, value, expected| {
@@ -205,7 +266,7 @@ impl RedisBuilder {
             .await
             .map_err(|_| RedisError::Timeout(timeout))?
             .map_err(|e| RedisError::from_redis(e, b""))?;
-        let prefix = format!("{}:{}:", self.options.prefix, short_name(self.algorithm));
+        let prefix = format!("{}:{short}:", self.options.prefix);
         let local_clock = match &self.clock {
             Some(clock) => LocalClock::Caller(Arc::clone(clock)),
             None => LocalClock::Monotonic(MonotonicClock::new()),
@@ -241,6 +302,7 @@ impl RedisBuilder {
                     rule,
                     quota: self.quota,
                 }),
+                also,
                 prefix,
                 timeout,
                 clock: self.clock,
@@ -394,6 +456,9 @@ struct Inner {
     hasher: Option<KeyHasher>,
     /// The quota, replaced by `set_default_quota`.
     current: RwLock<Current>,
+    /// The further quotas ([`RedisBuilder::also`]), fixed at build.
+    also: Box<[Also]>,
+    /// `<prefix>:<algorithm>:`, the first quota's keys' start.
     prefix: String,
     timeout: Duration,
     /// The caller's clock, whose time the scripts take instead of the server's.
@@ -432,6 +497,23 @@ impl Inner {
 struct Current {
     rule: Rule,
     quota: Quota,
+}
+
+/// What a call of the check script does: a check of a cost, or (the window counters) a
+/// refund, which the token bucket makes with a script of its own.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Check(u64),
+    Refund(u64),
+}
+
+/// A further quota ([`RedisBuilder::also`]): its script arguments, and its keys' start,
+/// `<prefix>:<algorithm>+<i>:`.
+#[derive(Debug)]
+struct Also {
+    quota: Quota,
+    rule: Rule,
+    prefix: String,
 }
 
 /// Counters of a [`RedisLimiter`], from [`RedisLimiter::stats`].
@@ -533,6 +615,7 @@ impl RedisLimiter {
             deny_cache: true,
             deny_cache_keys: DEFAULT_DENY_CACHE_KEYS,
             breaker: CircuitBreaker::default(),
+            also: Vec::new(),
         }
     }
 
@@ -541,15 +624,48 @@ impl RedisLimiter {
         &self.inner.name
     }
 
-    /// The quota every key is limited by.
+    /// The quota every key is limited by (the first, for a limiter with
+    /// [`also`](RedisBuilder::also) quotas).
     pub fn quota(&self) -> Quota {
         self.inner.current.read().quota
     }
 
+    /// Every quota a key is held to: the limiter's own, then each
+    /// [`also`](RedisBuilder::also) quota, in the order of [`Decision::policy`].
+    pub fn quotas(&self) -> Vec<Quota> {
+        let first = self.quota();
+        std::iter::once(first)
+            .chain(self.inner.also.iter().map(|a| a.quota))
+            .collect()
+    }
+
     /// The most one request can cost: the quota's burst for the token bucket, its
-    /// limit for the windows.
+    /// limit for the windows (the smallest of all quotas, with
+    /// [`also`](RedisBuilder::also)).
     pub fn capacity(&self) -> u64 {
+        let algorithm = self.inner.algorithm;
+        self.inner
+            .also
+            .iter()
+            .map(|a| capacity_of(algorithm, a.quota))
+            .fold(capacity_of(algorithm, self.quota()), u64::min)
+    }
+
+    /// The first quota's capacity (the `RateLimit-Policy` of policy 0).
+    #[cfg(feature = "tower")]
+    pub(crate) fn quota_capacity(&self) -> u64 {
         capacity_of(self.inner.algorithm, self.quota())
+    }
+
+    /// The `also` quotas, each with its capacity.
+    #[cfg(feature = "tower")]
+    pub(crate) fn also_policies(&self) -> Vec<(Quota, u64)> {
+        let algorithm = self.inner.algorithm;
+        self.inner
+            .also
+            .iter()
+            .map(|a| (a.quota, capacity_of(algorithm, a.quota)))
+            .collect()
     }
 
     /// The algorithm the script runs.
@@ -564,7 +680,27 @@ impl RedisLimiter {
     /// `x}1`, `x}2`, … in one slot). The name is passed as a binary-safe script key,
     /// never spliced into a command, so any bytes round-trip.
     pub fn redis_key(&self, key: &str) -> Vec<u8> {
-        let prefix = &self.inner.prefix;
+        self.state_key(&self.inner.prefix, key)
+    }
+
+    /// The Redis keys that hold `key`'s state under each quota, in the order of
+    /// [`quotas`](Self::quotas): [`redis_key`](Self::redis_key) first, then
+    /// `<prefix>:<algorithm>+<i>:{<key>}` for the `i`-th
+    /// [`also`](RedisBuilder::also) quota. All carry the same hash tag, so they share a
+    /// slot on Redis Cluster.
+    pub fn redis_keys(&self, key: &str) -> Vec<Vec<u8>> {
+        std::iter::once(self.redis_key(key))
+            .chain(
+                self.inner
+                    .also
+                    .iter()
+                    .map(|a| self.state_key(&a.prefix, key)),
+            )
+            .collect()
+    }
+
+    /// `<prefix>{<key>}`, the key written as [`redis_key`](Self::redis_key) says.
+    fn state_key(&self, prefix: &str, key: &str) -> Vec<u8> {
         let mut k = Vec::with_capacity(prefix.len() + key.len().max(34) + 2);
         k.extend_from_slice(prefix.as_bytes());
         k.push(b'{');
@@ -633,8 +769,12 @@ impl RedisLimiter {
             }
         }
         let current = *inner.current.read();
-        let capacity = capacity_of(inner.algorithm, current.quota);
-        if n > capacity {
+        // The first quota, in order, that can never admit the cost (as in process).
+        let too_small = std::iter::once(current.quota)
+            .chain(inner.also.iter().map(|a| a.quota))
+            .map(|quota| capacity_of(inner.algorithm, quota))
+            .find(|&capacity| n > capacity);
+        if let Some(capacity) = too_small {
             return Err(InsufficientCapacity {
                 requested: n,
                 capacity,
@@ -649,12 +789,26 @@ impl RedisLimiter {
         let generation = inner.cache.as_ref().map(DenyCache::generation);
         inner.calls.fetch_add(1, Ordering::Relaxed);
         let script_now = inner.clock.as_ref().map(|_| now_us);
-        let decided = self.call(key, n, current.rule, script_now, deadline).await;
+        let decided = self
+            .call(
+                key,
+                Op::Check(n),
+                current.rule,
+                &inner.also,
+                script_now,
+                deadline,
+            )
+            .await;
         match &decided {
             Ok(decision) => {
                 self.answered();
                 if let (Some(cache), Some(generation)) = (&inner.cache, generation) {
-                    let lesson = lesson(inner.algorithm, current.rule.tau(), n, now_us, decision);
+                    // The tau of the quota the decision describes.
+                    let tau = match decision.policy() {
+                        0 => current.rule.tau(),
+                        i => inner.also.get(i - 1).map_or(0, |a| a.rule.tau()),
+                    };
+                    let lesson = lesson(inner.algorithm, tau, n, now_us, decision);
                     cache.learn(key, generation, now_us, lesson);
                 }
             }
@@ -704,7 +858,7 @@ impl RedisLimiter {
         let script_now = inner.clock.as_ref().map(|_| inner.now_us());
         let call = || {
             inner.calls.fetch_add(1, Ordering::Relaxed);
-            self.call(PROBE_KEY, 0, rule, script_now, deadline)
+            self.call(PROBE_KEY, Op::Check(0), rule, &[], script_now, deadline)
         };
         let mut outcome = call().await;
         if matches!(outcome, Err(RedisError::Unavailable(_)))
@@ -726,57 +880,53 @@ impl RedisLimiter {
         }
     }
 
-    /// One script call for a request of cost `n`, with the script's time (µs) or none
-    /// (the server's `TIME`), failing with [`RedisError::Timeout`] at `deadline`.
+    /// One script call for a request of cost `n` under `rule` and the `also` quotas,
+    /// with the script's time (µs) or none (the server's `TIME`), failing with
+    /// [`RedisError::Timeout`] at `deadline`.
     async fn call(
         &self,
         key: &str,
-        n: u64,
+        op: Op,
         rule: Rule,
+        also: &[Also],
         now_us: Option<u64>,
         deadline: tokio::time::Instant,
     ) -> Result<Decision, RedisError> {
         let inner = &*self.inner;
         let redis_key = self.redis_key(key);
+        // Empty, with no allocation, for one quota.
+        let also_keys: Vec<Vec<u8>> = also
+            .iter()
+            .map(|a| self.state_key(&a.prefix, key))
+            .collect();
         let call = |eval: bool| {
-            let mut cmd = if eval {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(inner.source);
-                cmd
-            } else {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(inner.script.get_hash());
-                cmd
+            let mut cmd = script_call(eval, inner.source, &inner.script, &redis_key, &also_keys);
+            let [first, second] = rule.args();
+            cmd.arg(first).arg(second);
+            match op {
+                Op::Check(n) => cmd.arg(n),
+                Op::Refund(n) => cmd.arg(format!("r{n}")),
             };
-            cmd.arg(1).arg(&redis_key);
-            match rule {
-                // No `now` argument: the server's `TIME`.
-                Rule::TokenBucket { t, tau, .. } => {
-                    cmd.arg(t).arg(tau).arg(n);
-                    if let Some(us) = now_us {
-                        cmd.arg(us);
-                    }
-                }
-                // An empty `now`: the server's `TIME`.
-                Rule::Window { limit, period } => {
-                    cmd.arg(limit).arg(period).arg(n);
-                    match now_us {
-                        Some(us) => cmd.arg(us),
-                        None => cmd.arg(""),
-                    };
-                }
-            }
+            // The token bucket takes an absent `now`, which is cheapest.
+            let absent = matches!(rule, Rule::TokenBucket { .. });
+            now_and_also(&mut cmd, now_us, absent, also);
             cmd
         };
         let mut connection = inner.connection.get();
+        let rules = || std::iter::once(rule).chain(also.iter().map(|a| a.rule));
         let run = async {
-            match rule {
-                Rule::TokenBucket { t, tau, burst } => eval::<i64>(&mut connection, call)
+            match (rule, op) {
+                (Rule::TokenBucket { t, tau, burst }, Op::Check(n)) if also.is_empty() => {
+                    eval::<i64>(&mut connection, call)
+                        .await
+                        .map(|reply| gcra_decision(reply, t, tau, burst, n))
+                }
+                (_, Op::Check(n)) => eval::<Vec<i64>>(&mut connection, call)
                     .await
-                    .map(|reply| gcra_decision(reply, t, tau, burst, n)),
-                Rule::Window { .. } => eval::<Vec<i64>>(&mut connection, call)
+                    .map(|replies| all_of(&replies, rules(), n)),
+                (_, Op::Refund(_)) => eval::<Vec<i64>>(&mut connection, call)
                     .await
-                    .map(|reply| decision_from(&reply)),
+                    .map(|replies| settled(&replies, rules())),
             }
         };
         self.bounded(deadline, &redis_key, run).await?
@@ -848,8 +998,8 @@ impl RedisLimiter {
             mode,
             key,
             n,
-            current.quota,
-            capacity_of(inner.algorithm, current.quota),
+            &self.quotas(),
+            self.capacity(),
             interval,
             inner.nodes.load(Ordering::Relaxed),
         )
@@ -879,16 +1029,23 @@ impl RedisLimiter {
     /// # }
     /// ```
     ///
+    /// With [`also`](RedisBuilder::also) quotas, every quota is charged `n` in the same
+    /// script call, and the decision is the tightest of theirs.
+    ///
     /// # Errors
-    /// [`RedisError::UnsupportedAlgorithm`] for the window counters (before any I/O);
-    /// [`RedisError::Rejected`] when the debt would pass 2⁵³ µs; otherwise as
+    /// [`RedisError::UnsupportedAlgorithm`] for the window counters, whose counts cannot
+    /// hold a debt (before any I/O, as in process); [`RedisError::Rejected`] when the
+    /// debt would pass 2⁵³ µs on any quota (nothing is written then); otherwise as
     /// [`check`](Self::check). On a timeout the charge may or may not have been applied.
     pub async fn charge(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
         self.settle(key, Settle::Charge(n)).await
     }
 
     /// Gives back up to `n` units of `key`'s quota in Redis, never beyond a full quota:
-    /// one script call. Returns the decision a unit request would get right after. This
+    /// one script call, on every algorithm (the window counters lower their current
+    /// count first, then the sliding window its previous one, never below zero), and
+    /// on every quota with [`also`](RedisBuilder::also). Returns the decision a unit
+    /// request would get right after. This
     /// limiter's deny cache forgets the key; when the key may have been denied just
     /// before, every node's deny cache is emptied too (one `PUBLISH`, as
     /// [`reset`](Self::reset) does), so the units given back are usable everywhere at
@@ -912,18 +1069,20 @@ impl RedisLimiter {
     /// ```
     ///
     /// # Errors
-    /// As [`charge`](Self::charge).
+    /// As [`check`](Self::check). On a timeout the refund may or may not have been
+    /// applied.
     pub async fn refund(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
         self.settle(key, Settle::Refund(n)).await
     }
 
-    /// One settlement script call.
+    /// One settlement script call: the token bucket's settlement script, or a window
+    /// counter's check script in its refund mode.
     async fn settle(&self, key: &str, settle: Settle) -> Result<Decision, RedisError> {
         let inner = &*self.inner;
         let current = *inner.current.read();
-        let Rule::TokenBucket { t, tau, burst } = current.rule else {
+        if let (Rule::Window { .. }, Settle::Charge(_)) = (current.rule, settle) {
             return Err(RedisError::UnsupportedAlgorithm(inner.algorithm));
-        };
+        }
         if let Gate::Reject(ns) = inner.breaker.gate(inner.monotonic.now_ns()) {
             return Err(RedisError::CircuitOpen {
                 retry_in: Duration::from_nanos(ns),
@@ -931,41 +1090,24 @@ impl RedisLimiter {
         }
         let deadline = tokio::time::Instant::now() + inner.timeout;
         let script_now = inner.clock.as_ref().map(|_| inner.now_us());
-        let (mode, n) = match settle {
-            Settle::Charge(n) => ("c", n),
-            Settle::Refund(n) => ("r", n),
-        };
-        let redis_key = self.redis_key(key);
-        let call = |eval: bool| {
-            let mut cmd = if eval {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(scripts::TOKEN_BUCKET_SETTLE);
-                cmd
-            } else {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(inner.settle.get_hash());
-                cmd
-            };
-            cmd.arg(1).arg(&redis_key).arg(t).arg(tau).arg(n).arg(mode);
-            if let Some(us) = script_now {
-                cmd.arg(us);
-            }
-            cmd
-        };
         inner.calls.fetch_add(1, Ordering::Relaxed);
-        let mut connection = inner.connection.get();
-        let reply = self
-            .bounded(deadline, &redis_key, eval::<i64>(&mut connection, call))
-            .await;
-        let decided = reply.and_then(|reset_us| {
-            // The decision of a unit request: denied while the TAT lies beyond tau.
-            let reply = if reset_us > tau as i64 {
-                -reset_us
-            } else {
-                reset_us
-            };
-            gcra_decision(reply, t, tau, burst, 1)
-        });
+        let decided = match (current.rule, settle) {
+            (Rule::TokenBucket { t, tau, .. }, settle) => {
+                self.settle_bucket(key, settle, current.rule, (t, tau), script_now, deadline)
+                    .await
+            }
+            (Rule::Window { .. }, Settle::Refund(n) | Settle::Charge(n)) => {
+                self.call(
+                    key,
+                    Op::Refund(n),
+                    current.rule,
+                    &inner.also,
+                    script_now,
+                    deadline,
+                )
+                .await
+            }
+        };
         // A cached deny of the key may be wrong now when the settlement may outdate one
         // (as in process, `Settle::may_outdate`), or when it failed and may or may not
         // have been applied. Forgetting empties this node's whole cache, so it is left
@@ -988,6 +1130,51 @@ impl RedisLimiter {
         decided
     }
 
+    /// The token bucket's settlement script on every quota's key.
+    async fn settle_bucket(
+        &self,
+        key: &str,
+        settle: Settle,
+        rule: Rule,
+        (t, tau): (u64, u64),
+        script_now: Option<u64>,
+        deadline: tokio::time::Instant,
+    ) -> Result<Decision, RedisError> {
+        let inner = &*self.inner;
+        let (mode, n) = match settle {
+            Settle::Charge(n) => ("c", n),
+            Settle::Refund(n) => ("r", n),
+        };
+        let redis_key = self.redis_key(key);
+        let also = &inner.also;
+        let also_keys: Vec<Vec<u8>> = also
+            .iter()
+            .map(|a| self.state_key(&a.prefix, key))
+            .collect();
+        let call = |eval: bool| {
+            let source = scripts::TOKEN_BUCKET_SETTLE;
+            let mut cmd = script_call(eval, source, &inner.settle, &redis_key, &also_keys);
+            cmd.arg(t).arg(tau).arg(n).arg(mode);
+            now_and_also(&mut cmd, script_now, true, also);
+            cmd
+        };
+        let mut connection = inner.connection.get();
+        let replies = if also.is_empty() {
+            self.bounded(deadline, &redis_key, eval::<i64>(&mut connection, call))
+                .await
+                .map(|reset_us| vec![reset_us])
+        } else {
+            self.bounded(
+                deadline,
+                &redis_key,
+                eval::<Vec<i64>>(&mut connection, call),
+            )
+            .await
+        };
+        let rules = std::iter::once(rule).chain(also.iter().map(|a| a.rule));
+        replies.and_then(|replies| settled(&replies, rules))
+    }
+
     /// Tells every limiter with the same prefix and algorithm to empty its deny cache
     /// (by `PUBLISH`, as [`reset`](Self::reset) does); a failure is counted and logged,
     /// and the other nodes' cached denies then last until their retry instants.
@@ -1004,7 +1191,7 @@ impl RedisLimiter {
         }
     }
 
-    /// Forgets `key`'s state, in Redis (for every node) and in this limiter's deny
+    /// Forgets `key`'s state (under every quota), in Redis (for every node) and in this limiter's deny
     /// cache, then tells every limiter with the same prefix and algorithm to empty its
     /// deny cache (by `PUBLISH`; the message names no key): the key's next request
     /// starts fresh everywhere, once the message has arrived (within a round trip).
@@ -1016,12 +1203,14 @@ impl RedisLimiter {
         if let Some(cache) = &inner.cache {
             cache.forget(key);
         }
-        let redis_key = self.redis_key(key);
+        // Every quota's state: one `DEL`, as the keys share a hash tag.
+        let redis_keys = self.redis_keys(key);
+        let redis_key = &redis_keys[0];
         let mut connection = inner.connection.get();
         let channel = super::invalidate::channel(&inner.prefix);
         let run = async {
             redis::cmd("DEL")
-                .arg(&redis_key)
+                .arg(&redis_keys)
                 .query_async::<i64>(&mut connection)
                 .await?;
             // Every node's cache, this one's included, empties on hearing it.
@@ -1032,7 +1221,7 @@ impl RedisLimiter {
         let done = tokio::time::timeout(inner.timeout, run)
             .await
             .map_err(|_| RedisError::Timeout(inner.timeout))
-            .and_then(|r| r.map_err(|e| self.classify(e, &redis_key)));
+            .and_then(|r| r.map_err(|e| self.classify(e, redis_key)));
         // A reply in flight during the `DEL` may have been learned from meanwhile.
         if let Some(cache) = &inner.cache {
             cache.forget(key);
@@ -1091,6 +1280,50 @@ impl RedisLimiter {
     }
 }
 
+/// `EVAL <source>`, or `EVALSHA` of `script` (the same source), on `first` and `rest`
+/// (the first quota's key, then the `also` quotas'), before the script's arguments.
+fn script_call(
+    eval: bool,
+    source: &str,
+    script: &redis::Script,
+    first: &[u8],
+    rest: &[Vec<u8>],
+) -> redis::Cmd {
+    let mut cmd = if eval {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(source);
+        cmd
+    } else {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash());
+        cmd
+    };
+    cmd.arg(1 + rest.len()).arg(first);
+    for key in rest {
+        cmd.arg(key);
+    }
+    cmd
+}
+
+/// A script's last arguments: `now` (µs) with a caller's clock, else the server's
+/// `TIME` (an absent `now` where the script takes one, `absent`, and nothing follows;
+/// otherwise an empty one); then each `also` quota's two arguments.
+fn now_and_also(cmd: &mut redis::Cmd, now_us: Option<u64>, absent: bool, also: &[Also]) {
+    match now_us {
+        Some(us) => {
+            cmd.arg(us);
+        }
+        None if absent && also.is_empty() => {}
+        None => {
+            cmd.arg("");
+        }
+    }
+    for a in also {
+        let [first, second] = a.rule.args();
+        cmd.arg(first).arg(second);
+    }
+}
+
 /// Reads the token bucket's one-integer reply to a request of `cost` under the rule
 /// `t`, `tau`, `burst` it was called with: the µs until the bucket is full again, negated
 /// for a deny. The rest follows from the rule: remaining `⌊(τ + T − reset) / T⌋`, and a
@@ -1138,6 +1371,72 @@ fn decision_from(reply: &[i64]) -> Result<Decision, RedisError> {
     } else {
         Decision::deny(limit, remaining, reset, ns(retry_us)?)
     })
+}
+
+/// Reads a script's reply per quota of `rules` (the first quota's, then the `also`
+/// quotas'): one integer for the token bucket, read by `bucket(reply, t, tau, burst)`,
+/// five for the windows; each decision tagged with its quota's index.
+fn per_quota(
+    replies: &[i64],
+    rules: impl Iterator<Item = Rule>,
+    bucket: impl Fn(i64, u64, u64, u64) -> Result<Decision, RedisError>,
+) -> Result<Vec<Decision>, RedisError> {
+    let unexpected = || RedisError::UnexpectedReply(format!("{replies:?}"));
+    let mut decisions = Vec::new();
+    let mut at = 0;
+    for (i, rule) in rules.enumerate() {
+        let decision = match rule {
+            Rule::TokenBucket { t, tau, burst } => {
+                let &reply = replies.get(at).ok_or_else(unexpected)?;
+                at += 1;
+                bucket(reply, t, tau, burst)?
+            }
+            Rule::Window { .. } => {
+                let reply = replies.get(at..at + 5).ok_or_else(unexpected)?;
+                at += 5;
+                decision_from(reply)?
+            }
+        };
+        decisions.push(decision.for_policy(i));
+    }
+    if at != replies.len() || decisions.is_empty() {
+        return Err(unexpected());
+    }
+    Ok(decisions)
+}
+
+/// The decision of a request of `cost` from the check script's reply under `rules`, as
+/// [`Decision::all_of`] makes it in process.
+fn all_of(
+    replies: &[i64],
+    rules: impl Iterator<Item = Rule>,
+    cost: u64,
+) -> Result<Decision, RedisError> {
+    let decisions = per_quota(replies, rules, |reply, t, tau, burst| {
+        gcra_decision(reply, t, tau, burst, cost)
+    })?;
+    Decision::all_of(decisions).ok_or_else(|| RedisError::UnexpectedReply(format!("{replies:?}")))
+}
+
+/// The decision a unit request would get right after a settlement, from its reply under
+/// `rules`: the token bucket's settlement script gives the µs until each bucket is full
+/// again, the window scripts their unit request's decision. The tightest of every
+/// quota's ([`Decision::tighter`]), as in process.
+fn settled(replies: &[i64], rules: impl Iterator<Item = Rule>) -> Result<Decision, RedisError> {
+    let decisions = per_quota(replies, rules, |reset_us, t, tau, burst| {
+        // Denied while the TAT lies beyond tau.
+        let reply = if reset_us > tau as i64 {
+            -reset_us
+        } else {
+            reset_us
+        };
+        gcra_decision(reply, t, tau, burst, 1)
+    })?;
+    let unexpected = || RedisError::UnexpectedReply(format!("{replies:?}"));
+    decisions
+        .into_iter()
+        .reduce(Decision::tighter)
+        .ok_or_else(unexpected)
 }
 
 #[cfg(test)]

@@ -59,6 +59,15 @@ impl Rule {
         }
     }
 
+    /// The quota's two script arguments: `[T, tau]` for the token bucket, `[limit,
+    /// period]` for the windows.
+    pub(crate) fn args(&self) -> [u64; 2] {
+        match *self {
+            Self::TokenBucket { t, tau, .. } => [t, tau],
+            Self::Window { limit, period } => [limit, period],
+        }
+    }
+
     /// τ = (burst − 1)·T in µs for the token bucket; 0 for the windows.
     pub(crate) fn tau(&self) -> u64 {
         match *self {

@@ -30,21 +30,6 @@ pub(crate) struct Compound<K> {
     stores: Box<[WordStore<K>]>,
 }
 
-/// A deny that reports the fewest units left among every quota (`remaining`), with the
-/// denying quota's wait.
-fn with_fewest(deny: Decision, remaining: u64) -> Decision {
-    if remaining >= deny.remaining() {
-        return deny;
-    }
-    Decision::deny(
-        deny.limit(),
-        remaining,
-        deny.reset_after_ns(),
-        deny.retry_after_ns(),
-    )
-    .for_policy(deny.policy())
-}
-
 impl<K: crate::Key> Compound<K> {
     /// A store per policy, each with `limits` (so up to `max_keys` keys per quota).
     pub(crate) fn new(limits: Limits, policies: Vec<WordPolicy>) -> Self {
@@ -115,7 +100,7 @@ impl<K: crate::Key> Compound<K> {
                 decision = decision.tighter(later.for_policy(i));
             }
         }
-        Ok(with_fewest(decision, fewest))
+        Ok(decision.with_fewest(fewest))
     }
 
     /// Refunds `cost` to the quotas before `upto`, which admitted it; returns the fewest
@@ -174,19 +159,19 @@ impl<K: crate::Key> Compound<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let mut result: Option<Decision> = None;
-        let mut fewest = u64::MAX;
-        for (i, store) in self.stores.iter().enumerate() {
-            let decision = store.peek(key, now, cost)?.for_policy(i);
-            fewest = fewest.min(decision.remaining());
-            result = Some(result.map_or(decision, |r| r.tighter(decision)));
+        let mut too_large = None;
+        let decisions = self.stores.iter().enumerate().map_while(|(i, store)| {
+            store
+                .peek(key, now, cost)
+                .map_err(|e| too_large = Some(e))
+                .ok()
+                .map(|d| d.for_policy(i))
+        });
+        let decision = Decision::all_of(decisions);
+        match too_large {
+            Some(e) => Err(e),
+            None => Ok(decision.unwrap_or_else(|| Decision::allow(0, 0, 0))),
         }
-        let decision = result.unwrap_or_else(|| Decision::allow(0, 0, 0));
-        Ok(if decision.is_allowed() {
-            decision
-        } else {
-            with_fewest(decision, fewest)
-        })
     }
 
     /// Removes `key`'s state under every quota; true if any held it.

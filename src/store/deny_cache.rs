@@ -105,6 +105,7 @@ impl Denies {
                 limit: decision.limit(),
                 retry_at: now.saturating_add(decision.retry_after_ns()),
                 reset_at: now.saturating_add(decision.reset_after_ns()),
+                policy: decision.policy(),
             };
             self.insert(entry);
         }
@@ -147,7 +148,7 @@ impl Denies {
     }
 }
 
-/// Entries per thread (a power of two); 64 × 56 bytes.
+/// Entries per thread (a power of two); 64 × 64 bytes.
 const WAYS: usize = 64;
 
 #[derive(Clone, Copy)]
@@ -159,6 +160,8 @@ struct Cached {
     limit: u64,
     retry_at: u64,
     reset_at: u64,
+    /// Which of the limiter's quotas denied ([`Decision::policy`]).
+    policy: usize,
 }
 
 const EMPTY: Cached = Cached {
@@ -169,6 +172,7 @@ const EMPTY: Cached = Cached {
     limit: 0,
     retry_at: 0,
     reset_at: 0,
+    policy: 0,
 };
 
 thread_local! {
@@ -206,5 +210,6 @@ fn lookup(
             hit.reset_at.saturating_sub(now),
             hit.retry_at - now,
         )
+        .for_policy(hit.policy)
     })
 }

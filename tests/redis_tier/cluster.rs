@@ -44,7 +44,8 @@ fn keys_per_master(cluster: &LocalCluster, pattern: &str) -> Vec<(u16, usize)> {
 }
 
 /// Through a single seed, 300 keys (every master's slots) all work, and give the same
-/// decisions as the in-memory limiter on the same timeline, for every algorithm.
+/// decisions as the in-memory limiter on the same timeline, for every algorithm, with
+/// one quota and with two (whose states share each key's slot).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_works_and_decides_as_in_memory() {
     let cluster = cluster();
@@ -58,7 +59,33 @@ async fn every_key_works_and_decides_as_in_memory() {
         let remote = RedisLimiter::cluster_builder(&refs(&one_seed), quota)
             .prefix(algorithm.name())
             .timeout(Duration::from_secs(2));
-        crate::assert_decides_as_in_memory(remote, quota, algorithm, (300, 900, 1)).await;
+        crate::assert_decides_as_in_memory(remote, &[quota], algorithm, (300, 900, 1)).await;
+        // Two quotas (`also`): each key's states share its slot, so one script call
+        // decides both on whichever master owns it.
+        let also = [quota, "20/min burst 5".parse().unwrap()];
+        let remote = RedisLimiter::cluster_builder(&refs(&one_seed), quota)
+            .prefix(&format!("{}-also", algorithm.name()))
+            .timeout(Duration::from_secs(2));
+        crate::assert_decides_as_in_memory(remote, &also, algorithm, (300, 900, 2)).await;
+    }
+    let two = RedisLimiter::cluster_builder(&refs(&one_seed), "1/min".parse().unwrap())
+        .also("10/h".parse().unwrap())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let port = cluster.masters().unwrap()[0];
+    for k in 0..20 {
+        let slots: Vec<String> = two
+            .redis_keys(&format!("key-{k}"))
+            .iter()
+            .map(|key| {
+                let key = String::from_utf8(key.clone()).unwrap();
+                cluster.cli(port, &["CLUSTER", "KEYSLOT", &key]).unwrap()
+            })
+            .collect();
+        assert_eq!(slots.len(), 2);
+        assert_eq!(slots[0], slots[1], "key-{k}");
     }
     // The 300 keys live on every master. (Counted with a quota whose keys live a minute:
     // the keys above expire within a second, some before they could be counted.)

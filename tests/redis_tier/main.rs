@@ -9,37 +9,43 @@
 mod common;
 
 mod cluster;
+mod compound;
 mod partition;
 mod redis;
 mod redis_first_tier;
 mod sentinel;
 mod sync;
 
-/// Builds `remote` (with `algorithm`, on a caller clock) and an in-memory limiter with
-/// the same quota and algorithm on the same clock, then checks `steps` random costs of 1
-/// to `max_cost` on `keys` keys through both and asserts the same verdict and remaining
-/// at every step. The clock never falls behind real time: Redis expires keys by it.
+/// Builds `remote` (with `algorithm`, on a caller clock, and `quotas[1..]` as `also`
+/// quotas) and an in-memory limiter with the same quotas (`quotas[0]` being `remote`'s
+/// own) and algorithm on the same clock, then checks `steps` random costs of 1 to
+/// `max_cost` on `keys` keys through both and asserts the same verdict, remaining and
+/// deciding quota at every step. The clock never falls behind real time: Redis expires
+/// keys by it.
 #[cfg(feature = "redis")]
 async fn assert_decides_as_in_memory(
-    remote: tollgate::redis::RedisBuilder,
-    quota: tollgate::Quota,
+    mut remote: tollgate::redis::RedisBuilder,
+    quotas: &[tollgate::Quota],
     algorithm: tollgate::Algorithm,
     (keys, steps, max_cost): (u64, u64, u64),
 ) {
     use std::time::{Duration, Instant};
     use tollgate::clock::ManualClock;
     let clock = ManualClock::new();
+    let mut local = tollgate::RateLimiter::builder(quotas[0])
+        .algorithm(algorithm)
+        .clock(clock.clone());
+    for &quota in &quotas[1..] {
+        remote = remote.also(quota);
+        local = local.also(quota);
+    }
     let remote = remote
         .algorithm(algorithm)
         .caller_clock(clock.clone())
         .build()
         .await
         .unwrap();
-    let local: tollgate::RateLimiter<String, ManualClock> = tollgate::RateLimiter::builder(quota)
-        .algorithm(algorithm)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let local: tollgate::RateLimiter<String, ManualClock> = local.build().unwrap();
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut real = Instant::now();
     for step in 0..steps {
@@ -53,8 +59,8 @@ async fn assert_decides_as_in_memory(
         let r = remote.check_n(&key, n).await.unwrap();
         let l = local.check_n(key.as_str(), n).unwrap();
         assert_eq!(
-            (r.is_allowed(), r.remaining()),
-            (l.is_allowed(), l.remaining()),
+            (r.is_allowed(), r.remaining(), r.policy()),
+            (l.is_allowed(), l.remaining(), l.policy()),
             "{algorithm:?} step {step} {key}: redis {r:?} local {l:?}"
         );
     }

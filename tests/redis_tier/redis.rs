@@ -22,7 +22,7 @@ const ALGORITHMS: [Algorithm; 3] = [
     Algorithm::FixedWindow,
 ];
 
-fn server() -> LocalRedis {
+pub(crate) fn server() -> LocalRedis {
     LocalRedis::start().expect("these tests need redis-server (./scripts/test.sh installs it)")
 }
 
@@ -42,14 +42,14 @@ async fn limiter(
 }
 
 /// Rounds nanoseconds up to whole microseconds, the scripts' unit.
-fn ceil_us(d: Duration) -> Duration {
+pub(crate) fn ceil_us(d: Duration) -> Duration {
     Duration::from_micros(d.as_nanos().div_ceil(1_000) as u64)
 }
 
 /// Asserts that Redis's decision `r` is the in-memory limiter's `l`: the same verdict,
 /// limit and remaining, and the same reset and retry once `l`'s are rounded up to the
 /// scripts' microseconds.
-fn assert_same(r: &Decision, l: &Decision, context: &str) {
+pub(crate) fn assert_same(r: &Decision, l: &Decision, context: &str) {
     assert_eq!(r.is_allowed(), l.is_allowed(), "{context}");
     assert_eq!(
         (r.limit(), r.remaining()),
@@ -68,7 +68,7 @@ fn assert_same(r: &Decision, l: &Decision, context: &str) {
 /// stalled longer between a check and the next call): `persist` says which keys Redis
 /// expired, from its keyspace events, so that the test forgets them on the in-memory
 /// side too, where both sides then start again from a full key.
-struct Keeper {
+pub(crate) struct Keeper {
     con: redis::aio::MultiplexedConnection,
     events: redis::aio::PubSub,
 }
@@ -77,7 +77,7 @@ struct Keeper {
 const MARK: &str = "tollgate-test-mark";
 
 impl Keeper {
-    async fn new(server: &LocalRedis) -> Self {
+    pub(crate) async fn new(server: &LocalRedis) -> Self {
         let mut con = server.connection().await.unwrap();
         redis::cmd("CONFIG")
             .arg("SET")
@@ -119,18 +119,20 @@ impl Keeper {
         expired
     }
 
-    /// [`persist`](Self::persist), forgetting each of `keys` whose Redis key (by
-    /// `remote`) expired on `local` and in `remote`'s deny cache; returns how many did.
-    async fn persist_for(
+    /// [`persist`](Self::persist), forgetting each of `keys` one of whose Redis keys
+    /// (by `remote`, one per quota) expired on `local` and in `remote` (every quota's
+    /// state, and the deny cache); returns how many Redis keys expired.
+    pub(crate) async fn persist_for(
         &mut self,
         remote: &RedisLimiter,
         local: &RateLimiter<String, ManualClock>,
         keys: &[String],
     ) -> usize {
-        let watched: Vec<Vec<u8>> = keys.iter().map(|k| remote.redis_key(k)).collect();
+        let per_key: Vec<Vec<Vec<u8>>> = keys.iter().map(|k| remote.redis_keys(k)).collect();
+        let watched: Vec<Vec<u8>> = per_key.iter().flatten().cloned().collect();
         let expired = self.persist(&watched).await;
-        for (key, redis_key) in keys.iter().zip(&watched) {
-            if expired.contains(redis_key) {
+        for (key, redis_keys) in keys.iter().zip(&per_key) {
+            if redis_keys.iter().any(|k| expired.contains(k)) {
                 local.reset(key.as_str());
                 // And the deny cache, which may hold a deny from the lost state.
                 remote.reset(key).await.unwrap();
@@ -817,44 +819,70 @@ async fn a_failures_cause_is_typed_and_its_source_is_the_clients_error() {
 #[tokio::test]
 async fn settlements_equal_the_in_memory_limiter() {
     let server = server();
-    let quotas = ["1/s", "5/s burst 3", "20/min burst 5"];
+    let quotas = ["1/s", "5/s burst 3", "20/min burst 5", "100000/s burst 50"];
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut expired = 0;
-    for quota in quotas {
+    let (mut expired, mut steps, mut refunds) = (0, 0, 0);
+    for (algorithm, quota) in ALGORITHMS
+        .into_iter()
+        .flat_map(|a| quotas.map(move |q| (a, q)))
+    {
         let clock = ManualClock::new();
-        let remote = limiter(&server, Algorithm::TokenBucket, quota, clock.clone()).await;
+        let remote = limiter(&server, algorithm, quota, clock.clone()).await;
         let local: RateLimiter<String, ManualClock> = RateLimiter::builder(quota.parse().unwrap())
+            .algorithm(algorithm)
             .clock(clock.clone())
             .build()
             .unwrap();
         let burst = local.capacity();
-        let keys: Vec<String> = (0..2).map(|k| format!("settle-{quota}-{k}")).collect();
+        let keys: Vec<String> = (0..2)
+            .map(|k| format!("settle-{}-{quota}-{k}", algorithm.name()))
+            .collect();
         let mut keeper = Keeper::new(&server).await;
         for step in 0..400 {
             crate::common::xorshift(&mut x);
             let drawn = Duration::from_micros([0, 1, 10, 900, 45_000, 250_000][(x % 6) as usize]);
             clock.advance(drawn);
-            let key = format!("settle-{quota}-{}", (x >> 8) % 2);
-            let n = (x >> 16) % (3 * burst + 1);
+            let key = keys[((x >> 8) % 2) as usize].clone();
+            let n = (x >> 16) % (3 * burst.min(20) + 1);
             let (r, l) = match (x >> 24) % 4 {
+                // The windows cannot hold a debt: a charge is refused on both tiers.
+                0 if algorithm != Algorithm::TokenBucket => {
+                    assert!(matches!(
+                        remote.charge(&key, n).await,
+                        Err(RedisError::UnsupportedAlgorithm(_))
+                    ));
+                    assert!(local.charge(key.as_str(), n).is_err());
+                    continue;
+                }
                 0 => (
                     remote.charge(&key, n).await.unwrap(),
                     local.charge(key.as_str(), n).unwrap(),
                 ),
-                1 => (
-                    remote.refund(&key, n).await.unwrap(),
-                    local.refund(key.as_str(), n).unwrap(),
-                ),
-                _ => (remote.check(&key).await.unwrap(), local.check(key.as_str())),
+                1 => {
+                    refunds += 1;
+                    (
+                        remote.refund(&key, n).await.unwrap(),
+                        local.refund(key.as_str(), n).unwrap(),
+                    )
+                }
+                _ => {
+                    let cost = 1 + (x >> 32) % burst.min(2);
+                    (
+                        remote.check_n(&key, cost).await.unwrap(),
+                        local.check_n(key.as_str(), cost).unwrap(),
+                    )
+                }
             };
-            let context = format!("{quota} step {step}: redis {r:?} local {l:?}");
+            let context = format!("{algorithm:?} {quota} step {step}: redis {r:?} local {l:?}");
             assert_same(&r, &l, &context);
+            steps += 1;
             expired += keeper.persist_for(&remote, &local, &keys).await;
         }
     }
+    assert!(refunds >= 1_000, "{refunds} refunds");
     assert!(
-        expired <= 12,
-        "{expired} of 1,200 steps lost a key to real time"
+        expired <= steps / 100,
+        "{expired} of {steps} steps lost a key to real time"
     );
 }
 
@@ -903,7 +931,8 @@ async fn settlements_are_exact_at_100k_per_second() {
 
 /// A refund on one node lets another node's cached deny of the key through at once (the
 /// refund empties every node's deny cache); a charge on one node is seen by the other's
-/// next call. The window counters say they cannot settle, typed, before any call.
+/// next call. The window counters refund the same way, and say they cannot be charged,
+/// typed, before any call.
 #[tokio::test]
 async fn a_refund_reaches_every_nodes_deny_cache() {
     let server = server();
@@ -954,13 +983,42 @@ async fn a_refund_reaches_every_nodes_deny_cache() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
-    let window = RedisLimiter::builder(&server.url(), "5/s".parse().unwrap())
-        .algorithm(Algorithm::FixedWindow)
-        .build()
-        .await
-        .unwrap();
-    assert!(matches!(
-        window.charge("k", 1).await,
-        Err(RedisError::UnsupportedAlgorithm(Algorithm::FixedWindow))
-    ));
+    // The window counters cannot hold a debt (as in process), so a charge is refused,
+    // typed, before any call; their refunds work, and reach every node's cache too.
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let build = || async {
+            RedisLimiter::builder(&server.url(), "1/min".parse().unwrap())
+                .algorithm(algorithm)
+                .prefix("windows")
+                .timeout(Duration::from_secs(2))
+                .build()
+                .await
+                .unwrap()
+        };
+        let (a, b) = (build().await, build().await);
+        let calls = a.stats().calls;
+        assert!(matches!(
+            a.charge("w", 1).await,
+            Err(RedisError::UnsupportedAlgorithm(found)) if found == algorithm
+        ));
+        assert_eq!(a.stats().calls, calls, "{algorithm:?}: a call was made");
+        assert!(a.check("w").await.unwrap().is_allowed());
+        assert!(!a.check("w").await.unwrap().is_allowed());
+        assert!(!a.check("w").await.unwrap().is_allowed());
+        let back = b.refund("w", 1).await.unwrap();
+        assert_eq!(
+            (back.is_allowed(), back.remaining()),
+            (true, 1),
+            "{algorithm:?}"
+        );
+        let started = Instant::now();
+        while !a.check("w").await.unwrap().is_allowed() {
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{algorithm:?}: a's cache kept the deny"
+            );
+            // Real time: the PUBLISH travels through the real server.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }

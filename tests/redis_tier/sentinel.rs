@@ -51,7 +51,7 @@ async fn decisions_through_sentinel_equal_in_memory() {
             RedisLimiter::sentinel_builder(&refs(&sentinels), sentinel.master_name(), quota)
                 .prefix(algorithm.name())
                 .timeout(common::DECISION_TIMEOUT);
-        crate::assert_decides_as_in_memory(remote, quota, algorithm, (50, 900, 2)).await;
+        crate::assert_decides_as_in_memory(remote, &[quota], algorithm, (50, 900, 2)).await;
     }
     let err = RedisLimiter::sentinel_builder(
         &refs(&sentinels),

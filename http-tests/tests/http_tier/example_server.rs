@@ -301,11 +301,15 @@ fn shadow_mode_serves_every_request_and_counts_the_denies() {
 }
 
 #[test]
-fn a_repeated_quota_holds_each_key_to_both() {
+fn a_repeated_quota_holds_each_key_to_both_in_process_and_in_redis() {
     // 5/min (the first --quota, which `start` passes) and 3/min: 3 pass, 5 are denied.
     let server = start(&["--quota", "3/min"]);
     assert_eq!(eight(&server), [200, 200, 200, 429, 429, 429, 429, 429]);
-    // With Redis, one quota only: the server says so and exits.
+    // The same in Redis, one script call deciding both quotas.
+    let redis = LocalRedis::start().unwrap();
+    let exact = start(&["--quota", "3/min", "--redis", &redis.url(), "--sync", "off"]);
+    assert_eq!(eight(&exact), [200, 200, 200, 429, 429, 429, 429, 429]);
+    // The synced tier holds one quota: the server says so and exits.
     let refused = Command::new(example_server())
         .args([
             "--quota",

@@ -547,24 +547,42 @@ async fn a_plain_hyper_server_is_limited_by_its_socket_address() {
 /// A key held to two quotas over a real socket: `RateLimit-Policy` lists both, `RateLimit`
 /// and the legacy fields report the quota nearest exhaustion, and the 429 says which one
 /// denied with its exact wait. At 1/s (burst 2) with 3/min, and at 100,000/s (burst 50)
-/// with 60/min.
+/// with 60/min; in process, and at 1/s in Redis too (`RedisBuilder::also`). (In Redis a
+/// key's TTL is its time to full by the caller's frozen clock, 0.5 ms at 100,000/s, which
+/// real time ends between two requests; `compound::several_quotas_decide_as_in_memory`
+/// holds the Redis tier to the in-process decisions at that rate, keeping its keys.)
 #[tokio::test]
 async fn two_quotas_are_named_in_the_headers_and_the_tighter_one_reports() {
-    for (first, second, burst, cap) in [
-        ("1/s burst 2", "3/min", 2u64, 3u64),
-        ("100000/s burst 50", "60/min", 50, 60),
+    use tollgate::redis::{FailMode, RedisLimiter};
+    let server = tollgate_testing::LocalRedis::start().unwrap();
+    for ((first, second, burst, cap), redis) in [
+        (("1/s burst 2", "3/min", 2u64, 3u64), false),
+        (("1/s burst 2", "3/min", 2, 3), true),
+        (("100000/s burst 50", "60/min", 50, 60), false),
     ] {
         let clock = ManualClock::new();
-        let limiter: RateLimiter<String, ManualClock> =
-            RateLimiter::builder(first.parse().unwrap())
+        let layer = if redis {
+            let limiter = RedisLimiter::builder(&server.url(), first.parse().unwrap())
                 .also(second.parse().unwrap())
-                .clock(clock.clone())
+                .prefix(&format!("headers-{burst}"))
+                .caller_clock(clock.clone())
                 .build()
+                .await
                 .unwrap();
+            RateLimitLayer::redis(limiter, FailMode::Closed)
+        } else {
+            let limiter: RateLimiter<String, ManualClock> =
+                RateLimiter::builder(first.parse().unwrap())
+                    .also(second.parse().unwrap())
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap();
+            RateLimitLayer::new(limiter)
+        };
         let app = Router::new()
             .route("/", routing::get(|| async { "ok" }))
             .layer(
-                RateLimitLayer::new(limiter)
+                layer
                     .key(KeyExtractor::header("x-api-key").unwrap())
                     .policy_names(["burst", "minute"]),
             );

@@ -313,25 +313,31 @@ async fn tier(args: &Args) -> Result<Tier, String> {
         }
         return Ok(Tier::Local(builder.build().map_err(|e| e.to_string())?));
     };
-    if !args.also.is_empty() {
-        return Err(
-            "several --quota flags need the in-process tier: the Redis tiers take one quota".into(),
-        );
-    }
     let mode = match args.sync {
         Sync::Reconcile => SyncMode::Reconcile,
         Sync::Lease => SyncMode::Lease,
         Sync::Off => {
-            let limiter = RedisLimiter::builder_with(options, args.quota)
+            let mut exact = RedisLimiter::builder_with(options, args.quota)
                 .algorithm(args.algorithm)
                 .name("api")
-                .timeout(Duration::from_millis(200))
+                .timeout(Duration::from_millis(200));
+            for &quota in &args.also {
+                exact = exact.also(quota);
+            }
+            let limiter = exact
                 .build()
                 .await
                 .map_err(|e| format!("cannot start the Redis tier: {e}"))?;
             return Ok(Tier::Exact(limiter));
         }
     };
+    if !args.also.is_empty() {
+        return Err(
+            "several --quota flags need the in-process tier or --sync off: the \
+                    synced tier takes one quota"
+                .into(),
+        );
+    }
     let mut config = RedisSync::with_options(options)
         .mode(mode)
         .interval(args.sync_interval)
