@@ -13,7 +13,7 @@ use crate::store::state::State;
 
 use super::books::Books;
 use super::protocol::{Shape, SharedQuota};
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Settle};
 use parking_lot::Mutex;
 
 /// Set in [`SyncCell::flags`] by a denied check: the key ran out.
@@ -28,6 +28,10 @@ pub(crate) const NEW: u64 = 4;
 /// carries the change, whether or not the key is in use here (cleared once a round is
 /// answered).
 pub(crate) const QUOTA: u64 = 8;
+/// Set in [`SyncCell::flags`] by a charge ([`SyncCell::settle`]): what the next round
+/// reports was consumed now, not over the time since the last round, so Redis charges
+/// it at once rather than spreading it back (cleared by the round that carries it).
+pub(crate) const CHARGED: u64 = 16;
 /// [`SyncCell::cold_tat`] of a hot key: coordinated through Redis.
 pub(crate) const HOT: u64 = u64::MAX;
 
@@ -288,8 +292,14 @@ pub(crate) struct Aside {
     /// When (limiter clock, ns) [`WANTED`] or [`WANT_HOT`] was set: how long the key's
     /// allowance lasted tells its demand.
     pub(crate) ran_out_at: AtomicU64,
-    /// Units admitted with no allowance at all, under [`OutageMode::Open`].
+    /// Units consumed with no allowance at all: admitted under [`OutageMode::Open`], or
+    /// charged ([`SyncCell::settle`]) beyond the lease and the overdraft. Reported in the
+    /// next round's floor.
     pub(crate) overdrawn: AtomicU64,
+    /// Units refunded ([`SyncCell::settle`]) since the task last looked: the next round's
+    /// floor is lowered by as many (at most what the node reported as spent), and Redis
+    /// gives them back to the global state, never beyond full.
+    pub(crate) refunded: AtomicU64,
     /// The sync task's books: only the task takes this lock.
     pub(crate) books: Mutex<Books>,
 }
@@ -326,6 +336,7 @@ impl SyncCell {
             && self.allowance.load(Ordering::Acquire) == 0
             && self.overdraft.load(Ordering::Acquire) == 0
             && self.aside.overdrawn.load(Ordering::Acquire) == 0
+            && self.aside.refunded.load(Ordering::Acquire) == 0
             && self.flags.load(Ordering::Acquire) & (WANTED | QUOTA) == 0
             && self.aside.books.try_lock().is_some_and(|b| b.released)
     }
@@ -479,6 +490,83 @@ impl SyncCell {
     }
 }
 
+impl SyncCell {
+    /// Settles a cost known after the fact at `now` (see
+    /// [`SyncedLimiter::charge`](super::SyncedLimiter::charge)): no I/O, the next round
+    /// carries it.
+    ///
+    /// A cold key settles on its share's GCRA (a charge moves it `n` tokens on, however
+    /// far, and a key left in debt turns hot, its first round reporting the debt as in
+    /// use; a refund moves it `n` tokens back, not before now). A hot key's charge
+    /// spends its lease, then its overdraft, and counts the rest as
+    /// [`overdrawn`](Aside::overdrawn): the next floor reports all of it, and the
+    /// global state goes into debt, so that no lease is granted until it is repaid. A
+    /// hot key's refund is counted in [`refunded`](Aside::refunded), for the next floor.
+    pub(crate) fn settle(&self, policy: &SyncPolicy, now: u64, op: Settle) {
+        let mut tat = self.cold_tat.load(Ordering::Acquire);
+        while tat != HOT {
+            let Some(cold) = policy.cold.filter(|c| c.until > 0) else {
+                // No share to settle on: a charge turns the key hot and is reported
+                // with its first round; a refund has nothing this node admitted here.
+                if let Settle::Charge(n) = op {
+                    self.aside.overdrawn.fetch_add(n, Ordering::AcqRel);
+                    self.want_hot(now);
+                }
+                return;
+            };
+            let at = now.min(cold.until);
+            let next = match op {
+                // (Below `HOT`, which marks a key synced.)
+                Settle::Charge(n) => tat
+                    .max(at)
+                    .saturating_add(n.saturating_mul(cold.t_ns))
+                    .min(HOT - 1),
+                Settle::Refund(_) if tat <= at => return,
+                Settle::Refund(n) => tat.saturating_sub(n.saturating_mul(cold.t_ns)).max(at),
+            };
+            match self.cold_tat.compare_exchange_weak(
+                tat,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    let in_debt = next - at > cold.tau_ns.saturating_add(cold.t_ns);
+                    if matches!(op, Settle::Charge(_)) && in_debt && now < cold.until {
+                        self.want_hot(now);
+                    }
+                    return;
+                }
+                Err(actual) => tat = actual,
+            }
+        }
+        match op {
+            Settle::Charge(n) => {
+                let mut rest = n;
+                let lease_valid = now < self.expires.load(Ordering::Acquire);
+                for (pool, valid) in [(&self.allowance, lease_valid), (&self.overdraft, true)] {
+                    if !valid || rest == 0 {
+                        continue;
+                    }
+                    let mut took = 0;
+                    let _ = pool.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                        took = left.min(rest);
+                        Some(left - took)
+                    });
+                    rest -= took;
+                }
+                if rest > 0 {
+                    self.aside.overdrawn.fetch_add(rest, Ordering::AcqRel);
+                }
+                self.flags.fetch_or(CHARGED, Ordering::AcqRel);
+            }
+            Settle::Refund(n) => {
+                self.aside.refunded.fetch_add(n, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
 impl State for SyncCell {
     type Policy = SyncPolicy;
 
@@ -606,6 +694,7 @@ impl State for SyncCell {
         };
         !books.pending
             && self.aside.overdrawn.load(Ordering::Acquire) == 0
+            && self.aside.refunded.load(Ordering::Acquire) == 0
             && self.allowance.load(Ordering::Acquire) >= books.lease_base
             && self.overdraft.load(Ordering::Acquire) >= books.overdraft_base
     }

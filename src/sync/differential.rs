@@ -296,8 +296,9 @@ fn the_script_computes_exactly_what_serve_computes() {
     };
     let mut runner = proptest::test_runner::TestRunner::new(config);
     // What the cases exercised: grants, overdrafts, stale rounds, refunds, late rounds,
-    // silent nodes' shares charged, and debts.
-    let seen = std::cell::RefCell::new([0u32; 10]);
+    // silent nodes' shares charged, debts, and charges beyond what the global state holds
+    // (`SyncedLimiter::charge`: the key in debt; `seen[3]` counts the refunds).
+    let seen = std::cell::RefCell::new([0u32; 11]);
     runner
         .run(&case(base_now), |c| {
             let mut con = con.borrow_mut();
@@ -388,6 +389,15 @@ fn the_script_computes_exactly_what_serve_computes() {
                 seen[6] += u32::from(state.nodes.get(NODES[c.node]).is_some_and(|r| r.owes > 0));
                 seen[7] += u32::from(others_in_fallback && prepaid_after > prepaid_before);
                 seen[8] += u32::from(answer.void > 0);
+                // A floor raised past what the global state holds (a charge beyond what
+                // is available: `SyncedLimiter::charge`): the key goes into debt.
+                let in_debt = match c.params.shape {
+                    Shape::TokenBucket { t, tau } => state.global.tat > now + tau + t,
+                    _ => false,
+                };
+                seen[10] += u32::from(
+                    !answer.stale && reserved_before.is_some_and(|b| r.floor > b) && in_debt,
+                );
                 seen[9] += u32::from(
                     c.global.quota.shape(c.params.shape) != answer.quota.shape(c.params.shape)
                         && !answer.stale,

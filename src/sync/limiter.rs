@@ -11,9 +11,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::cell::SyncCell;
 use crate::algorithm::Algorithm;
+use crate::algorithm::Settle;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
-use crate::error::{ConfigError, InsufficientCapacity};
+use crate::error::{ConfigError, InsufficientCapacity, SettleError};
 use crate::limiter::{Common, Key};
 use crate::quota::Quota;
 use crate::store::{Store, StoreStats};
@@ -319,6 +320,110 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
                 Some(next)
             });
         next
+    }
+
+    /// Consumes `n` units of `key`'s quota, **even beyond what is available**, for costs
+    /// known only after the fact, as [`RateLimiter::charge`](crate::RateLimiter::charge)
+    /// does in process: the charge spends what this node holds of the key (its lease,
+    /// then its overdraft), and the rest puts the key into debt. Nothing waits for
+    /// Redis: the key's next round raises the floor this node reports by `n`, Redis
+    /// charges the global state with it, and no node is granted more of the key until
+    /// the debt is repaid at the quota's rate. Returns the decision a unit request would
+    /// get on this node right after. A cold key charges its cold share, and one left in
+    /// debt turns hot, its first round reporting the debt.
+    ///
+    /// The pattern is to reserve an estimate with [`check_n`](Self::check_n) and settle
+    /// the difference once the cost is known, on the node that reserved it.
+    ///
+    /// ```no_run
+    /// use tollgate::sync::RedisSync;
+    /// use tollgate::RateLimiter;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (tokens, handle) = RateLimiter::<String>::builder("10000/min burst 4000".parse()?)
+    ///     .build_synced(RedisSync::new("redis://127.0.0.1:6379/"))?;
+    /// handle.ready().await;
+    /// if tokens.check_n("tenant-a", 1_000)?.is_allowed() {
+    ///     let used = 1_700; // known once the response is in
+    ///     tokens.charge("tenant-a", used - 1_000)?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`SettleError::Unsupported`] for the window counters, which cannot hold a debt;
+    /// [`SettleError::NoRoom`] when `key` is new and the store is full of keys that
+    /// cannot go. Nothing changes then.
+    ///
+    /// # Locking behaviour
+    /// The read lock of the key's shard (its write lock for a new key).
+    pub fn charge<Q>(&self, key: &Q, n: u64) -> Result<Decision, SettleError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.settle(key, Settle::Charge(n))
+    }
+
+    /// Gives back up to `n` units of `key`'s quota, never beyond a full quota, as
+    /// [`RateLimiter::refund`](crate::RateLimiter::refund) does in process. The key's
+    /// next round lowers the floor this node reports by `n` (at most by what this node
+    /// admitted on the key: units reserved on another node are refunded there), and
+    /// Redis gives them back to the global state, never beyond full; the units reach
+    /// this node's checks with the lease that round brings. A cold key gives them back
+    /// to its cold share at once. Returns the decision a unit request would get on this
+    /// node right after.
+    ///
+    /// # Errors
+    /// None today: every algorithm the sync runs can refund; the type is
+    /// [`RateLimiter::refund`](crate::RateLimiter::refund)'s.
+    ///
+    /// # Locking behaviour
+    /// The read lock of the key's shard; none for a key this node does not hold (it has
+    /// admitted nothing on it to give back).
+    pub fn refund<Q>(&self, key: &Q, n: u64) -> Result<Decision, SettleError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.settle(key, Settle::Refund(n))
+    }
+
+    fn settle<Q>(&self, key: &Q, op: Settle) -> Result<Decision, SettleError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let common = &self.inner.common;
+        if matches!(op, Settle::Charge(_))
+            && !matches!(
+                common.algorithm,
+                Algorithm::TokenBucket | Algorithm::LeakyBucket
+            )
+        {
+            return Err(SettleError::Unsupported {
+                algorithm: common.algorithm,
+                operation: "charge",
+            });
+        }
+        let store = &self.inner.store;
+        let now = common.clock.now_ns();
+        match op {
+            Settle::Charge(_) => {
+                let policy = store.policy_of(key);
+                if !store.upsert(key, now, |cell| cell.settle(&policy, now, op)) {
+                    return Err(SettleError::NoRoom {
+                        retry_after: std::time::Duration::from_nanos(policy.interval_ns),
+                    });
+                }
+            }
+            Settle::Refund(_) => {
+                store.with_state_policy(key, |cell, policy| cell.settle(policy, now, op));
+            }
+        }
+        Ok(self.peek(key))
     }
 
     /// The decision a unit request for `key` would get now on this node, consuming

@@ -189,6 +189,33 @@
 //! If the task dies (a bug), [`SyncStats::task_died`] says so and the configured
 //! fallback applies from then on.
 //!
+//! # Costs settled after the fact
+//!
+//! [`SyncedLimiter::charge`] and [`SyncedLimiter::refund`] move the floor the node
+//! reports: a charge of `n` spends what the node holds of the key (its lease, then its
+//! overdraft) and raises the next floor by `n` in all, a refund lowers it by `n` (by at
+//! most what the node reported spent on the key: units reserved on another node are
+//! refunded there). Neither waits for Redis. At the key's next round Redis charges the
+//! global state with the difference, into debt however deep (charged from the round's
+//! instant, not spread back over the time since the node's last round), or gives the
+//! units back, never beyond full; while the state is in debt beyond what refills by a
+//! node's next round, no node is granted a lease or an overdraft on the key. So a
+//! charge's debt is repaid at the quota's rate before the fleet admits more, less what
+//! the nodes held when it landed (their leases and overdrafts, and grants on their
+//! way). A cold key settles on its node's share at once, and a charge that leaves its
+//! share in debt turns it hot, its first round reporting the debt. The window counters
+//! refund (Redis lowers the count of the window the node's units were counted in) but
+//! cannot be charged, as in process.
+//!
+//! The simulation checks this over 1,000 generated runs (1 to 16 nodes, 1/s to
+//! 100,000/s, both modes, sparse to 10× load, charges up to four bursts at once): Redis
+//! grants nothing in debt, and every admission leaves what was consumed (admitted, plus
+//! charged, less refunded) within the bound plus `r·H + 2·N`, the leases held around a
+//! charge; the Lua differential covers floors raised into debt and lowered by refunds.
+//! Not covered there: a node in its fallback (its rounds failing) admits its budget
+//! whatever the global state's debt, as in any outage, and the other nodes of a cold key
+//! admit at their shares until it has turned hot on them.
+//!
 //! # Nodes
 //!
 //! Each node heartbeats a sorted set in Redis every round; a node whose heartbeat is

@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering;
 
 use super::books::Books;
-use super::cell::{HOT, NEW, QUOTA, SyncCell, SyncPolicy, WANT_HOT, WANTED};
+use super::cell::{CHARGED, HOT, NEW, QUOTA, SyncCell, SyncPolicy, WANT_HOT, WANTED};
 use super::protocol::{Answer, MAX_DEMAND, Request, SharedQuota, WEIGHT_ONE, scale};
 
 /// What the node side of every key's round shares.
@@ -180,7 +180,7 @@ pub(crate) fn need(cell: &SyncCell, books: &Books, p: &NodeParams, now: u64) -> 
     if flags & WANTED != 0 {
         return Some(Need::Lease);
     }
-    if flags & QUOTA != 0 {
+    if flags & QUOTA != 0 || cell.aside.refunded.load(Ordering::Acquire) > 0 {
         return Some(Need::Report);
     }
     let idle = now.saturating_sub(books.last_active) >= p.idle_ns;
@@ -211,7 +211,12 @@ pub(crate) fn need(cell: &SyncCell, books: &Books, p: &NodeParams, now: u64) -> 
 /// holding cap) serve no one until the global state refills. Returns whether the key
 /// was released; a check racing with it keeps the key in use.
 pub(crate) fn release_locally(cell: &SyncCell, books: &mut Books) -> bool {
-    if books.pending || books.released || used(cell, books) > 0 || cell_wants(cell) {
+    if books.pending
+        || books.released
+        || used(cell, books) > 0
+        || cell_wants(cell)
+        || cell.aside.refunded.load(Ordering::Acquire) > 0
+    {
         return false;
     }
     let take = |pool: &std::sync::atomic::AtomicU64, base: u64| {
@@ -248,7 +253,10 @@ pub(crate) fn collect(
     let timeout_ns = p.timeout_ns;
     // The round carries the key's quota (a round that fails stays pending: the next
     // one carries it again).
-    let ran_out = cell.flags.fetch_and(!(WANTED | QUOTA), Ordering::AcqRel) & WANTED != 0;
+    let flags = cell
+        .flags
+        .fetch_and(!(WANTED | QUOTA | CHARGED), Ordering::AcqRel);
+    let ran_out = flags & WANTED != 0;
     if books.epoch == 0 {
         books.epoch = seq;
     }
@@ -304,6 +312,11 @@ pub(crate) fn collect(
     books.spent += books.lease_base.saturating_sub(left)
         + books.overdraft_base.saturating_sub(overdraft)
         + cell.aside.overdrawn.swap(0, Ordering::AcqRel);
+    // Refunds lower the floor: by at most what this node reported as spent on the key
+    // (units admitted on another node are refunded there; what the cap leaves out is
+    // never given back, so nothing is ever minted).
+    let refunded = cell.aside.refunded.swap(0, Ordering::AcqRel);
+    books.spent -= refunded.min(books.spent);
     books.lease_base = keep;
     books.overdraft_base = overdraft;
     books.demand = demand;
@@ -317,7 +330,11 @@ pub(crate) fn collect(
             u64::try_from((i128::from(local_ns) + i128::from(offset)) / 1_000).unwrap_or(0)
         })
     };
-    let anchor = if books.last_ok == 0 {
+    // A charge was consumed when it was made, not over the time since the last round:
+    // with one in the floor, Redis charges from now (the anchor 0), spreading nothing
+    // back (the units admitted since the last round with it are charged from now too,
+    // later than they were: the global state never gains by it).
+    let anchor = if books.last_ok == 0 || flags & CHARGED != 0 {
         0
     } else {
         in_redis(books.last_ok)
@@ -548,6 +565,94 @@ mod tests {
         let r2 = collect(&cell, &mut books, &p, 2, 100_000_000, false, Some(0));
         assert_eq!(books.spent, 6);
         assert_eq!(r2.floor, 6 + r2.keep);
+    }
+
+    /// `charge` spends the lease, then the overdraft, and reports the rest as consumed
+    /// beyond (the floor rises by the whole charge); `refund` lowers the next floor by
+    /// as many, but never by more than the node reported spent; either makes the key
+    /// need a round, and keeps it from being released or evicted until then.
+    #[test]
+    fn settlements_move_the_floor_by_exactly_their_units() {
+        use crate::algorithm::Settle;
+        use crate::store::state::State;
+        let p = params();
+        let policy = SyncPolicy::new(crate::Quota::per_second(100).unwrap(), 100, 0, 50_000_000);
+        let cell = cell();
+        let mut books = Books::default();
+        cell.allowance.store(10, Ordering::Release);
+        cell.overdraft.store(3, Ordering::Release);
+        books.lease_base = 10;
+        books.overdraft_base = 3;
+        books.average = WEIGHT_ONE / 2;
+        // 4 admitted, then a charge of 25: the 6 leased and 3 overdrawn left, 16 beyond.
+        cell.allowance.store(6, Ordering::Release);
+        cell.settle(&policy, 1, Settle::Charge(25));
+        assert_eq!(cell.allowance.load(Ordering::Acquire), 0);
+        assert_eq!(cell.overdraft.load(Ordering::Acquire), 0);
+        assert_eq!(cell.aside.overdrawn.load(Ordering::Acquire), 16);
+        assert!(!cell.check(&policy, 1, 1, u64::MAX).is_allowed());
+        assert!(!cell.evictable() && !cell.is_released());
+        assert_eq!(need(&cell, &books, &p, 2), Some(Need::Lease));
+        let r = collect(&cell, &mut books, &p, 1, 50_000_000, false, Some(0));
+        assert_eq!(r.floor, 4 + 25);
+        assert_eq!(r.keep, 0);
+        let answer = Answer {
+            reserved: r.floor,
+            ..Answer::default()
+        };
+        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX, 0));
+        // A refund of 10 lowers the next floor by 10 and makes the key report.
+        assert!(!cell.is_released());
+        cell.settle(&policy, 2, Settle::Refund(10));
+        assert!(!cell.evictable());
+        assert_eq!(need(&cell, &books, &p, 3), Some(Need::Report));
+        let r = collect(&cell, &mut books, &p, 2, 100_000_000, false, Some(0));
+        assert_eq!(r.floor, 29 - 10);
+        let answer = Answer {
+            reserved: r.floor,
+            ..Answer::default()
+        };
+        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX, 0));
+        // Beyond what the node spent, a refund stops at zero: nothing is minted.
+        cell.settle(&policy, 3, Settle::Refund(1_000));
+        let r = collect(&cell, &mut books, &p, 3, 150_000_000, false, Some(0));
+        assert_eq!(r.floor, 0);
+    }
+
+    /// A cold key settles on its share's GCRA: a refund gives units back at once (not
+    /// beyond a whole share), a charge beyond it leaves the key in debt and wanting to
+    /// turn hot, and turning hot reports the debt as in use.
+    #[test]
+    fn a_cold_key_settles_on_its_share_and_reports_its_debt_when_hot() {
+        use crate::algorithm::Settle;
+        use crate::store::state::State;
+        const SECOND: u64 = 1_000_000_000;
+        // 100/s shared by 2 nodes: 50 at once and one per 20 ms here.
+        let mut policy =
+            SyncPolicy::new(crate::Quota::per_second(100).unwrap(), 100, 0, SECOND / 20);
+        policy.cold = super::super::cell::Cold::share(100, 10_000, 2, false, 10 * SECOND);
+        let cell = SyncCell::fresh(&policy);
+        let t_ns = 20_000_000;
+        let now = SECOND;
+        for _ in 0..50 {
+            assert!(cell.check(&policy, now, 1, u64::MAX).is_allowed());
+        }
+        assert!(!cell.check(&policy, now, 1, u64::MAX).is_allowed());
+        cell.flags.fetch_and(!WANT_HOT, Ordering::AcqRel);
+        cell.settle(&policy, now, Settle::Refund(5));
+        for _ in 0..5 {
+            assert!(cell.check(&policy, now, 1, u64::MAX).is_allowed());
+        }
+        assert!(!cell.check(&policy, now, 1, u64::MAX).is_allowed());
+        cell.settle(&policy, now, Settle::Refund(1_000));
+        assert_eq!(cell.peek(&policy, now, 1).remaining(), 50);
+        cell.flags.fetch_and(!WANT_HOT, Ordering::AcqRel);
+        // 50 whole, a charge of 80: 30 in debt.
+        cell.settle(&policy, now, Settle::Charge(80));
+        assert_ne!(cell.flags.load(Ordering::Acquire) & WANT_HOT, 0);
+        let mut books = Books::default();
+        assert!(turn_hot(&cell, &mut books, t_ns, now));
+        assert_eq!(books.spent, 80);
     }
 
     /// The fallback: at the key's share while Redis reserves it, then a one-time budget,

@@ -1275,3 +1275,186 @@ async fn ready_waits_for_the_first_answer_or_the_fail_mode() {
     let stats = handle.stats();
     assert!(stats.fallback_active && stats.syncs == 0, "{stats:?}");
 }
+
+/// Waits until every node has had a round answered and counts all the others (a key
+/// new to a node may spend `⌊B / N⌋` before its first lease, by the `N` it knows).
+async fn until_every_node_synced(nodes: &[(SyncedLimiter<String>, SyncHandle)]) {
+    let started = Instant::now();
+    let count = nodes.len() as u64;
+    while nodes
+        .iter()
+        .any(|(_, h)| h.stats().syncs == 0 || h.stats().nodes != count)
+    {
+        assert!(started.elapsed() < Duration::from_secs(5), "no first round");
+        // Waits for the sync tasks' first rounds against the real Redis process.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `SyncedLimiter::charge` and `refund` on real processes, at 1/s, 100/s and 100,000/s,
+/// on 2 and 16 nodes: a charge on one node puts the key's global state in debt by
+/// exactly its units at the next round (Redis's TAT moves `n·T` ahead of its clock),
+/// every node then denies once what it held is spent, and a refund of the same units on
+/// that node gives them back at its next round (the state full again, never beyond),
+/// after which every node admits again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charges_and_refunds_reach_every_node_through_redis() {
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    for (quota, count, charge) in [
+        ("1/s", 2, 3u64),
+        ("100/s", 16, 300),
+        ("100000/s burst 10000", 2, 300_000),
+    ] {
+        let quota: Quota = quota.parse().unwrap();
+        let prefix = format!("settle-{}-{count}", quota.limit());
+        let nodes: Vec<_> = (0..count)
+            .map(|_| {
+                RateLimiter::builder(quota)
+                    .build_synced(
+                        RedisSync::new(&server.url())
+                            .interval(INTERVAL)
+                            .cold_keys(false)
+                            .prefix(&prefix)
+                            .allow_shared_prefix(true),
+                    )
+                    .unwrap()
+            })
+            .collect();
+        until_every_node_synced(&nodes).await;
+        let key = format!("{prefix}:sync:tb:{{k}}");
+        let t_us = quota.emission_interval().as_micros() as u64;
+        let context = format!("{quota} × {count}");
+        // Untouched: the state is full.
+        assert_eq!(debt_us(&server, &key).await, 0, "{context}");
+        let after = nodes[0].0.charge("k", charge).unwrap();
+        assert!(!after.is_allowed(), "{context}: {after:?}");
+        // The next round carries it: the debt is the charge, less what the state refilled
+        // since (real time passes), and less what node 0 held of the key (nothing: it
+        // never checked it).
+        let started = Instant::now();
+        let mut debt = 0;
+        while debt < t_us * charge / 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{context}: never charged"
+            );
+            // Real time: the round goes through the real Redis process.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            debt = debt_us(&server, &key).await;
+        }
+        let expected = t_us * charge;
+        assert!(
+            debt <= expected && debt + 500_000 >= expected,
+            "{context}: debt {debt} µs, charged {expected} µs"
+        );
+        // Every node denies once what it holds is spent: in reconcile mode a node first
+        // seeing a key may spend its share of a fresh key's burst, ⌊B / N⌋, before its
+        // first lease, and a lease holds a token or two.
+        let held = count as u64 * ((quota.burst() / count as u64).max(1) + 2);
+        let admitted: u64 = nodes
+            .iter()
+            .map(|(l, _)| (0..held).filter(|_| l.check("k").is_allowed()).count() as u64)
+            .sum();
+        assert!(admitted <= held, "{context}: {admitted} admitted in debt");
+        tokio::time::sleep(INTERVAL * 4).await;
+        for (i, (limiter, _)) in nodes.iter().enumerate() {
+            assert!(
+                !limiter.check("k").is_allowed(),
+                "{context}: node {i} admits in debt"
+            );
+        }
+        // The refund gives the units back at node 0's next round: the state is full
+        // again (not beyond: the refund stops at full), and every node admits.
+        nodes[0].0.refund("k", charge + 1_000).unwrap();
+        let started = Instant::now();
+        while debt_us(&server, &key).await > 2 * t_us {
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{context}: never refunded"
+            );
+            // Real time: the round goes through the real Redis process.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = Instant::now();
+        for (i, (limiter, _)) in nodes.iter().enumerate() {
+            while !limiter.check("k").is_allowed() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(3),
+                    "{context}: node {i} never admits after the refund"
+                );
+                // Real time: the next lease comes with the node's next round.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        stop(nodes).await;
+    }
+}
+
+/// The window counters refund through the sync too (a charge is refused, typed, as in
+/// process): in lease mode (at most the limit per window), a window filled on one node
+/// and refunded half-way admits that half again on the other, within the same window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synced_window_refunds_and_refuses_charges() {
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    for algorithm in [Algorithm::SlidingWindow, Algorithm::FixedWindow] {
+        // 100 per minute: the window does not roll during the test.
+        let quota = Quota::per_minute(100).unwrap();
+        let prefix = format!("settle-{}", algorithm.name());
+        let nodes: Vec<_> = (0..2)
+            .map(|_| {
+                RateLimiter::builder(quota)
+                    .algorithm(algorithm)
+                    .build_synced(
+                        RedisSync::new(&server.url())
+                            .mode(SyncMode::Lease)
+                            .interval(INTERVAL)
+                            .cold_keys(false)
+                            .prefix(&prefix)
+                            .allow_shared_prefix(true),
+                    )
+                    .unwrap()
+            })
+            .collect();
+        until_every_node_synced(&nodes).await;
+        // At least 10 s before the window of Redis's clock ends.
+        let into = server_time(&server).await % 60_000_000;
+        if into > 50_000_000 {
+            // Real time: the window is Redis's clock's.
+            tokio::time::sleep(Duration::from_micros(60_000_000 - into + 100_000)).await;
+        }
+        assert!(matches!(
+            nodes[0].0.charge("w", 1),
+            Err(tollgate::SettleError::Unsupported { .. })
+        ));
+        // Node 0 takes the whole window (leases come with its rounds).
+        let mut taken = 0;
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(2) {
+            taken += (0..20)
+                .filter(|_| nodes[0].0.check("w").is_allowed())
+                .count();
+            // Real time: leases come with the node's rounds through the real Redis.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!((70..=100).contains(&taken), "{algorithm:?}: {taken} of 100");
+        nodes[0].0.refund("w", 50).unwrap();
+        // Node 1 admits the 50 given back, and no more.
+        let mut again = 0;
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(2) {
+            again += (0..20)
+                .filter(|_| nodes[1].0.check("w").is_allowed())
+                .count();
+            // Real time: leases come with the node's rounds through the real Redis.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The 50 given back, and what node 0 had left of the window.
+        assert!(
+            (40..=150 - taken).contains(&again),
+            "{algorithm:?}: {again} admitted after 50 given back (taken {taken})"
+        );
+        stop(nodes).await;
+    }
+}
