@@ -105,11 +105,28 @@ pub(crate) struct Config<K, E: ExtractKey<K>> {
     pub(crate) shape: Option<Duration>,
     /// Shadow mode: decide and report as usual, but never deny.
     pub(crate) shadow: bool,
-    /// Further limits each request is held to ([`RateLimitLayer::and`](super::RateLimitLayer::and)).
-    pub(crate) extras: Vec<Arc<dyn ExtraLimit>>,
+    /// Further limits each request is held to ([`RateLimitLayer::and`](super::RateLimitLayer::and)),
+    /// each with its quota's index in the layer's policies.
+    pub(crate) extras: Vec<(usize, Arc<dyn ExtraLimit>)>,
+    /// Further limits in Redis ([`RateLimitLayer::and_redis`](super::RateLimitLayer::and_redis)),
+    /// decided after the in-process ones.
+    #[cfg(feature = "redis")]
+    pub(crate) remote_extras: Vec<Arc<super::extra::RedisExtra>>,
     /// The policy index of the first further limit: the layer's own limiter's quota
     /// count.
     pub(crate) first_extra: usize,
+}
+
+impl<K, E: ExtractKey<K>> Config<K, E> {
+    /// The policy index of the next further limit: after the layer's own quotas and the
+    /// further limits added before it, of either kind.
+    pub(crate) fn next_policy(&self) -> usize {
+        #[cfg(feature = "redis")]
+        let remote = self.remote_extras.len();
+        #[cfg(not(feature = "redis"))]
+        let remote = 0;
+        self.first_extra + self.extras.len() + remote
+    }
 }
 
 impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
@@ -128,6 +145,8 @@ impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
             shape: self.shape,
             shadow: self.shadow,
             extras: self.extras.clone(),
+            #[cfg(feature = "redis")]
+            remote_extras: self.remote_extras.clone(),
             first_extra: self.first_extra,
         }
     }

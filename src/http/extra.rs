@@ -107,32 +107,27 @@ pub(crate) enum Extras {
     Rejected(KeyRejection, String),
 }
 
-/// Decides `head` with every further limit in order, all or nothing; the `i`-th
-/// limit's decisions carry the policy index `first + i`.
+/// Decides `head` with every further limit in order, all or nothing; each limit's
+/// decisions carry its policy index.
 pub(crate) fn decide(
-    extras: &[std::sync::Arc<dyn ExtraLimit>],
+    extras: &[(usize, std::sync::Arc<dyn ExtraLimit>)],
     head: &Request<()>,
     limits: &KeyLimits,
     max_delay: u64,
-    first: usize,
 ) -> Extras {
     let mut tightest: Option<Decision> = None;
-    for (i, extra) in extras.iter().enumerate() {
+    for (i, (policy, extra)) in extras.iter().enumerate() {
         let decided = extra.decide(head, limits, max_delay);
-        let undo = |upto: usize| {
-            for earlier in &extras[..upto] {
-                earlier.give_back(head, limits);
-            }
-        };
+        let undo = |upto: usize| give_back(&extras[..upto], head, limits);
         match decided {
             Ok(None) => {}
             Ok(Some(decision)) if decision.is_allowed() => {
-                let decision = decision.for_policy(first + i);
+                let decision = decision.for_policy(*policy);
                 tightest = Some(tightest.map_or(decision, |t| t.tighter(decision)));
             }
             Ok(Some(deny)) => {
                 undo(i);
-                return Extras::Denied(deny.for_policy(first + i));
+                return Extras::Denied(deny.for_policy(*policy));
             }
             Err(why) => {
                 undo(i);
@@ -146,11 +141,126 @@ pub(crate) fn decide(
 /// Gives back the unit every further limit consumed for `head` (the layer's own limiter
 /// denied it, or rejected its key).
 pub(crate) fn give_back(
-    extras: &[std::sync::Arc<dyn ExtraLimit>],
+    extras: &[(usize, std::sync::Arc<dyn ExtraLimit>)],
     head: &Request<()>,
     limits: &KeyLimits,
 ) {
-    for extra in extras {
+    for (_, extra) in extras {
         extra.give_back(head, limits);
+    }
+}
+
+/// A further limit in Redis ([`RateLimitLayer::and_redis`]): a [`RedisLimiter`] and the
+/// extractor of its key, decided after the in-process further limits, one script call.
+///
+/// [`RateLimitLayer::and_redis`]: super::RateLimitLayer::and_redis
+/// [`RedisLimiter`]: crate::redis::RedisLimiter
+#[cfg(feature = "redis")]
+pub(crate) struct RedisExtra {
+    pub(crate) limiter: crate::redis::RedisLimiter,
+    pub(crate) on_failure: crate::redis::FailMode,
+    pub(crate) key: Box<dyn KeyOf>,
+    /// Its quota's index in the layer's policies.
+    pub(crate) policy: usize,
+}
+
+/// A further limit's key extractor, its key type fixed to `String`.
+#[cfg(feature = "redis")]
+pub(crate) trait KeyOf: Send + Sync {
+    /// `head`'s key: `None` when it has none (the limit does not apply to it).
+    fn key(&self, head: &Request<()>, limits: &KeyLimits) -> Result<Option<String>, KeyRejection>;
+    /// What the extractor looks for (for the 400 of a key it rejects).
+    fn looks_for(&self, head: &Request<()>) -> String;
+}
+
+#[cfg(feature = "redis")]
+impl<E: ExtractKey<String>> KeyOf for E {
+    fn key(&self, head: &Request<()>, limits: &KeyLimits) -> Result<Option<String>, KeyRejection> {
+        match self.extract(head, limits) {
+            Ok(key) => Ok(Some(key.borrow().to_owned())),
+            Err(KeyRejection::Missing) => Ok(None),
+            Err(why) => Err(why),
+        }
+    }
+
+    fn looks_for(&self, head: &Request<()>) -> String {
+        ExtractKey::looks_for(self, head)
+    }
+}
+
+/// What the further limits in Redis decided about a request: as [`Extras`], with the
+/// keys that took a unit in Redis (to give it back if a later limit denies).
+#[cfg(feature = "redis")]
+pub(crate) struct RemoteExtras {
+    pub(crate) outcome: Extras,
+    /// The error a fail mode answered for, if any (for the decision hook).
+    pub(crate) error: Option<super::backend::BackendError>,
+    /// For each limit that consumed a unit in Redis, its index and key.
+    pub(crate) taken: Vec<(usize, String)>,
+}
+
+/// Decides `head` with every further limit in Redis, in order, all or nothing: the first
+/// that denies ends it, and the ones before it get their unit back (one script call
+/// each). A decision a fail mode gave (Redis failed) consumed nothing in Redis, so it is
+/// given nothing back.
+#[cfg(feature = "redis")]
+pub(crate) async fn decide_remote(
+    extras: &[std::sync::Arc<RedisExtra>],
+    keys: Vec<Result<Option<String>, (KeyRejection, String)>>,
+) -> RemoteExtras {
+    let mut tightest: Option<Decision> = None;
+    let mut taken: Vec<(usize, String)> = Vec::new();
+    let mut error = None;
+    for (i, (extra, key)) in extras.iter().zip(keys).enumerate() {
+        let key = match key {
+            Ok(Some(key)) => key,
+            Ok(None) => continue,
+            Err((why, looked_for)) => {
+                give_back_remote(extras, &taken).await;
+                return RemoteExtras {
+                    outcome: Extras::Rejected(why, looked_for),
+                    error,
+                    taken: Vec::new(),
+                };
+            }
+        };
+        let (decision, failed) = extra.limiter.check_reporting(&key, extra.on_failure).await;
+        let decision = decision.for_policy(extra.policy);
+        let in_redis = failed.is_none();
+        if let Some(e) = failed {
+            error = Some(Box::new(e) as super::backend::BackendError);
+        }
+        if !decision.is_allowed() {
+            give_back_remote(extras, &taken).await;
+            return RemoteExtras {
+                outcome: Extras::Denied(decision),
+                error,
+                taken: Vec::new(),
+            };
+        }
+        if in_redis {
+            taken.push((i, key));
+        }
+        tightest = Some(tightest.map_or(decision, |t| t.tighter(decision)));
+    }
+    RemoteExtras {
+        outcome: Extras::Admitted(tightest),
+        error,
+        taken,
+    }
+}
+
+/// Gives back, in Redis, the unit each of `taken` consumed. A refund that fails is
+/// logged by the limiter (and counted); the unit then stays consumed: nothing is
+/// admitted twice.
+#[cfg(feature = "redis")]
+pub(crate) async fn give_back_remote(
+    extras: &[std::sync::Arc<RedisExtra>],
+    taken: &[(usize, String)],
+) {
+    for (i, key) in taken {
+        if let Some(extra) = extras.get(*i) {
+            let _ = extra.limiter.refund(key, 1).await;
+        }
     }
 }

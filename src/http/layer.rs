@@ -141,6 +141,8 @@ where
                 shape: None,
                 shadow: false,
                 extras: Vec::new(),
+                #[cfg(feature = "redis")]
+                remote_extras: Vec::new(),
                 first_extra,
             }),
         }
@@ -173,6 +175,8 @@ where
                 shape: config.shape,
                 shadow: config.shadow,
                 extras: config.extras,
+                #[cfg(feature = "redis")]
+                remote_extras: config.remote_extras,
                 first_extra: config.first_extra,
             }),
         }
@@ -332,8 +336,70 @@ where
         let window = quota.period().as_secs() + u64::from(quota.period().subsec_nanos() > 0);
         Ok(self.edit(|c| {
             Arc::make_mut(&mut c.style).push_policy(name, capacity, window);
-            c.extras.push(Arc::new(extra));
+            let policy = c.next_policy();
+            c.extras.push((policy, Arc::new(extra)));
         }))
+    }
+
+    /// Holds each request to a [`RedisLimiter`](crate::redis::RedisLimiter) as well, keyed
+    /// by `key`, all or nothing with the layer's own limiter and the other further
+    /// limits, as [`and`](Self::and) does for an in-process one: for example a global
+    /// limit per API key held exactly across the fleet, besides a per-IP limit in
+    /// process.
+    ///
+    /// The in-process further limits are decided first, then those in Redis in the order
+    /// added (one script call each), then the layer's own limiter. When one denies, every
+    /// limit before it gets its unit back, the Redis ones by a refund script call before
+    /// the answer goes out. The keys of different limits are different Redis keys (on a
+    /// Cluster, different slots), so they are decided one after the other, not in one
+    /// script: nothing is ever admitted beyond any one limit, and between a unit's
+    /// consumption and its refund (a round trip) a request racing it may be denied where
+    /// it would otherwise pass. When Redis fails, `on_failure` decides for this limit
+    /// (as for [`redis`](Self::redis)); a unit a fail mode admitted is not given back to
+    /// Redis, which never took it. The limiter's first quota is listed in
+    /// `RateLimit-Policy`, named by its [`name`](crate::redis::RedisBuilder::name).
+    ///
+    /// ```no_run
+    /// use axum::{routing::get, Router};
+    /// use tollgate::http::{KeyExtractor, RateLimitLayer};
+    /// use tollgate::redis::{FailMode, RedisLimiter};
+    /// use tollgate::RateLimiter;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let per_ip: RateLimiter<String> = RateLimiter::new("20/s".parse()?);
+    /// let per_key = RedisLimiter::builder("redis://127.0.0.1/", "1000/h".parse()?)
+    ///     .name("api-key")
+    ///     .build()
+    ///     .await?;
+    /// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(
+    ///     RateLimitLayer::new(per_ip) // keyed by the peer address
+    ///         .and_redis(per_key, FailMode::Closed, KeyExtractor::header("x-api-key")?),
+    /// );
+    /// # let _ = app;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn and_redis<E2: ExtractKey<String>>(
+        self,
+        limiter: crate::redis::RedisLimiter,
+        on_failure: crate::redis::FailMode,
+        key: E2,
+    ) -> Self {
+        let (quota, capacity) = (limiter.quota(), limiter.quota_capacity());
+        let name = quoted(limiter.name());
+        let window = quota.period().as_secs() + u64::from(quota.period().subsec_nanos() > 0);
+        self.edit(|c| {
+            Arc::make_mut(&mut c.style).push_policy(name, capacity, window);
+            let policy = c.next_policy();
+            c.remote_extras.push(Arc::new(super::extra::RedisExtra {
+                limiter,
+                on_failure,
+                key: Box::new(key),
+                policy,
+            }));
+        })
     }
 
     /// Shadow mode, for rolling a limit out on live traffic before enforcing it: the

@@ -106,13 +106,7 @@ where
         let mut held = None;
         if !exempt && !config.extras.is_empty() {
             let (decided, back) = with_head(req, |head| {
-                extra::decide(
-                    &config.extras,
-                    head,
-                    &config.limits,
-                    max_delay,
-                    config.first_extra,
-                )
+                extra::decide(&config.extras, head, &config.limits, max_delay)
             });
             req = back;
             match decided {
@@ -124,18 +118,16 @@ where
                 Extras::Rejected(why, looked_for) => return self.rejected(why, &looked_for, &req),
             }
         }
+        // The further limits in Redis next, then the layer's own limiter: all after a
+        // round trip each.
+        #[cfg(feature = "redis")]
+        if !exempt && !config.remote_extras.is_empty() {
+            return self.call_after_redis(req, held, max_delay);
+        }
         let step = if exempt {
             Step::Pass
         } else {
-            match config.key.extract(&req, &config.limits) {
-                Ok(key) => start(&config.backend, key.borrow(), max_delay),
-                Err(KeyRejection::Missing) => match &config.missing {
-                    MissingKey::Reject => Step::Reject(KeyRejection::Missing),
-                    MissingKey::Shared(key) => start(&config.backend, key.borrow(), max_delay),
-                    MissingKey::Allow => Step::Pass,
-                },
-                Err(why) => Step::Reject(why),
-            }
+            self.step(&req, max_delay)
         };
         match step {
             Step::Pass => ResponseFuture::admitted(self.inner.call(req), Pending::None),
@@ -164,6 +156,116 @@ where
                 }))
             }
         }
+    }
+}
+
+impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E>
+where
+    K: Borrow<E::Lookup>,
+{
+    /// What the layer's own limiter makes of `req`.
+    fn step<B>(&self, req: &Request<B>, max_delay: u64) -> Step {
+        let config = &*self.config;
+        match config.key.extract(req, &config.limits) {
+            Ok(key) => start(&config.backend, key.borrow(), max_delay),
+            Err(KeyRejection::Missing) => match &config.missing {
+                MissingKey::Reject => Step::Reject(KeyRejection::Missing),
+                MissingKey::Shared(key) => start(&config.backend, key.borrow(), max_delay),
+                MissingKey::Allow => Step::Pass,
+            },
+            Err(why) => Step::Reject(why),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<S, K, E> RateLimitService<S, K, E>
+where
+    K: Borrow<E::Lookup> + Send + Sync + 'static,
+    E: ExtractKey<K>,
+{
+    /// The rest of a request's decision once the in-process further limits admitted it
+    /// (`held`, the tightest of their admissions): the further limits in Redis, in
+    /// order, then the layer's own limiter; whichever denies, every limit before it gets
+    /// its unit back (in Redis, one script call each, before the answer goes out).
+    fn call_after_redis<ReqBody, ResBody>(
+        &mut self,
+        req: Request<ReqBody>,
+        held: Option<Decision>,
+        max_delay: u64,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Send + 'static,
+        ResBody: Send + 'static,
+    {
+        let config = Arc::clone(&self.config);
+        let (keys, mut req) = with_head(req, |head| {
+            config
+                .remote_extras
+                .iter()
+                .map(|e| {
+                    e.key
+                        .key(head, &config.limits)
+                        .map_err(|why| (why, e.key.looks_for(head)))
+                })
+                .collect::<Vec<_>>()
+        });
+        let mut service = Self {
+            inner: self.take_inner(),
+            config,
+        };
+        ResponseFuture::deferred(Box::pin(async move {
+            let extras = &service.config.remote_extras;
+            let remote = extra::decide_remote(extras, keys).await;
+            let held = match remote.outcome {
+                Extras::Admitted(tightest) => match (held, tightest) {
+                    (Some(a), Some(b)) => Some(a.tighter(b)),
+                    (a, b) => a.or(b),
+                },
+                Extras::Denied(deny) => {
+                    if held.is_some() {
+                        req = service.give_back(req);
+                    }
+                    service.report(&deny, &req, remote.error.as_deref());
+                    return service.respond(deny, req).await;
+                }
+                Extras::Rejected(why, looked_for) => {
+                    if held.is_some() {
+                        req = service.give_back(req);
+                    }
+                    return service
+                        .rejected::<ReqBody, S::Future, ResBody>(why, &looked_for, &req)
+                        .await;
+                }
+            };
+            let (decision, error) = match service.step(&req, max_delay) {
+                Step::Pass => {
+                    return ResponseFuture::admitted(service.inner.call(req), Pending::None).await;
+                }
+                Step::Reject(why) => {
+                    if held.is_some() {
+                        req = service.give_back(req);
+                    }
+                    extra::give_back_remote(extras, &remote.taken).await;
+                    let looked_for = service.config.key.looks_for(&req);
+                    return service
+                        .rejected::<ReqBody, S::Future, ResBody>(why, &looked_for, &req)
+                        .await;
+                }
+                Step::Decided(decision) => (decision, None),
+                Step::Remote(decision) => decision.await,
+            };
+            if !decision.is_allowed() {
+                extra::give_back_remote(extras, &remote.taken).await;
+            }
+            let (decision, req) = service.with_held(held, decision, req);
+            let error = error.or(remote.error);
+            service.report(&decision, &req, error.as_deref());
+            service.respond(decision, req).await
+        }))
     }
 }
 

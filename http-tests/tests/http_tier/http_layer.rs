@@ -734,3 +734,90 @@ async fn a_further_limit_gets_its_unit_back_when_redis_denies() {
     // Only the two admitted requests used the global limit.
     assert_eq!(global.peek(&()).remaining(), 8);
 }
+
+/// One layer holds each request to a per-key limit in process and to two limits in
+/// Redis (per tenant, and one global), all or nothing, over a real socket against a real
+/// redis-server: whichever limit denies, the limits before it get their unit back (the
+/// Redis ones by a refund before the 429 goes out), the 429 names it, and
+/// `RateLimit-Policy` lists all three. With Redis gone, the fail mode decides.
+#[tokio::test]
+async fn limits_in_redis_join_a_layer_all_or_nothing() {
+    use tollgate::redis::{FailMode, RedisLimiter};
+    let mut server = tollgate_testing::LocalRedis::start().unwrap();
+    let redis = |quota: &str, name: &str| {
+        RedisLimiter::builder(&server.url(), quota.parse().unwrap())
+            .name(name)
+            .prefix(name)
+            .build()
+    };
+    let tenant = redis("3/min", "tenant").await.unwrap();
+    let global = redis("6/min", "global").await.unwrap();
+    let per_key: RateLimiter<String> = RateLimiter::builder("4/min".parse().unwrap())
+        .name("key")
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", routing::get(|| async { "ok" }))
+        .layer(
+            RateLimitLayer::new(per_key.clone())
+                .key(KeyExtractor::header("x-api-key").unwrap())
+                .policy_name("key")
+                .and_redis(
+                    tenant.clone(),
+                    FailMode::Closed,
+                    KeyExtractor::header("x-tenant").unwrap(),
+                )
+                .and_redis(
+                    global.clone(),
+                    FailMode::Closed,
+                    key_fn(|_| Some("all".to_owned())),
+                ),
+        );
+    let addr = serve(app).await;
+    let call = |key: &'static str, tenant: &'static str| async move {
+        let headers: &[(&str, &[u8])] = &[
+            ("x-api-key", key.as_bytes()),
+            ("x-tenant", tenant.as_bytes()),
+        ];
+        get_with(addr, "/", headers).await
+    };
+    // What a limit has left, asked without consuming (a cost of 0).
+    let left = |limiter: &RedisLimiter, key: &'static str| {
+        let limiter = limiter.clone();
+        async move { limiter.check_n(key, 0).await.unwrap().remaining() }
+    };
+
+    let first = call("k1", "t1").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        "\"key\";q=4;w=60, \"tenant\";q=3;w=60, \"global\";q=6;w=60"
+    );
+    for _ in 0..2 {
+        assert_eq!(call("k1", "t1").await.status, StatusCode::OK);
+    }
+    // The tenant denies: the global limit, after it, and the key's own are not asked.
+    call("k1", "t1")
+        .await
+        .assert_denied_by("tenant", "t1's fourth");
+    assert_eq!(left(&global, "all").await, 3);
+    assert_eq!(per_key.peek("k1").remaining(), 1);
+    // The key's own limit denies (its fifth): both Redis limits get their unit back.
+    assert_eq!(call("k1", "t2").await.status, StatusCode::OK);
+    call("k1", "t2").await.assert_denied_by("key", "k1's fifth");
+    assert_eq!(left(&tenant, "t2").await, 2);
+    assert_eq!(left(&global, "all").await, 2);
+    // The global limit denies: the tenant gets its unit back.
+    for _ in 0..2 {
+        assert_eq!(call("k2", "t3").await.status, StatusCode::OK);
+    }
+    call("k2", "t3")
+        .await
+        .assert_denied_by("global", "the seventh overall");
+    assert_eq!(left(&tenant, "t3").await, 1);
+    assert_eq!(per_key.peek("k2").remaining(), 2);
+    // Redis gone: the fail mode decides (`Closed`: a deny), and nothing is consumed.
+    server.stop();
+    assert_eq!(call("k3", "t4").await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(per_key.peek("k3").remaining(), 4);
+}
