@@ -632,6 +632,21 @@ impl RedisLimiter {
 
     /// Every quota a key is held to: the limiter's own, then each
     /// [`also`](RedisBuilder::also) quota, in the order of [`Decision::policy`].
+    ///
+    /// ```no_run
+    /// use tollgate::redis::RedisLimiter;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisLimiter::builder("redis://127.0.0.1/", "10/s".parse()?)
+    ///     .also("1000/day".parse()?)
+    ///     .build()
+    ///     .await?;
+    /// let denied = limiter.check("tenant-a").await?;
+    /// println!("held to {}", limiter.quotas()[denied.policy()]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn quotas(&self) -> Vec<Quota> {
         let first = self.quota();
         std::iter::once(first)
@@ -688,6 +703,24 @@ impl RedisLimiter {
     /// `<prefix>:<algorithm>+<i>:{<key>}` for the `i`-th
     /// [`also`](RedisBuilder::also) quota. All carry the same hash tag, so they share a
     /// slot on Redis Cluster.
+    ///
+    /// ```no_run
+    /// use tollgate::redis::RedisLimiter;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisLimiter::builder("redis://127.0.0.1/", "10/s".parse()?)
+    ///     .prefix("api")
+    ///     .also("1000/day".parse()?)
+    ///     .build()
+    ///     .await?;
+    /// assert_eq!(
+    ///     limiter.redis_keys("alice"),
+    ///     [b"api:tb:{alice}".to_vec(), b"api:tb+1:{alice}".to_vec()]
+    /// );
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn redis_keys(&self, key: &str) -> Vec<Vec<u8>> {
         std::iter::once(self.redis_key(key))
             .chain(

@@ -376,6 +376,25 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
     /// to its cold share at once. Returns the decision a unit request would get on this
     /// node right after.
     ///
+    /// ```no_run
+    /// use tollgate::sync::RedisSync;
+    /// use tollgate::RateLimiter;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (calls, handle) = RateLimiter::<String>::builder("100/min".parse()?)
+    ///     .build_synced(RedisSync::new("redis://127.0.0.1:6379/"))?;
+    /// handle.ready().await;
+    /// if calls.check("tenant-a").is_allowed() {
+    ///     let upstream_failed = true;
+    ///     if upstream_failed {
+    ///         calls.refund("tenant-a", 1)?; // a failed call does not count, fleet-wide
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// None today: every algorithm the sync runs can refund; the type is
     /// [`RateLimiter::refund`](crate::RateLimiter::refund)'s.
