@@ -270,7 +270,8 @@ where
     /// example per API key, per client IP and one global limit, in one layer. Stacking
     /// layers cannot do this: the outer one consumes even when the inner one denies.
     ///
-    /// The further limits are decided first, in the order added; a request with no key
+    /// The further limits are decided first, in the order added (those in Redis,
+    /// [`and_redis`](Self::and_redis), after the in-process ones); a request with no key
     /// for one of them is not held to it (a key it rejects is a 400, as for the layer's
     /// own). The response's headers describe the most constraining limit: on a deny the
     /// one that denied, on an admission the one with the fewest units left.
