@@ -1227,6 +1227,18 @@ fn sync_check(c: &mut Criterion) {
     };
     run("sync_off", &|key| plain.check(key).is_allowed());
     run("sync_on", &|key| synced.check(key).is_allowed());
+    // Settlements on the synced limiter against its own `check_n` (issue 32: no more
+    // than `check_n` in the same run); the quota is generous enough (10^6/s a key) that
+    // no key goes into debt over the run.
+    run("sync_on_check_n", &|key| {
+        synced.check_n(key, 1).is_ok_and(|d| d.is_allowed())
+    });
+    run("sync_on_charge", &|key| {
+        synced.charge(key, 1).is_ok_and(|d| d.is_allowed())
+    });
+    run("sync_on_refund", &|key| {
+        synced.refund(key, 1).is_ok_and(|d| d.is_allowed())
+    });
     group.finish();
     for line in allowed {
         println!("{line}");

@@ -427,22 +427,28 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
                 operation: "charge",
             });
         }
+        use crate::store::state::State;
         let store = &self.inner.store;
         let now = common.clock.now_ns();
-        match op {
-            Settle::Charge(_) => {
+        // A key this node holds: one read lock, as a check takes.
+        let settled = store.with_state_policy(key, |cell, policy| {
+            cell.settle(policy, now, op);
+            cell.peek(policy, now, 1)
+        });
+        match (settled, op) {
+            (Some(after), _) => Ok(after),
+            // Nothing held here: nothing this node admitted to give back.
+            (None, Settle::Refund(_)) => Ok(self.peek(key)),
+            (None, Settle::Charge(_)) => {
                 let policy = store.policy_of(key);
                 if !store.upsert(key, now, |cell| cell.settle(&policy, now, op)) {
                     return Err(SettleError::NoRoom {
                         retry_after: std::time::Duration::from_nanos(policy.interval_ns),
                     });
                 }
-            }
-            Settle::Refund(_) => {
-                store.with_state_policy(key, |cell, policy| cell.settle(policy, now, op));
+                Ok(self.peek(key))
             }
         }
-        Ok(self.peek(key))
     }
 
     /// The decision a unit request for `key` would get now on this node, consuming
