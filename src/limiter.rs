@@ -654,13 +654,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let common = &self.inner.common;
-        let unsupported = SettleError::Unsupported {
-            algorithm: common.algorithm,
-            operation: match op {
-                Settle::Charge(_) => "charge",
-                Settle::Refund(_) => "refund",
-            },
-        };
+        let unsupported = op.unsupported(common.algorithm);
         if !WordPolicy::settles(common.algorithm, op) {
             return Err(unsupported);
         }

@@ -137,6 +137,18 @@ pub(crate) enum Settle {
 }
 
 impl Settle {
+    /// The error of a limiter of `algorithm` that cannot carry this settlement (see
+    /// [`WordPolicy::settles`]).
+    pub(crate) fn unsupported(self, algorithm: Algorithm) -> crate::error::SettleError {
+        crate::error::SettleError::Unsupported {
+            algorithm,
+            operation: match self {
+                Settle::Charge(_) => "charge",
+                Settle::Refund(_) => "refund",
+            },
+        }
+    }
+
     /// Whether a deny of the key cached before this settlement may now be wrong, judged
     /// from `after`, the unit request's decision right after it. A cached deny is exact
     /// until its retry instant, so one that is still live means the key denied a unit

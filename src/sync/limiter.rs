@@ -416,16 +416,9 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let common = &self.inner.common;
-        if matches!(op, Settle::Charge(_))
-            && !matches!(
-                common.algorithm,
-                Algorithm::TokenBucket | Algorithm::LeakyBucket
-            )
-        {
-            return Err(SettleError::Unsupported {
-                algorithm: common.algorithm,
-                operation: "charge",
-            });
+        // As in process: the window counters refund but cannot hold a debt.
+        if !crate::algorithm::WordPolicy::settles(common.algorithm, op) {
+            return Err(op.unsupported(common.algorithm));
         }
         use crate::store::state::State;
         let store = &self.inner.store;
