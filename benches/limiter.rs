@@ -1200,6 +1200,15 @@ fn sync_check(c: &mut Criterion) {
             RateLimiter::<u64>::builder(quota).build_synced(RedisSync::new(&server.url()))
         })
         .expect("synced limiter");
+    // The same quota twice over (issue 32's several quotas on the synced limiter): each
+    // check decides both, all admitted.
+    let (synced_two, handle_two) = runtime
+        .block_on(async {
+            RateLimiter::<u64>::builder(quota)
+                .also(quota)
+                .build_synced(RedisSync::new(&server.url()).prefix("bench-two-quotas"))
+        })
+        .expect("synced limiter with two quotas");
     let keys = key_sequence(0x5ca1e, KEYS);
     let mut group = c.benchmark_group("sync_check");
     let mut allowed = Vec::new();
@@ -1227,6 +1236,9 @@ fn sync_check(c: &mut Criterion) {
     };
     run("sync_off", &|key| plain.check(key).is_allowed());
     run("sync_on", &|key| synced.check(key).is_allowed());
+    run("sync_on_two_quotas", &|key| {
+        synced_two.check(key).is_allowed()
+    });
     // Settlements on the synced limiter against its own `check_n` (issue 32: no more
     // than `check_n` in the same run); the quota is generous enough (10^6/s a key) that
     // no key goes into debt over the run.
@@ -1245,6 +1257,7 @@ fn sync_check(c: &mut Criterion) {
     }
     println!("sync_check/stats: {:?}", handle.stats());
     runtime.block_on(handle.shutdown());
+    runtime.block_on(handle_two.shutdown());
 }
 
 #[cfg(not(feature = "redis"))]

@@ -101,6 +101,15 @@ impl ManualClock {
     }
 }
 
+/// A shared clock: every holder reads the same time (the synced limiter shares its
+/// clock with the syncs of its [`also`](crate::Builder::also) quotas this way).
+impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
+    #[inline]
+    fn now_ns(&self) -> u64 {
+        (**self).now_ns()
+    }
+}
+
 impl Clock for ManualClock {
     #[inline]
     fn now_ns(&self) -> u64 {

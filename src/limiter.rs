@@ -103,6 +103,34 @@ pub(crate) struct Common<C> {
 }
 
 impl<C> Common<C> {
+    /// The same, with its clock shared (see [`for_quota`](Self::for_quota)).
+    #[cfg(feature = "redis")]
+    pub(crate) fn shared(self) -> Common<Arc<C>> {
+        Common {
+            algorithm: self.algorithm,
+            clock: Arc::new(self.clock),
+            name: self.name,
+            tally: self.tally,
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<C> Common<Arc<C>> {
+    /// The part of quota `i` (from 1) of a limiter with several: the same clock and
+    /// algorithm, named `<name>+<i>`, counting nothing of its own (the limiter counts
+    /// its decisions once).
+    pub(crate) fn for_quota(&self, i: usize) -> Self {
+        Common {
+            algorithm: self.algorithm,
+            clock: Arc::clone(&self.clock),
+            name: Arc::from(format!("{}+{i}", self.name)),
+            tally: Tally::new(false),
+        }
+    }
+}
+
+impl<C> Common<C> {
     /// Counts a decision, and logs it if it is a deny.
     #[inline(always)]
     pub(crate) fn record<Q: Hash + ?Sized>(&self, key: &Q, decision: &Decision) {
@@ -847,6 +875,11 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// racing it may be denied where it would otherwise pass. Nothing is ever admitted
     /// beyond any single quota's bound.
     ///
+    /// The synced limiter ([`build_synced`](Self::build_synced)) holds every key to
+    /// the `also` quotas too, each synced on its own (see [`crate::sync`]'s "Several
+    /// quotas"); the Redis tier's builder has its own
+    /// [`also`](crate::redis::RedisBuilder::also).
+    ///
     /// ```
     /// use tollgate::{clock::ManualClock, RateLimiter};
     ///
@@ -911,16 +944,11 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// its quota and algorithm, and its store's limits; checked as [`build`](Self::build)
     /// checks them.
     #[cfg(feature = "redis")]
-    pub(crate) fn into_parts(self) -> Result<(Common<C>, Limits, Quota), ConfigError> {
-        if !self.also.is_empty() {
-            return Err(ConfigError::Unsupported(
-                "several quotas (`also`) on the synced limiter: it holds one quota; use \
-                 the in-process limiter for several",
-            ));
-        }
+    pub(crate) fn into_parts(self) -> Result<(Common<C>, Limits, Vec<Quota>), ConfigError> {
         let limits = self.checked_limits()?;
-        let quota = self.quota;
-        Ok((self.into_common(), limits, quota))
+        let mut quotas = vec![self.quota];
+        quotas.extend_from_slice(&self.also);
+        Ok((self.into_common(), limits, quotas))
     }
 
     /// The store's limits, checked.

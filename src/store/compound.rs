@@ -55,72 +55,7 @@ impl<K: crate::Key> Compound<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = now();
-        let mut admitted: Option<Decision> = None;
-        for (i, store) in self.stores.iter().enumerate() {
-            match store.check(key, || now, cost, max_delay) {
-                Ok(decision) if decision.is_allowed() => {
-                    let decision = decision.for_policy(i);
-                    admitted = Some(admitted.map_or(decision, |a| a.tighter(decision)));
-                }
-                Ok(deny) => return self.denied(key, now, cost, i, deny.for_policy(i)),
-                Err(too_large) => {
-                    self.give_back(key, now, cost, i);
-                    return Err(too_large);
-                }
-            }
-        }
-        // At least one store: the limiter's own quota.
-        Ok(admitted.unwrap_or_else(|| Decision::allow(0, 0, 0)))
-    }
-
-    /// The compound deny of a request that quota `at` denied (`deny`): the quotas before
-    /// it get their units back, the ones after it are asked without consuming, and the
-    /// decision is the longest wait among those that deny, with the fewest units left.
-    /// A later quota that can never admit the cost makes it that error instead.
-    #[cold]
-    fn denied<Q>(
-        &self,
-        key: &Q,
-        now: u64,
-        cost: u64,
-        at: usize,
-        deny: Decision,
-    ) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let mut fewest = self.give_back(key, now, cost, at).min(deny.remaining());
-        let mut decision = deny;
-        for (i, store) in self.stores.iter().enumerate().skip(at + 1) {
-            let later = store.peek(key, now, cost)?;
-            fewest = fewest.min(later.remaining());
-            if !later.is_allowed() {
-                decision = decision.tighter(later.for_policy(i));
-            }
-        }
-        Ok(decision.with_fewest(fewest))
-    }
-
-    /// Refunds `cost` to the quotas before `upto`, which admitted it; returns the fewest
-    /// units they have left after.
-    fn give_back<Q>(&self, key: &Q, now: u64, cost: u64, upto: usize) -> u64
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let mut fewest = u64::MAX;
-        if cost == 0 {
-            return fewest;
-        }
-        for store in &self.stores[..upto] {
-            // A refund takes any amount, and finds the key it just admitted.
-            if let Ok(after) = store.settle(key, now, Settle::Refund(cost)) {
-                fewest = fewest.min(after.remaining());
-            }
-        }
-        fewest
+        check_all(&*self.stores, key, now(), cost, max_delay)
     }
 
     /// Applies `settle` to every quota; the most constraining result (a capacity refusal
@@ -159,19 +94,7 @@ impl<K: crate::Key> Compound<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let mut too_large = None;
-        let decisions = self.stores.iter().enumerate().map_while(|(i, store)| {
-            store
-                .peek(key, now, cost)
-                .map_err(|e| too_large = Some(e))
-                .ok()
-                .map(|d| d.for_policy(i))
-        });
-        let decision = Decision::all_of(decisions);
-        match too_large {
-            Some(e) => Err(e),
-            None => Ok(decision.unwrap_or_else(|| Decision::allow(0, 0, 0))),
-        }
+        peek_all(&*self.stores, key, now, cost)
     }
 
     /// Removes `key`'s state under every quota; true if any held it.
@@ -231,17 +154,7 @@ impl<K: crate::Key> Compound<K> {
 
     /// The stores' counters summed; `keys` as [`len`](Self::len).
     pub(crate) fn stats(&self) -> StoreStats {
-        let mut total = StoreStats::default();
-        for store in self.stores.iter() {
-            let s = store.stats();
-            total.evicted_untouched += s.evicted_untouched;
-            total.evicted_active += s.evicted_active;
-            total.refused_new_keys += s.refused_new_keys;
-            total.resizes += s.resizes;
-            total.retired_tables += s.retired_tables;
-        }
-        total.keys = self.len();
-        total
+        StoreStats::of_quotas(self.stores.iter().map(WordStore::stats))
     }
 
     /// Changes the limiter's own quota (the first); the `also` quotas stay.
@@ -275,5 +188,203 @@ impl<K: crate::Key> Compound<K> {
         Q: Hash + Eq + ?Sized,
     {
         self.first().policy_of(key)
+    }
+}
+
+/// One quota of a compound decision: a store that checks a key, gives back what a check
+/// just admitted, and peeks.
+pub(crate) trait Part<K> {
+    /// Decides a request of `cost` at `now`, consuming it if admitted.
+    fn part_check<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized;
+
+    /// Gives back `cost` units this quota admitted at `now` for a compound check that
+    /// another quota denied; the units the key has left after, if it is held.
+    fn part_give_back<Q>(&self, key: &Q, now: u64, cost: u64) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized;
+
+    /// The decision a request of `cost` would get at `now`, consuming nothing.
+    fn part_peek<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized;
+}
+
+impl<K: crate::Key> Part<K> for WordStore<K> {
+    #[inline]
+    fn part_check<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check(key, || now, cost, max_delay)
+    }
+
+    fn part_give_back<Q>(&self, key: &Q, now: u64, cost: u64) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // A refund takes any amount, and finds the key it just admitted.
+        self.settle(key, now, Settle::Refund(cost))
+            .ok()
+            .map(|after| after.remaining())
+    }
+
+    fn part_peek<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.peek(key, now, cost)
+    }
+}
+
+/// The quotas of a compound decision, the limiter's own first: indexed, so that a check
+/// walks them without collecting them anywhere.
+pub(crate) trait Parts<K> {
+    /// One quota's store.
+    type Part: Part<K>;
+    /// How many quotas (at least one).
+    fn count(&self) -> usize;
+    /// Quota `i`, for `i < count()`.
+    fn part(&self, i: usize) -> &Self::Part;
+}
+
+impl<K, P: Part<K>> Parts<K> for [P] {
+    type Part = P;
+
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn part(&self, i: usize) -> &P {
+        &self[i]
+    }
+}
+
+/// Decides a request of `cost` for `key` at `now` under every quota of `parts`, all or
+/// nothing (see the module docs).
+#[inline]
+pub(crate) fn check_all<K, Q>(
+    parts: &(impl Parts<K> + ?Sized),
+    key: &Q,
+    now: u64,
+    cost: u64,
+    max_delay: u64,
+) -> Result<Decision, InsufficientCapacity>
+where
+    K: Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+{
+    let mut admitted: Option<Decision> = None;
+    for i in 0..parts.count() {
+        match parts.part(i).part_check(key, now, cost, max_delay) {
+            Ok(decision) if decision.is_allowed() => {
+                let decision = decision.for_policy(i);
+                admitted = Some(admitted.map_or(decision, |a| a.tighter(decision)));
+            }
+            Ok(deny) => return denied(parts, key, now, cost, i, deny.for_policy(i)),
+            Err(too_large) => {
+                give_back(parts, i, key, now, cost);
+                return Err(too_large);
+            }
+        }
+    }
+    // At least one part: the limiter's own quota.
+    Ok(admitted.unwrap_or_else(|| Decision::allow(0, 0, 0)))
+}
+
+/// The compound deny of a request that quota `at` denied (`deny`): the quotas before it
+/// get their units back, the ones after it are asked without consuming, and the decision
+/// is the longest wait among those that deny, with the fewest units left. A later quota
+/// that can never admit the cost makes it that error instead.
+#[cold]
+fn denied<K, Q>(
+    parts: &(impl Parts<K> + ?Sized),
+    key: &Q,
+    now: u64,
+    cost: u64,
+    at: usize,
+    deny: Decision,
+) -> Result<Decision, InsufficientCapacity>
+where
+    K: Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+{
+    let mut fewest = give_back(parts, at, key, now, cost).min(deny.remaining());
+    let mut decision = deny;
+    for i in at + 1..parts.count() {
+        let later = parts.part(i).part_peek(key, now, cost)?;
+        fewest = fewest.min(later.remaining());
+        if !later.is_allowed() {
+            decision = decision.tighter(later.for_policy(i));
+        }
+    }
+    Ok(decision.with_fewest(fewest))
+}
+
+/// Gives `cost` back to the quotas before `upto`, which admitted it; returns the fewest
+/// units they have left after.
+fn give_back<K, Q>(
+    parts: &(impl Parts<K> + ?Sized),
+    upto: usize,
+    key: &Q,
+    now: u64,
+    cost: u64,
+) -> u64
+where
+    K: Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+{
+    if cost == 0 {
+        return u64::MAX;
+    }
+    (0..upto)
+        .filter_map(|i| parts.part(i).part_give_back(key, now, cost))
+        .fold(u64::MAX, u64::min)
+}
+
+/// The decision a request of `cost` for `key` would get at `now` under every quota of
+/// `parts`, consuming nothing.
+pub(crate) fn peek_all<K, Q>(
+    parts: &(impl Parts<K> + ?Sized),
+    key: &Q,
+    now: u64,
+    cost: u64,
+) -> Result<Decision, InsufficientCapacity>
+where
+    K: Borrow<Q>,
+    Q: Hash + Eq + ?Sized,
+{
+    let mut too_large = None;
+    let decisions = (0..parts.count()).map_while(|i| {
+        parts
+            .part(i)
+            .part_peek(key, now, cost)
+            .map_err(|e| too_large = Some(e))
+            .ok()
+            .map(|d| d.for_policy(i))
+    });
+    let decision = Decision::all_of(decisions);
+    match too_large {
+        Some(e) => Err(e),
+        None => Ok(decision.unwrap_or_else(|| Decision::allow(0, 0, 0))),
     }
 }

@@ -36,6 +36,8 @@ pub(crate) mod table;
 mod word;
 
 pub(crate) use compound::Compound;
+#[cfg(feature = "redis")]
+pub(crate) use compound::{Part, Parts, check_all, peek_all};
 pub(crate) use locked::Store;
 pub(crate) use word::WordStore;
 
@@ -222,6 +224,23 @@ pub struct StoreStats {
     /// was in flight when they were replaced runs, so 0 or a few, whatever the threads
     /// that are not checking do.
     pub retired_tables: u64,
+}
+
+impl StoreStats {
+    /// The store counters of several quotas' stores, each holding the same keys: the
+    /// counters summed, the keys the most any store holds.
+    pub(crate) fn of_quotas(each: impl IntoIterator<Item = StoreStats>) -> Self {
+        let mut total = Self::default();
+        for s in each {
+            total.evicted_untouched += s.evicted_untouched;
+            total.evicted_active += s.evicted_active;
+            total.refused_new_keys += s.refused_new_keys;
+            total.resizes += s.resizes;
+            total.retired_tables += s.retired_tables;
+            total.keys = total.keys.max(s.keys);
+        }
+        total
+    }
 }
 
 /// How the store is configured.

@@ -567,6 +567,20 @@ impl SyncCell {
     }
 }
 
+impl SyncCell {
+    /// Gives back `cost` units a check of this key admitted at `now` for a request that
+    /// another quota of the limiter then denied (see [`crate::store::check_all`]). A cold
+    /// key's share takes them back at once; a hot key's are [`refunded`](Aside::refunded)
+    /// with its next round (this node's lease does not grow before Redis has them back),
+    /// and a leaky bucket's admission leaves this node's queue.
+    pub(crate) fn give_back(&self, policy: &SyncPolicy, now: u64, cost: u64) {
+        if self.cold_tat.load(Ordering::Acquire) == HOT && policy.pace_ns > 0 {
+            self.leave_queue(policy.pace_ns, cost);
+        }
+        self.settle(policy, now, Settle::Refund(cost));
+    }
+}
+
 impl State for SyncCell {
     type Policy = SyncPolicy;
 

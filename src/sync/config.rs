@@ -105,6 +105,10 @@ pub struct RedisSync {
     pub(crate) round_keys: usize,
     pub(crate) require_connection: bool,
     pub(crate) shared_prefix: bool,
+    /// Which of the limiter's quotas this sync holds: 0 for its own, `i` for its `i`th
+    /// [`also`](crate::Builder::also) quota (whose Redis keys carry `+i` after the
+    /// algorithm's tag).
+    pub(crate) quota_index: usize,
 }
 
 impl fmt::Debug for RedisSync {
@@ -123,6 +127,7 @@ impl fmt::Debug for RedisSync {
             .field("round_keys", &self.round_keys)
             .field("require_connection", &self.require_connection)
             .field("shared_prefix", &self.shared_prefix)
+            .field("quota_index", &self.quota_index)
             .finish()
     }
 }
@@ -207,6 +212,7 @@ impl RedisSync {
             round_keys: 2_000,
             require_connection: false,
             shared_prefix: false,
+            quota_index: 0,
         }
     }
 

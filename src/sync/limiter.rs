@@ -17,7 +17,7 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity, SettleError};
 use crate::limiter::{Common, Key};
 use crate::quota::Quota;
-use crate::store::{Store, StoreStats};
+use crate::store::{Part, Parts, Store, StoreStats, check_all, peek_all};
 
 /// A keyed limiter that holds one limit across every node sharing a Redis: checks stay
 /// in process (nanoseconds, no I/O), while a background task trades each key's use for
@@ -52,9 +52,70 @@ pub struct SyncedLimiter<K, C = MonotonicClock> {
 
 struct Inner<K, C> {
     store: Store<K, SyncCell>,
-    common: Common<C>,
+    common: Common<Arc<C>>,
     /// The last version this node gave a key's quota (see [`SharedQuota`]).
     version: AtomicU64,
+    /// The [`also`](crate::Builder::also) quotas: each a limiter of its own quota, with a
+    /// sync of its own (its handle is in this limiter's [`SyncHandle`]), sharing this
+    /// limiter's clock.
+    ///
+    /// [`SyncHandle`]: super::SyncHandle
+    also: Box<[SyncedLimiter<K, C>]>,
+}
+
+/// A synced limiter's quotas, its own first, for [`check_all`](crate::store::check_all).
+struct Quotas<'a, K, C>(&'a Inner<K, C>);
+
+impl<K: Key, C> Parts<K> for Quotas<'_, K, C> {
+    type Part = Store<K, SyncCell>;
+
+    fn count(&self) -> usize {
+        1 + self.0.also.len()
+    }
+
+    fn part(&self, i: usize) -> &Self::Part {
+        match i {
+            0 => &self.0.store,
+            _ => &self.0.also[i - 1].inner.store,
+        }
+    }
+}
+
+impl<K: Key> Part<K> for Store<K, SyncCell> {
+    #[inline]
+    fn part_check<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check(key, || now, cost, max_delay)
+    }
+
+    fn part_give_back<Q>(&self, key: &Q, now: u64, cost: u64) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        use crate::store::state::State;
+        self.with_state_policy(key, |cell, policy| {
+            cell.give_back(policy, now, cost);
+            cell.peek(policy, now, 1).remaining()
+        })
+    }
+
+    fn part_peek<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.peek(key, now, cost)
+    }
 }
 
 impl<K, C> Clone for SyncedLimiter<K, C> {
@@ -70,6 +131,7 @@ impl<K: Key, C> fmt::Debug for SyncedLimiter<K, C> {
         f.debug_struct("SyncedLimiter")
             .field("name", &self.inner.common.name)
             .field("quota", &self.quota())
+            .field("also", &self.also_quotas())
             .field("algorithm", &self.inner.common.algorithm)
             .field("keys", &self.len())
             .finish_non_exhaustive()
@@ -90,7 +152,9 @@ impl<K: Key, C> SyncedLimiter<K, C> {
     /// This node's counters, as [`RateLimiter::stats`](crate::RateLimiter::stats). The
     /// sync's own counters are [`SyncHandle::stats`](super::SyncHandle::stats).
     pub fn stats(&self) -> StoreStats {
-        self.inner.common.stats(self.inner.store.stats())
+        let also = self.inner.also.iter().map(|q| q.inner.store.stats());
+        let stores = StoreStats::of_quotas(std::iter::once(self.inner.store.stats()).chain(also));
+        self.inner.common.stats(stores)
     }
 
     /// The limiter's name ([`Builder::name`](crate::Builder::name); `"default"` unless
@@ -99,9 +163,44 @@ impl<K: Key, C> SyncedLimiter<K, C> {
         &self.inner.common.name
     }
 
-    /// The quota every node together holds.
+    /// The quota every node together holds (the first, with
+    /// [`also`](crate::Builder::also) quotas).
     pub fn quota(&self) -> Quota {
         self.inner.store.default_policy().quota
+    }
+
+    /// Every quota each key is held to: this limiter's own ([`quota`](Self::quota))
+    /// first, then each [`also`](crate::Builder::also) quota in the order they were
+    /// added.
+    ///
+    /// ```no_run
+    /// use tollgate::sync::RedisSync;
+    /// use tollgate::RateLimiter;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (limiter, handle) = RateLimiter::<String>::builder("10/s burst 20".parse()?)
+    ///     .also("1000/day".parse()?)
+    ///     .build_synced(RedisSync::new("redis://127.0.0.1:6379/"))?;
+    /// assert_eq!(limiter.quotas().len(), 2);
+    /// assert_eq!(limiter.capacity(), 20); // the most one request may cost
+    /// handle.ready().await; // every quota's first round answered
+    /// let decision = limiter.check("tenant-a");
+    /// if !decision.is_allowed() {
+    ///     eprintln!("quota {} denies", decision.policy());
+    /// }
+    /// handle.shutdown().await; // every quota's task
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn quotas(&self) -> Vec<Quota> {
+        std::iter::once(self.quota())
+            .chain(self.also_quotas())
+            .collect()
+    }
+
+    fn also_quotas(&self) -> Vec<Quota> {
+        self.inner.also.iter().map(SyncedLimiter::quota).collect()
     }
 
     /// The algorithm: any but [`Algorithm::SlidingLog`].
@@ -120,30 +219,45 @@ impl<K: Key, C> SyncedLimiter<K, C> {
     }
 
     /// The most a single request may cost: the burst for the token bucket, the limit for
-    /// the sliding window.
+    /// the sliding window; the smallest of them with [`also`](crate::Builder::also)
+    /// quotas.
     pub fn capacity(&self) -> u64 {
+        self.inner
+            .also
+            .iter()
+            .map(SyncedLimiter::capacity)
+            .fold(self.quota_capacity(), u64::min)
+    }
+
+    /// The capacity of this limiter's own quota (the first): what its sync leases, and
+    /// what the HTTP layer's headers report for it.
+    pub(crate) fn quota_capacity(&self) -> u64 {
         self.inner.store.default_policy().capacity
     }
 
-    /// The quota's capacity, as the HTTP layer's headers report it.
-    #[cfg(feature = "tower")]
-    pub(crate) fn quota_capacity(&self) -> u64 {
-        self.capacity()
-    }
-
-    /// None: a synced limiter holds one quota.
+    /// The [`also`](crate::Builder::also) quotas, each with its capacity.
     #[cfg(feature = "tower")]
     pub(crate) fn also_policies(&self) -> Vec<(Quota, u64)> {
-        Vec::new()
+        self.inner
+            .also
+            .iter()
+            .map(|q| (q.quota(), q.quota_capacity()))
+            .collect()
     }
 
-    /// A limiter of `store`, whose sync task is not started yet.
-    pub(super) fn new(store: Store<K, SyncCell>, common: Common<C>) -> Self {
+    /// A limiter of `store`, whose sync task is not started yet, holding each key to the
+    /// quotas of `also` too (limiters of one quota each, whose syncs have started).
+    pub(super) fn new(
+        store: Store<K, SyncCell>,
+        common: Common<Arc<C>>,
+        also: Vec<SyncedLimiter<K, C>>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
                 common,
                 version: AtomicU64::new(0),
+                also: also.into_boxed_slice(),
             }),
         }
     }
@@ -210,10 +324,14 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let common = &self.inner.common;
-        let decided = self
-            .inner
-            .store
-            .check(key, || common.clock.now_ns(), n, max_delay);
+        let decided = if self.inner.also.is_empty() {
+            self.inner
+                .store
+                .check(key, || common.clock.now_ns(), n, max_delay)
+        } else {
+            let now = common.clock.now_ns();
+            check_all(&Quotas(&self.inner), key, now, n, max_delay)
+        };
         common.record_n(key, &decided);
         decided
     }
@@ -410,7 +528,30 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         self.settle(key, Settle::Refund(n))
     }
 
+    /// Applies `op` to every quota; the most constraining result. Each quota is checked
+    /// first, so that an unsupported settlement changes nothing.
     fn settle<Q>(&self, key: &Q, op: Settle) -> Result<Decision, SettleError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if self.inner.also.is_empty() {
+            return self.settle_own(key, op);
+        }
+        let algorithm = self.inner.common.algorithm;
+        if !crate::algorithm::WordPolicy::settles(algorithm, op) {
+            return Err(op.unsupported(algorithm));
+        }
+        let mut result: Option<Decision> = None;
+        for (i, quota) in std::iter::once(self).chain(&*self.inner.also).enumerate() {
+            let decision = quota.settle_own(key, op)?.for_policy(i);
+            result = Some(result.map_or(decision, |r| r.tighter(decision)));
+        }
+        Ok(result.unwrap_or_else(|| Decision::allow(0, 0, 0)))
+    }
+
+    /// Applies `op` to this limiter's own quota.
+    fn settle_own<Q>(&self, key: &Q, op: Settle) -> Result<Decision, SettleError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -431,7 +572,7 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         match (settled, op) {
             (Some(after), _) => Ok(after),
             // Nothing held here: nothing this node admitted to give back.
-            (None, Settle::Refund(_)) => Ok(self.peek(key)),
+            (None, Settle::Refund(_)) => Ok(self.peek_own(key)),
             (None, Settle::Charge(_)) => {
                 let policy = store.policy_of(key);
                 if !store.upsert(key, now, |cell| cell.settle(&policy, now, op)) {
@@ -439,9 +580,22 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
                         retry_after: std::time::Duration::from_nanos(policy.interval_ns),
                     });
                 }
-                Ok(self.peek(key))
+                Ok(self.peek_own(key))
             }
         }
+    }
+
+    /// The decision a unit request would get under this limiter's own quota.
+    fn peek_own<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.inner.common.clock.now_ns();
+        self.inner
+            .store
+            .peek(key, now, 1)
+            .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
     }
 
     /// The decision a unit request for `key` would get now on this node, consuming
@@ -464,8 +618,133 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.inner
-            .store
-            .peek(key, self.inner.common.clock.now_ns(), n)
+        let now = self.inner.common.clock.now_ns();
+        if self.inner.also.is_empty() {
+            return self.inner.store.peek(key, now, n);
+        }
+        peek_all(&Quotas(&self.inner), key, now, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::sync::cell::{Cold, SyncPolicy};
+
+    /// A limiter of `policies` (its own first) with no sync task: its keys hold what
+    /// the policies give them.
+    fn limiter(policies: &[SyncPolicy]) -> SyncedLimiter<u64, ManualClock> {
+        let (common, limits, _) = crate::RateLimiter::<u64>::builder(policies[0].quota)
+            .clock(ManualClock::new())
+            .into_parts()
+            .unwrap();
+        let common = common.shared();
+        let also = policies[1..]
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                SyncedLimiter::new(Store::new(limits, p), common.for_quota(i + 1), Vec::new())
+            })
+            .collect();
+        SyncedLimiter::new(Store::new(limits, policies[0]), common, also)
+    }
+
+    fn quota(n: u64) -> Quota {
+        Quota::per_second(n).unwrap()
+    }
+
+    /// Quota `i`'s store.
+    fn part(limiter: &SyncedLimiter<u64, ManualClock>, i: usize) -> &Store<u64, SyncCell> {
+        match i {
+            0 => &limiter.inner.store,
+            _ => &limiter.inner.also[i - 1].inner.store,
+        }
+    }
+
+    /// Hot keys with `fresh` units of overdraft each.
+    fn hot(n: u64, fresh: u64) -> SyncPolicy {
+        SyncPolicy::new(quota(n), n, fresh, 50_000_000)
+    }
+
+    /// Cold keys at a share of `burst` (1 ms a token).
+    fn cold(n: u64, burst: u64) -> SyncPolicy {
+        SyncPolicy {
+            cold: Some(Cold {
+                t_ns: 1_000_000,
+                tau_ns: (burst - 1) * 1_000_000,
+                until: u64::MAX,
+                new_keys: true,
+            }),
+            ..hot(n, 0)
+        }
+    }
+
+    /// A hot key: the first quota's units spent by requests the second denied are
+    /// refunded (for the next round's floor), so what it reports as consumed is exactly
+    /// what was admitted; the second quota consumed only what was admitted.
+    #[test]
+    fn a_hot_deny_by_a_later_quota_refunds_the_earlier_ones() {
+        let limiter = limiter(&[hot(100, 5), hot(100, 3)]);
+        let admitted = (0..10).filter(|_| limiter.check(&7).is_allowed()).count() as u64;
+        assert_eq!(admitted, 3);
+        let consumed = |i: usize| {
+            let store = part(&limiter, i);
+            store
+                .with_state(&7, |cell| {
+                    let fresh = store.default_policy().fresh;
+                    let spent = fresh - cell.overdraft.load(Ordering::Acquire);
+                    spent - cell.aside.refunded.load(Ordering::Acquire)
+                })
+                .unwrap()
+        };
+        assert_eq!(consumed(0), admitted);
+        assert_eq!(consumed(1), admitted);
+        assert_eq!(limiter.stats().allowed, 3);
+        assert_eq!(limiter.stats().denied, 7);
+    }
+
+    /// A cold key: the first quota's share takes the units back at once, so it never
+    /// runs out on requests the second denied, and every deny is the second's.
+    #[test]
+    fn a_cold_deny_by_a_later_quota_leaves_the_earlier_ones_whole() {
+        let limiter = limiter(&[cold(100, 5), cold(100, 3)]);
+        let decisions: Vec<Decision> = (0..10).map(|_| limiter.check(&7)).collect();
+        assert_eq!(decisions.iter().filter(|d| d.is_allowed()).count(), 3);
+        assert!(
+            decisions[3..].iter().all(|d| d.policy() == 1),
+            "{decisions:?}"
+        );
+        let first = part(&limiter, 0).peek(&7, 0, 1).unwrap();
+        assert_eq!(first.remaining(), 2);
+        assert_eq!(limiter.quotas(), vec![quota(100), quota(100)]);
+    }
+
+    /// A cost the first quota admits but beyond a later quota's capacity is that
+    /// error, and the first gets its units back.
+    #[test]
+    fn a_cost_beyond_a_later_capacity_consumes_nothing() {
+        let limiter = limiter(&[cold(100, 80), cold(50, 3)]);
+        assert_eq!(limiter.capacity(), 50);
+        assert_eq!(limiter.check_n(&8, 60).unwrap_err().capacity, 50);
+        let untouched = part(&limiter, 0).peek(&8, 0, 1).unwrap();
+        assert_eq!(untouched.remaining(), 80);
+        assert_eq!(limiter.peek_n(&8, 60).unwrap_err().capacity, 50);
+    }
+
+    /// Settlements reach every quota, and the result is the most constraining.
+    #[test]
+    fn settlements_reach_every_quota() {
+        let limiter = limiter(&[cold(100, 5), cold(100, 3)]);
+        let after = limiter.charge(&7, 4).unwrap();
+        assert!(!after.is_allowed());
+        assert_eq!(after.policy(), 1, "{after:?}");
+        for i in 0..2 {
+            let part = part(&limiter, i).peek(&7, 0, 1).unwrap();
+            assert_eq!(part.remaining(), [1, 0][i], "quota {i}");
+        }
+        let back = limiter.refund(&7, 4).unwrap();
+        assert!(back.is_allowed());
+        assert_eq!(back.remaining(), 3);
     }
 }

@@ -216,6 +216,28 @@
 //! whatever the global state's debt, as in any outage, and the other nodes of a cold key
 //! admit at their shares until it has turned hot on them.
 //!
+//! # Several quotas
+//!
+//! A limiter built with [`Builder::also`](crate::Builder::also) quotas holds each key to
+//! every quota, as in process: a check admits only if every quota admits, and consumes
+//! from all or from none. Each quota is synced by a task of its own, under Redis keys of
+//! its own (`<tag>+<i>` after the algorithm's tag for the `i`th `also` quota), each with
+//! its own leases, overdrafts, cold shares and fallback; the [`SyncHandle`] stands for
+//! them all (its [`stats`](SyncHandle::stats) sum them,
+//! [`quota_stats`](SyncHandle::quota_stats) has each). So each quota keeps its own
+//! bound above, whatever the others do: the fleet never admits more than any single
+//! quota's bound.
+//!
+//! A check goes through the quotas in order, spending each that admits; when one
+//! denies, the ones before it get their units back. A cold key's share takes them back
+//! at once; a hot key's come back as a refund with its next round (this node's lease
+//! does not grow before Redis has them). So for up to one interval after a deny, the
+//! quotas before the one that denied may hold back units of the key on this node:
+//! requests may be denied that would otherwise have passed, never the reverse. A
+//! deny's `retry_after` is one interval, as for any synced deny; with several quotas the
+//! decision is the one with the fewest units left. [`charge`](SyncedLimiter::charge)
+//! and [`refund`](SyncedLimiter::refund) settle every quota.
+//!
 //! # Nodes
 //!
 //! Each node heartbeats a sorted set in Redis every round; a node whose heartbeat is
@@ -340,6 +362,33 @@ pub struct SyncStats {
     pub keys_on_budget: u64,
 }
 
+impl SyncStats {
+    /// This snapshot and `other`'s together (see [`SyncHandle::stats`]).
+    fn with(self, other: &SyncStats) -> SyncStats {
+        SyncStats {
+            last_success_age: match (self.last_success_age, other.last_success_age) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            },
+            syncs: self.syncs + other.syncs,
+            errors: self.errors + other.errors,
+            keys_last_round: self.keys_last_round + other.keys_last_round,
+            fallback_active: self.fallback_active || other.fallback_active,
+            nodes: self.nodes.min(other.nodes),
+            clock_offset: self.clock_offset,
+            keys_waiting: self.keys_waiting + other.keys_waiting,
+            stale_answers: self.stale_answers + other.stale_answers,
+            keys_released: self.keys_released + other.keys_released,
+            task_died: self.task_died || other.task_died,
+            last_error: self.last_error.or(other.last_error),
+            cold_tier: self.cold_tier && other.cold_tier,
+            hot_keys: self.hot_keys + other.hot_keys,
+            keys_turned_hot: self.keys_turned_hot + other.keys_turned_hot,
+            keys_on_budget: self.keys_on_budget + other.keys_on_budget,
+        }
+    }
+}
+
 /// The state a sync task shares with its handle.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
@@ -409,6 +458,8 @@ pub struct SyncHandle {
     name: String,
     shared: Arc<Shared>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// The tasks of the limiter's [`also`](crate::Builder::also) quotas, in order.
+    also: Vec<SyncHandle>,
 }
 
 impl SyncHandle {
@@ -422,8 +473,51 @@ impl SyncHandle {
         self.name.trim_start_matches("tollgate-sync-")
     }
 
-    /// A snapshot of the task's health.
+    /// The handle of the limiter's own quota's task, standing for the tasks of its
+    /// [`also`](crate::Builder::also) quotas too.
+    pub(crate) fn with_also(self, also: Vec<SyncHandle>) -> Self {
+        Self { also, ..self }
+    }
+
+    /// A snapshot of the task's health. With [`also`](crate::Builder::also) quotas (a
+    /// task each), the tasks' snapshots together: the counters summed, the flags set if
+    /// any task's is, the oldest success, the fewest nodes seen, and the first error;
+    /// [`quota_stats`](Self::quota_stats) has each.
     pub fn stats(&self) -> SyncStats {
+        self.also
+            .iter()
+            .fold(self.own_stats(), |all, also| all.with(&also.own_stats()))
+    }
+
+    /// Each quota's task's snapshot: the limiter's own quota first, then each
+    /// [`also`](crate::Builder::also) quota in the order they were added.
+    ///
+    /// ```no_run
+    /// use tollgate::sync::RedisSync;
+    /// use tollgate::RateLimiter;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (_limiter, handle) = RateLimiter::<u64>::builder("10/s".parse()?)
+    ///     .also("1000/day".parse()?)
+    ///     .build_synced(RedisSync::new("redis://127.0.0.1:6379/"))?;
+    /// for (quota, stats) in handle.quota_stats().iter().enumerate() {
+    ///     if stats.fallback_active {
+    ///         eprintln!("quota {quota}: Redis unreachable: {:?}", stats.last_error);
+    ///     }
+    /// }
+    /// handle.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn quota_stats(&self) -> Vec<SyncStats> {
+        std::iter::once(self)
+            .chain(&self.also)
+            .map(SyncHandle::own_stats)
+            .collect()
+    }
+
+    fn own_stats(&self) -> SyncStats {
         let cell = self.shared.stats.lock();
         SyncStats {
             last_success_age: cell.last_success.map(|t| t.elapsed()),
@@ -457,6 +551,13 @@ impl SyncHandle {
     /// # }
     /// ```
     pub async fn ready(&self) {
+        for also in &self.also {
+            also.ready_own().await;
+        }
+        self.ready_own().await;
+    }
+
+    async fn ready_own(&self) {
         loop {
             let notified = self.shared.settled_now.notified();
             tokio::pin!(notified);
@@ -472,15 +573,24 @@ impl SyncHandle {
     /// Asks for a round now (the task also runs one every interval).
     pub fn sync_now(&self) {
         self.shared.wake.notify_one();
+        for also in &self.also {
+            also.sync_now();
+        }
     }
 
     /// Stops the task after a last round that reports all pending consumption, returns
     /// every leased token and leaves the node registry. The limiter gets no leases after
     /// it: shut down when the node is about to stop serving.
     pub async fn shutdown(mut self) {
+        for also in &self.also {
+            also.shared.stop.notify_one();
+        }
         self.shared.stop.notify_one();
         if let Some(task) = self.task.take() {
             let _ = task.await;
+        }
+        for also in std::mem::take(&mut self.also) {
+            Box::pin(also.shutdown()).await;
         }
     }
 }

@@ -158,12 +158,24 @@ where
         Algorithm::LeakyBucket => "lb",
         _ => shape.script_args().0,
     };
+    // An `also` quota's keys: `<tag>+<i>`, beside the limiter's own.
+    let tag = match config.quota_index {
+        0 => tag.to_string(),
+        i => format!("{tag}+{i}"),
+    };
     let guard = PrefixGuard::claim(
-        format!(
-            "prefix {:?} with {}",
-            config.options.prefix,
-            algorithm.name()
-        ),
+        match config.quota_index {
+            0 => format!(
+                "prefix {:?} with {}",
+                config.options.prefix,
+                algorithm.name()
+            ),
+            i => format!(
+                "prefix {:?} with {}, quota {i}",
+                config.options.prefix,
+                algorithm.name()
+            ),
+        },
         config.shared_prefix,
     )?;
     if config.require_connection {
@@ -193,7 +205,7 @@ where
         &config,
         &settings,
         shape,
-        limiter.capacity(),
+        limiter.quota_capacity(),
         quota.period_ns(),
     );
     let cold = config
@@ -243,6 +255,7 @@ where
         name: format!("tollgate-sync-{node}"),
         shared,
         task: Some(handle),
+        also: Vec::new(),
     })
 }
 

@@ -15,6 +15,7 @@ mod redis;
 mod redis_first_tier;
 mod sentinel;
 mod sync;
+mod sync_quotas;
 
 /// Builds `remote` (with `algorithm`, on a caller clock, and `quotas[1..]` as `also`
 /// quotas) and an in-memory limiter with the same quotas (`quotas[0]` being `remote`'s

@@ -12,15 +12,15 @@ use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
 use tollgate_testing::{LocalRedis, example_server};
 
-fn server() -> LocalRedis {
+pub(crate) fn server() -> LocalRedis {
     LocalRedis::start().expect("these tests need redis-server (./scripts/test.sh installs it)")
 }
 
-const INTERVAL: Duration = Duration::from_millis(50);
+pub(crate) const INTERVAL: Duration = Duration::from_millis(50);
 
 /// The tests that time admissions run one at a time: two of them side by side on a
 /// 2-core machine delay each other's 1 ms ticks, and so their load.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn nodes(
     server: &LocalRedis,
@@ -47,7 +47,7 @@ fn nodes(
 }
 
 /// Redis's clock, in µs.
-async fn server_time(server: &LocalRedis) -> u64 {
+pub(crate) async fn server_time(server: &LocalRedis) -> u64 {
     let mut con = server.connection().await.unwrap();
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
     secs * 1_000_000 + micros
@@ -55,7 +55,7 @@ async fn server_time(server: &LocalRedis) -> u64 {
 
 /// How far ahead of Redis's clock the token-bucket state at `key` is (µs): the tokens it
 /// owes times the interval (0 for a key Redis does not hold).
-async fn debt_us(server: &LocalRedis, key: &str) -> u64 {
+pub(crate) async fn debt_us(server: &LocalRedis, key: &str) -> u64 {
     let mut con = server.connection().await.unwrap();
     let tat: Option<u64> = redis::cmd("HGET")
         .arg(key)
@@ -126,7 +126,7 @@ fn per_window(admitted: &[u64], period: Duration, windows: u32) -> Vec<u64> {
     counts
 }
 
-async fn stop(nodes: Vec<(SyncedLimiter<String>, SyncHandle)>) {
+pub(crate) async fn stop(nodes: Vec<(SyncedLimiter<String>, SyncHandle)>) {
     for (_, handle) in nodes {
         handle.shutdown().await;
     }
@@ -145,7 +145,7 @@ async fn offer_each(
 
 /// [`offer_each`], returning every admission's instant too (µs since the start, all
 /// nodes together).
-async fn offer_load(
+pub(crate) async fn offer_load(
     nodes: &[(SyncedLimiter<String>, SyncHandle)],
     key: &str,
     per_node: &[f64],
@@ -182,7 +182,7 @@ async fn tokens_left(server: &LocalRedis, key: &str, quota: Quota) -> u64 {
 /// The documented bound on the excess over the rate, `B + r·H + 2N` in lease mode and
 /// `B + (r·H + 2N) + (B + r·H + N) + r·(I + Δ)` in reconcile mode, with `H = 2I` and
 /// `Δ` the round's timeout (200 ms by default): see the `sync` module docs.
-fn documented_bound(quota: Quota, mode: SyncMode, nodes: usize) -> f64 {
+pub(crate) fn documented_bound(quota: Quota, mode: SyncMode, nodes: usize) -> f64 {
     let rate = quota.limit() as f64 / quota.period().as_micros() as f64;
     let (b, n, i) = (
         quota.burst() as f64,
@@ -1278,7 +1278,7 @@ async fn ready_waits_for_the_first_answer_or_the_fail_mode() {
 
 /// Waits until every node has had a round answered and counts all the others (a key
 /// new to a node may spend `⌊B / N⌋` before its first lease, by the `N` it knows).
-async fn until_every_node_synced(nodes: &[(SyncedLimiter<String>, SyncHandle)]) {
+pub(crate) async fn until_every_node_synced(nodes: &[(SyncedLimiter<String>, SyncHandle)]) {
     let started = Instant::now();
     let count = nodes.len() as u64;
     while nodes

@@ -213,6 +213,17 @@ fn holds_five_per_minute(server: &Server, mode: &str) {
 
 /// `GET path` from `server`: the status and the body.
 fn get(server: &Server, path: &str) -> (u16, String) {
+    let reply = reply(server, path);
+    let status = reply.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// The whole reply to `GET path` from `server`.
+fn reply(server: &Server, path: &str) -> String {
     let mut stream = TcpStream::connect(&server.addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
@@ -225,12 +236,7 @@ fn get(server: &Server, path: &str) -> (u16, String) {
     .unwrap();
     let mut reply = String::new();
     stream.read_to_string(&mut reply).unwrap();
-    let status = reply.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = reply
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned();
-    (status, body)
+    reply
 }
 
 /// The value of the Prometheus sample `series` (name and labels as exposed) in `text`.
@@ -301,7 +307,7 @@ fn shadow_mode_serves_every_request_and_counts_the_denies() {
 }
 
 #[test]
-fn a_repeated_quota_holds_each_key_to_both_in_process_and_in_redis() {
+fn a_repeated_quota_holds_each_key_to_both_on_every_tier() {
     // 5/min (the first --quota, which `start` passes) and 3/min: 3 pass, 5 are denied.
     let server = start(&["--quota", "3/min"]);
     assert_eq!(eight(&server), [200, 200, 200, 429, 429, 429, 429, 429]);
@@ -309,21 +315,29 @@ fn a_repeated_quota_holds_each_key_to_both_in_process_and_in_redis() {
     let redis = LocalRedis::start().unwrap();
     let exact = start(&["--quota", "3/min", "--redis", &redis.url(), "--sync", "off"]);
     assert_eq!(eight(&exact), [200, 200, 200, 429, 429, 429, 429, 429]);
-    // The synced tier holds one quota: the server says so and exits.
-    let refused = Command::new(example_server())
-        .args([
-            "--quota",
-            "5/min",
-            "--quota",
-            "3/min",
-            "--redis",
-            "redis://127.0.0.1:1",
-        ])
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
+    // And on the synced tier, each quota synced under keys of its own; the headers list
+    // both policies.
+    let synced = start(&["--quota", "3/min", "--redis", &redis.url()]);
+    let policy = policy_header(&synced);
     assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("several --quota flags"),
-        "{refused:?}"
+        policy.contains("q=5;w=60") && policy.contains("q=3;w=60"),
+        "{policy}"
     );
+    assert_eq!(
+        eight(&synced)[..7],
+        [200, 200, 429, 429, 429, 429, 429],
+        "the header's request was the first of 3"
+    );
+}
+
+/// The `RateLimit-Policy` field of a `GET /` from `server` (empty if none).
+fn policy_header(server: &Server) -> String {
+    reply(server, "/")
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("ratelimit-policy")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_default()
 }

@@ -331,13 +331,6 @@ async fn tier(args: &Args) -> Result<Tier, String> {
             return Ok(Tier::Exact(limiter));
         }
     };
-    if !args.also.is_empty() {
-        return Err(
-            "several --quota flags need the in-process tier or --sync off: the \
-                    synced tier takes one quota"
-                .into(),
-        );
-    }
     let mut config = RedisSync::with_options(options)
         .mode(mode)
         .interval(args.sync_interval)
