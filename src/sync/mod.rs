@@ -215,6 +215,12 @@
 //! Not covered there: a node in its fallback (its rounds failing) admits its budget
 //! whatever the global state's debt, as in any outage, and the other nodes of a cold key
 //! admit at their shares until it has turned hot on them.
+//! On real processes, a charge and a refund made while one node is cut off alone, or
+//! while Redis is paused, reach Redis exactly once the link heals (the test
+//! `settlements_made_while_cut_off_reach_redis_once_it_heals`). Across an empty
+//! restart of Redis a settlement is not exact: one that spent a lease reserved in the
+//! lost state was seen lost with it (a charge of 4 and a refund of 2 left a debt of 1,
+//! not 2), as an empty restart loses any consumption Redis held.
 //!
 //! # Several quotas
 //!

@@ -265,3 +265,105 @@ async fn one_node_cut_off_alone_stays_within_the_bound() {
         }
     }
 }
+
+/// Settlements are never lost to an outage: a node makes a charge and a refund while
+/// Redis is unreachable to it — the node alone cut off (the proxy), or Redis paused
+/// (SIGSTOP) for every node — and once the link heals, its rounds bring them to Redis
+/// exactly: after every node has shut down (returning its leases), the key's state owes
+/// what was consumed, 1 + 4 − 2 tokens, less the little refilled since (10 a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_made_while_cut_off_reach_redis_once_it_heals() {
+    let server = LocalRedis::start().unwrap();
+    let upstream: SocketAddr = format!("127.0.0.1:{}", server.port()).parse().unwrap();
+    let quota = Quota::per_minute(10).unwrap();
+    for (outage, mode) in [
+        ("cut", SyncMode::Lease),
+        ("cut", SyncMode::Reconcile),
+        ("pause", SyncMode::Lease),
+        ("pause", SyncMode::Reconcile),
+    ] {
+        let proxy = Proxy::start(upstream).await;
+        let prefix = format!("settle-{outage}-{mode:?}");
+        let nodes: Vec<(SyncedLimiter<String>, SyncHandle)> = (0..2)
+            .map(|i| {
+                let url = if i == 0 { proxy.url() } else { server.url() };
+                RateLimiter::builder(quota)
+                    .build_synced(
+                        RedisSync::new(&url)
+                            .mode(mode)
+                            .interval(INTERVAL)
+                            .cold_keys(false)
+                            .prefix(&prefix)
+                            .allow_shared_prefix(true),
+                    )
+                    .unwrap()
+            })
+            .collect();
+        for (_, handle) in &nodes {
+            handle.ready().await;
+        }
+        let started = Instant::now();
+        while !nodes[0].0.check("k").is_allowed() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{outage}: no lease"
+            );
+            // Real time: the first lease comes with a round through the real Redis.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let first_admitted = Instant::now();
+        // The admission reaches Redis before the outage.
+        let syncs = nodes[0].1.stats().syncs;
+        while nodes[0].1.stats().syncs < syncs + 2 {
+            nodes[0].1.sync_now();
+            // Real time: rounds through the real Redis.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        match outage {
+            "cut" => proxy.set_cut(true),
+            _ => server.pause().unwrap(),
+        }
+        let errors = nodes[0].1.stats().errors;
+        nodes[0].0.charge("k", 4).unwrap();
+        nodes[0].0.refund("k", 2).unwrap();
+        // Rounds fail meanwhile (each times out: real time).
+        while nodes[0].1.stats().errors < errors + 2 {
+            nodes[0].1.sync_now();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        match outage {
+            "cut" => proxy.set_cut(false),
+            _ => server.resume().unwrap(),
+        }
+        let syncs = nodes[0].1.stats().syncs;
+        let started = Instant::now();
+        while nodes[0].1.stats().syncs < syncs + 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{outage}: no round"
+            );
+            nodes[0].1.sync_now();
+            // Real time: rounds through the healed link to the real Redis.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for (_, handle) in nodes {
+            handle.shutdown().await;
+        }
+        let mut con = server.connection().await.unwrap();
+        let tat: u64 = redis::cmd("HGET")
+            .arg(format!("{prefix}:sync:tb:{{k}}"))
+            .arg("t")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+        let owed = tat.saturating_sub(secs * 1_000_000 + micros) as f64 / 6e6;
+        // 10/60 of a token a second refilled since the first admission (and 100 ms for
+        // the reads, and a reconcile floor spread back over up to one interval).
+        let refilled = (first_admitted.elapsed().as_secs_f64() + 0.1) / 6.0;
+        assert!(
+            (3.0 - refilled..=3.0).contains(&owed),
+            "{outage} {mode:?}: owes {owed} tokens, not 3"
+        );
+    }
+}
