@@ -330,3 +330,68 @@ async fn a_bad_also_quota_is_refused_and_starts_nothing() {
     handle.shutdown().await;
     let _ = server_time(&server).await;
 }
+
+/// A dropped handle leaves every quota's sync running for the limiter's life: once the
+/// limiter is dropped too, each task's last round reports what was admitted and leaves
+/// its registry, and the prefix is free again for a new limiter with the same quotas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_limiter_stops_every_quotas_task() {
+    let server = server();
+    let quotas: [Quota; 2] = ["10/s burst 10".parse().unwrap(), "100/h".parse().unwrap()];
+    let config = RedisSync::new(&server.url())
+        .interval(INTERVAL)
+        .cold_keys(false)
+        .prefix("dropped-quotas");
+    let build = || {
+        RateLimiter::<String>::builder(quotas[0])
+            .also(quotas[1])
+            .build_synced(config.clone())
+    };
+    let (limiter, handle) = build().unwrap();
+    handle.ready().await;
+    drop(handle);
+    let started = Instant::now();
+    let mut admitted = 0;
+    while admitted < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "nothing admitted"
+        );
+        admitted += u64::from(limiter.check("k").is_allowed());
+        // Real time: leases come with the tasks' rounds through the real Redis.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(limiter);
+    let mut con = server.connection().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for tag in ["tb", "tb+1"] {
+        loop {
+            let registered: u64 = redis::cmd("ZCARD")
+                .arg(format!("{{dropped-quotas}}:sync:{tag}:nodes"))
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            if registered == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{tag}: the node never left");
+            // Waits for the task's last round in the real Redis process.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let key = format!("dropped-quotas:sync:{tag}:{{k}}");
+        assert!(debt_us(&server, &key).await > 0, "{tag}: never reported");
+    }
+    loop {
+        match build() {
+            Ok((_, handle)) => {
+                handle.shutdown().await;
+                break;
+            }
+            Err(ConfigError::PrefixInUse(_)) if Instant::now() < deadline => {
+                // Waits for the dropped limiter's tasks to end.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("a task never ended: {e}"),
+        }
+    }
+}
