@@ -59,7 +59,8 @@ impl<K: crate::Key> Compound<K> {
     }
 
     /// Applies `settle` to every quota; the most constraining result (a capacity refusal
-    /// of a new key, if any quota's store had no room for it).
+    /// of a new key, if any quota's store had no room for it: the quotas before it then
+    /// give the charge back, so nothing changes).
     pub(crate) fn settle<Q>(
         &self,
         key: &Q,
@@ -72,12 +73,23 @@ impl<K: crate::Key> Compound<K> {
     {
         let mut result: Option<Decision> = None;
         for (i, store) in self.stores.iter().enumerate() {
-            let decision = store.settle(key, now, settle)?;
-            if decision.is_capacity_deny() {
-                return Ok(decision);
+            let refused = match store.settle(key, now, settle) {
+                Ok(decision) if decision.is_capacity_deny() => Ok(decision),
+                Ok(decision) => {
+                    let decision = decision.for_policy(i);
+                    result = Some(result.map_or(decision, |r| r.tighter(decision)));
+                    continue;
+                }
+                Err(e) => Err(e),
+            };
+            // All or nothing: the quotas before it give a charge back (a refund of the
+            // same units undoes it exactly).
+            if let Settle::Charge(n) = settle {
+                for before in &self.stores[..i] {
+                    let _ = before.settle(key, now, Settle::Refund(n));
+                }
             }
-            let decision = decision.for_policy(i);
-            result = Some(result.map_or(decision, |r| r.tighter(decision)));
+            return refused;
         }
         Ok(result.unwrap_or_else(|| Decision::allow(0, 0, 0)))
     }
@@ -386,5 +398,40 @@ where
     match too_large {
         Some(e) => Err(e),
         None => Ok(decision.unwrap_or_else(|| Decision::allow(0, 0, 0))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::WhenFull;
+
+    /// A charge that one quota's store has no room for changes no quota: the quotas
+    /// before it give it back.
+    #[test]
+    fn a_charge_one_quota_has_no_room_for_changes_nothing() {
+        let limits = Limits {
+            shards: 1,
+            max_keys: 2,
+            when_full: WhenFull::DenyNewKeys,
+            sweep: true,
+        };
+        // The first quota's keys are untouched again after a millisecond (swept to make
+        // room); the second's hold for an hour.
+        let fast = WordPolicy::token_bucket("1000/s".parse().unwrap());
+        let slow = WordPolicy::token_bucket("1/h".parse().unwrap());
+        let both: Compound<u64> = Compound::new(limits, vec![fast, slow]);
+        for key in [1, 2] {
+            assert!(both.check(&key, || 0, 1, u64::MAX).unwrap().is_allowed());
+        }
+        let now = 1_000_000_000;
+        let refused = both.settle(&3, now, Settle::Charge(5_000)).unwrap();
+        assert!(refused.is_capacity_deny(), "{refused:?}");
+        let first = both.first().peek(&3, now, 1).unwrap();
+        assert!(
+            first.is_allowed(),
+            "the first quota kept the charge: {first:?}"
+        );
+        assert_eq!(first.remaining(), 1000);
     }
 }

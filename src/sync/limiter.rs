@@ -528,8 +528,9 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         self.settle(key, Settle::Refund(n))
     }
 
-    /// Applies `op` to every quota; the most constraining result. Each quota is checked
-    /// first, so that an unsupported settlement changes nothing.
+    /// Applies `op` to every quota; the most constraining result. An unsupported
+    /// settlement is refused before any quota changes, and a charge one quota has no
+    /// room for is given back by the quotas before it.
     fn settle<Q>(&self, key: &Q, op: Settle) -> Result<Decision, SettleError>
     where
         K: Borrow<Q>,
@@ -542,10 +543,25 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         if !crate::algorithm::WordPolicy::settles(algorithm, op) {
             return Err(op.unsupported(algorithm));
         }
+        let quotas = || std::iter::once(self).chain(&*self.inner.also);
         let mut result: Option<Decision> = None;
-        for (i, quota) in std::iter::once(self).chain(&*self.inner.also).enumerate() {
-            let decision = quota.settle_own(key, op)?.for_policy(i);
-            result = Some(result.map_or(decision, |r| r.tighter(decision)));
+        for (i, quota) in quotas().enumerate() {
+            match quota.settle_own(key, op) {
+                Ok(decision) => {
+                    let decision = decision.for_policy(i);
+                    result = Some(result.map_or(decision, |r| r.tighter(decision)));
+                }
+                Err(refused) => {
+                    // All or nothing: the quotas before it give a charge back (reported
+                    // against it in their next rounds).
+                    if let Settle::Charge(n) = op {
+                        for before in quotas().take(i) {
+                            let _ = before.settle_own(key, Settle::Refund(n));
+                        }
+                    }
+                    return Err(refused);
+                }
+            }
         }
         Ok(result.unwrap_or_else(|| Decision::allow(0, 0, 0)))
     }
@@ -635,10 +651,18 @@ mod tests {
     /// A limiter of `policies` (its own first) with no sync task: its keys hold what
     /// the policies give them.
     fn limiter(policies: &[SyncPolicy]) -> SyncedLimiter<u64, ManualClock> {
-        let (common, limits, _) = crate::RateLimiter::<u64>::builder(policies[0].quota)
-            .clock(ManualClock::new())
-            .into_parts()
-            .unwrap();
+        limiter_of(
+            crate::RateLimiter::<u64>::builder(policies[0].quota),
+            policies,
+        )
+    }
+
+    /// [`limiter`], with the store limits of `builder`.
+    fn limiter_of(
+        builder: crate::Builder<u64>,
+        policies: &[SyncPolicy],
+    ) -> SyncedLimiter<u64, ManualClock> {
+        let (common, limits, _) = builder.clock(ManualClock::new()).into_parts().unwrap();
         let common = common.shared();
         let also = policies[1..]
             .iter()
@@ -746,5 +770,29 @@ mod tests {
         let back = limiter.refund(&7, 4).unwrap();
         assert!(back.is_allowed());
         assert_eq!(back.remaining(), 3);
+    }
+
+    /// A charge that one quota's store has no room for changes no quota: the quotas
+    /// before it give it back.
+    #[test]
+    fn a_charge_one_quota_has_no_room_for_changes_nothing() {
+        let builder = crate::RateLimiter::<u64>::builder(quota(100))
+            .shards(1)
+            .max_keys(1)
+            .when_full(crate::WhenFull::DenyNewKeys);
+        let limiter = limiter_of(builder, &[cold(100, 5), hot(100, 3)]);
+        // The second quota's store is full of a key in use.
+        assert!(
+            part(&limiter, 1)
+                .check(&99, || 0, 1, u64::MAX)
+                .unwrap()
+                .is_allowed()
+        );
+        assert!(matches!(
+            limiter.charge(&7, 4),
+            Err(SettleError::NoRoom { .. })
+        ));
+        let first = part(&limiter, 0).peek(&7, 0, 1).unwrap();
+        assert_eq!(first.remaining(), 5, "the first quota kept the charge");
     }
 }
