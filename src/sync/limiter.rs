@@ -691,6 +691,22 @@ mod tests {
         SyncPolicy::new(quota(n), n, fresh, 50_000_000)
     }
 
+    impl SyncPolicy {
+        /// The cold share at `t_ns` a token, its burst as it was.
+        fn with_t(self, t_ns: u64) -> Self {
+            let cold = self.cold.unwrap();
+            let burst = cold.tau_ns / cold.t_ns + 1;
+            Self {
+                cold: Some(Cold {
+                    t_ns,
+                    tau_ns: (burst - 1) * t_ns,
+                    ..cold
+                }),
+                ..self
+            }
+        }
+    }
+
     /// Cold keys at a share of `burst` (1 ms a token).
     fn cold(n: u64, burst: u64) -> SyncPolicy {
         SyncPolicy {
@@ -794,5 +810,67 @@ mod tests {
         ));
         let first = part(&limiter, 0).peek(&7, 0, 1).unwrap();
         assert_eq!(first.remaining(), 5, "the first quota kept the charge");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+        /// On cold keys (each quota a local GCRA at this node's share: here the whole
+        /// quota), a synced limiter with 2–3 quotas decides every check, charge and
+        /// refund of a random timeline as the in-process limiter with the same quotas
+        /// does: the same verdicts, so the same all-or-nothing consumption, give-backs
+        /// included.
+        #[test]
+        fn cold_quotas_decide_as_the_in_process_limiter(
+            quotas in proptest::collection::vec((1u64..=8, 1u64..=6), 2..=3),
+            ops in proptest::collection::vec((0u64..20_000_000, 0u64..3, 0u64..=6, 0u8..10), 1..200),
+        ) {
+            let shape: Vec<Quota> = quotas
+                .iter()
+                .map(|&(t_ms, burst)| {
+                    Quota::new(1, std::time::Duration::from_millis(t_ms))
+                        .and_then(|q| q.with_burst(burst))
+                        .unwrap()
+                })
+                .collect();
+            let policies: Vec<SyncPolicy> = shape
+                .iter()
+                .zip(&quotas)
+                .map(|(&q, &(t_ms, burst))| SyncPolicy {
+                    quota: q,
+                    capacity: burst,
+                    ..cold(100, burst)
+                }
+                .with_t(t_ms * 1_000_000))
+                .collect();
+            let synced = limiter(&policies);
+            let local = shape[1..]
+                .iter()
+                .fold(crate::RateLimiter::<u64>::builder(shape[0]), |b, &q| b.also(q))
+                .clock(ManualClock::new())
+                .build()
+                .unwrap();
+            let smallest = quotas.iter().map(|q| q.1).min().unwrap();
+            for (step, (advance, key, cost, kind)) in ops.into_iter().enumerate() {
+                synced.clock().advance(std::time::Duration::from_nanos(advance));
+                local.clock().advance(std::time::Duration::from_nanos(advance));
+                let cost = cost.min(smallest);
+                let (ours, theirs) = match kind {
+                    0 => (
+                        synced.charge(&key, cost).map(|d| d.is_allowed()).ok(),
+                        local.charge(&key, cost).map(|d| d.is_allowed()).ok(),
+                    ),
+                    1 => (
+                        synced.refund(&key, cost).map(|d| d.is_allowed()).ok(),
+                        local.refund(&key, cost).map(|d| d.is_allowed()).ok(),
+                    ),
+                    _ => (
+                        synced.check_n(&key, cost).map(|d| d.is_allowed()).ok(),
+                        local.check_n(&key, cost).map(|d| d.is_allowed()).ok(),
+                    ),
+                };
+                proptest::prop_assert_eq!(ours, theirs, "step {} (kind {}, cost {})", step, kind, cost);
+            }
+        }
     }
 }
