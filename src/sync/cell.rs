@@ -503,6 +503,11 @@ impl SyncCell {
     /// global state goes into debt, so that no lease is granted until it is repaid. A
     /// hot key's refund is counted in [`refunded`](Aside::refunded), for the next floor.
     pub(crate) fn settle(&self, policy: &SyncPolicy, now: u64, op: Settle) {
+        self.settle_then_peek(policy, now, op);
+    }
+
+    /// [`settle`](Self::settle), returning what a unit request would get right after.
+    pub(crate) fn settle_then_peek(&self, policy: &SyncPolicy, now: u64, op: Settle) -> Decision {
         let mut tat = self.cold_tat.load(Ordering::Acquire);
         while tat != HOT {
             let Some(cold) = policy.cold.filter(|c| c.until > 0) else {
@@ -512,16 +517,25 @@ impl SyncCell {
                     self.aside.overdrawn.fetch_add(n, Ordering::AcqRel);
                     self.want_hot(now);
                 }
-                return;
+                return self.peek(policy, now, 1);
             };
             let at = now.min(cold.until);
+            // The decision a unit request gets at the key's share standing at `tat`, as
+            // `peek` gives it.
+            let after = |tat: u64| {
+                if policy.outage != OutageMode::Normal {
+                    return self.peek(policy, now, 1);
+                }
+                let left = cold.left(tat, at);
+                Self::decision(policy, left >= 1, left)
+            };
             let next = match op {
                 // (Below `HOT`, which marks a key synced.)
                 Settle::Charge(n) => tat
                     .max(at)
                     .saturating_add(n.saturating_mul(cold.t_ns))
                     .min(HOT - 1),
-                Settle::Refund(_) if tat <= at => return,
+                Settle::Refund(_) if tat <= at => return after(tat),
                 Settle::Refund(n) => tat.saturating_sub(n.saturating_mul(cold.t_ns)).max(at),
             };
             match self.cold_tat.compare_exchange_weak(
@@ -535,7 +549,7 @@ impl SyncCell {
                     if matches!(op, Settle::Charge(_)) && in_debt && now < cold.until {
                         self.want_hot(now);
                     }
-                    return;
+                    return after(next);
                 }
                 Err(actual) => tat = actual,
             }
@@ -564,6 +578,7 @@ impl SyncCell {
                 self.aside.refunded.fetch_add(n, Ordering::AcqRel);
             }
         }
+        self.peek(policy, now, 1)
     }
 }
 

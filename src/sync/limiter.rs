@@ -577,14 +577,11 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         if !crate::algorithm::WordPolicy::settles(common.algorithm, op) {
             return Err(op.unsupported(common.algorithm));
         }
-        use crate::store::state::State;
         let store = &self.inner.store;
         let now = common.clock.now_ns();
         // A key this node holds: one read lock, as a check takes.
-        let settled = store.with_state_policy(key, |cell, policy| {
-            cell.settle(policy, now, op);
-            cell.peek(policy, now, 1)
-        });
+        let settled =
+            store.with_state_policy(key, |cell, policy| cell.settle_then_peek(policy, now, op));
         match (settled, op) {
             (Some(after), _) => Ok(after),
             // Nothing held here: nothing this node admitted to give back.
