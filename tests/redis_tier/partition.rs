@@ -313,39 +313,20 @@ async fn settlements_made_while_cut_off_reach_redis_once_it_heals() {
         }
         let first_admitted = Instant::now();
         // The admission reaches Redis before the outage.
-        let syncs = nodes[0].1.stats().syncs;
-        while nodes[0].1.stats().syncs < syncs + 2 {
-            nodes[0].1.sync_now();
-            // Real time: rounds through the real Redis.
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        two_more(&nodes[0].1, |s| s.syncs, "round").await;
         match outage {
             "cut" => proxy.set_cut(true),
             _ => server.pause().unwrap(),
         }
-        let errors = nodes[0].1.stats().errors;
         nodes[0].0.charge("k", 4).unwrap();
         nodes[0].0.refund("k", 2).unwrap();
-        // Rounds fail meanwhile (each times out: real time).
-        while nodes[0].1.stats().errors < errors + 2 {
-            nodes[0].1.sync_now();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // Rounds fail meanwhile.
+        two_more(&nodes[0].1, |s| s.errors, "failed round").await;
         match outage {
             "cut" => proxy.set_cut(false),
             _ => server.resume().unwrap(),
         }
-        let syncs = nodes[0].1.stats().syncs;
-        let started = Instant::now();
-        while nodes[0].1.stats().syncs < syncs + 2 {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "{outage}: no round"
-            );
-            nodes[0].1.sync_now();
-            // Real time: rounds through the healed link to the real Redis.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        two_more(&nodes[0].1, |s| s.syncs, "round after the outage").await;
         for (_, handle) in nodes {
             handle.shutdown().await;
         }
@@ -365,5 +346,18 @@ async fn settlements_made_while_cut_off_reach_redis_once_it_heals() {
             (3.0 - refilled..=3.0).contains(&owed),
             "{outage} {mode:?}: owes {owed} tokens, not 3"
         );
+    }
+}
+
+/// Asks `handle`'s task for rounds until `count` of its stats has grown by two (for at
+/// most 10 s).
+async fn two_more(handle: &SyncHandle, count: fn(&tollgate::sync::SyncStats) -> u64, what: &str) {
+    let before = count(&handle.stats());
+    let started = Instant::now();
+    while count(&handle.stats()) < before + 2 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no {what}");
+        handle.sync_now();
+        // Real time: rounds through the real Redis process (or timing out against it).
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
