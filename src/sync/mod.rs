@@ -486,8 +486,10 @@ impl SyncHandle {
     }
 
     /// A snapshot of the task's health. With [`also`](crate::Builder::also) quotas (a
-    /// task each), the tasks' snapshots together: the counters summed, the flags set if
-    /// any task's is, the oldest success, the fewest nodes seen, and the first error;
+    /// task each), the tasks' snapshots together: the counters summed, the fault flags
+    /// (`fallback_active`, `task_died`) set if any task's is, `cold_tier` only if every
+    /// task's is, the oldest success (none until every task has had one), the fewest
+    /// nodes seen, the first task's clock offset, and the first error;
     /// [`quota_stats`](Self::quota_stats) has each.
     pub fn stats(&self) -> SyncStats {
         self.also
