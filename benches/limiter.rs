@@ -1028,6 +1028,10 @@ fn resident_bytes() -> Option<u64> {
 /// Environment variable that turns a run of this binary into one memory probe.
 const PROBE: &str = "TOLLGATE_MEMORY_PROBE";
 
+/// Names the probes printed after the criterion groups to run (comma-separated: `memory`,
+/// `reclamation`, `growth`, `quota_change`); all of them if unset.
+const PROBES: &str = "TOLLGATE_PROBES";
+
 /// The quota of the memory probes: a typical "100/s". Only the sliding log's memory
 /// depends on it (8 bytes per unit of limit).
 fn typical(_: Algorithm) -> Quota {
@@ -1730,9 +1734,23 @@ fn main() {
     }
     benches();
     let quick = std::env::args().any(|a| a == "--test" || a == "--list");
-    memory_per_key(quick);
-    reclamation_memory(quick);
-    growth_tail(quick);
-    quota_change_tail(quick);
+    // `TOLLGATE_PROBES=growth,quota_change` runs only those of the probes below.
+    let only = std::env::var(PROBES).ok();
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|n| n == name))
+    };
+    if wanted("memory") {
+        memory_per_key(quick);
+    }
+    if wanted("reclamation") {
+        reclamation_memory(quick);
+    }
+    if wanted("growth") {
+        growth_tail(quick);
+    }
+    if wanted("quota_change") {
+        quota_change_tail(quick);
+    }
     Criterion::default().configure_from_args().final_summary();
 }

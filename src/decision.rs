@@ -137,6 +137,7 @@ impl Decision {
     /// the more constraining: a deny before an admission; of two denies, the longer
     /// wait (this one on a tie); of two admissions, the fewer units left, then the
     /// longer time to full, with the later of both delays (the leaky bucket's slot).
+    #[inline]
     pub(crate) fn tighter(self, other: Self) -> Self {
         match (self.is_allowed(), other.is_allowed()) {
             (true, false) => other,

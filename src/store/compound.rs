@@ -305,12 +305,15 @@ where
     K: Borrow<Q>,
     Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
 {
-    let mut admitted: Option<Decision> = None;
-    for i in 0..parts.count() {
+    // At least one part: the limiter's own quota, whose decision is about policy 0.
+    let mut admitted = match parts.part(0).part_check(key, now, cost, max_delay)? {
+        decision if decision.is_allowed() => decision.for_policy(0),
+        deny => return denied(parts, key, now, cost, 0, deny.for_policy(0)),
+    };
+    for i in 1..parts.count() {
         match parts.part(i).part_check(key, now, cost, max_delay) {
             Ok(decision) if decision.is_allowed() => {
-                let decision = decision.for_policy(i);
-                admitted = Some(admitted.map_or(decision, |a| a.tighter(decision)));
+                admitted = admitted.tighter(decision.for_policy(i));
             }
             Ok(deny) => return denied(parts, key, now, cost, i, deny.for_policy(i)),
             Err(too_large) => {
@@ -319,8 +322,7 @@ where
             }
         }
     }
-    // At least one part: the limiter's own quota.
-    Ok(admitted.unwrap_or_else(|| Decision::allow(0, 0, 0)))
+    Ok(admitted)
 }
 
 /// The compound deny of a request that quota `at` denied (`deny`): the quotas before it
