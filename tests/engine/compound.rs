@@ -216,6 +216,68 @@ fn a_deny_consumes_from_no_quota_at_the_edges() {
     }
 }
 
+/// A million keys on two quotas (3 an hour, and 1 a second), both tables growing from
+/// empty on two threads: every key is held to both, and the second quota's denies take
+/// nothing from the first, whichever table had just resized. The first quota's 3 go to
+/// three admissions a second apart, and only then does it deny.
+#[test]
+fn a_million_keys_are_each_held_to_both_quotas() {
+    const KEYS: u64 = 1_000_000;
+    let clock = ManualClock::new();
+    clock.set_ns(1_000_000_000);
+    let limiter: RateLimiter<u64, ManualClock> = RateLimiter::builder("3/h".parse().unwrap())
+        .also("1/s".parse().unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let limiter = &limiter;
+    // Each thread's half of the keys, interleaved so that both insert into every shard.
+    let each = |f: &(dyn Fn(u64) -> Result<(), String> + Sync)| {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2u64)
+                .map(|thread| {
+                    s.spawn(move || (0..KEYS / 2).map(|i| 2 * i + thread).try_for_each(f))
+                })
+                .collect();
+            for handle in handles {
+                handle.join().unwrap().unwrap();
+            }
+        });
+    };
+    let admitted = |left: u64| {
+        move |key: u64| match limiter.check(&key) {
+            d if d.is_allowed() && d.remaining() == left => Ok(()),
+            d => Err(format!("key {key}: {d:?}, not admitted with {left} left")),
+        }
+    };
+    let denied_by = |policy: usize| {
+        move |key: u64| match limiter.check(&key) {
+            d if !d.is_allowed() && d.policy() == policy => Ok(()),
+            d => Err(format!("key {key}: {d:?}, not denied by quota {policy}")),
+        }
+    };
+    for second in 0..3 {
+        // The 1/s quota has none left after it, whatever the 3/h one has.
+        each(&admitted(0));
+        assert_eq!(limiter.len(), KEYS as usize);
+        // After the third, both deny, and the 3/h quota's wait is the longer.
+        let denier = if second < 2 { 1 } else { 0 };
+        each(&denied_by(denier));
+        each(&denied_by(denier));
+        clock.advance(Duration::from_secs(1));
+    }
+    // The 1/s quota would admit again, but the 3/h one is spent (its refill is 20
+    // minutes away).
+    each(&denied_by(0));
+    let stats = limiter.stats();
+    assert_eq!(stats.keys, KEYS as usize, "{stats:?}");
+    assert_eq!(
+        stats.evicted_untouched + stats.evicted_active,
+        0,
+        "{stats:?}"
+    );
+}
+
 /// Under two threads checking one key while the clock moves, the admitted total never
 /// exceeds any single quota's bound (burst + ⌊t/T⌋), with each quota constraining in
 /// turn.

@@ -174,7 +174,7 @@ pub(crate) async fn offer_load(
 
 /// Whole tokens the token-bucket state at `key` holds now and has not leased (the burst
 /// for a key Redis does not hold; 0 in debt).
-async fn tokens_left(server: &LocalRedis, key: &str, quota: Quota) -> u64 {
+pub(crate) async fn tokens_left(server: &LocalRedis, key: &str, quota: Quota) -> u64 {
     let t = quota.emission_interval().as_micros() as u64;
     (t * quota.burst()).saturating_sub(debt_us(server, key).await) / t
 }
