@@ -57,9 +57,12 @@
 //! slot has moved, the new table is published and the old one retired (by a writer: a
 //! check that ends a migration leaves the retire, which may allocate, to the next one).
 //!
-//! New tables come zeroed from the allocator (a slot stores its word inverted, so zero
-//! is `EMPTY`): the kernel maps their pages on first write, which the migration does
-//! ahead of the moves ([`Writer::prefault`]), so creating a large table costs no pass.
+//! A growing shard's next table is written ahead, a few pages per insert in the last
+//! inserts before the growth ([`Writer::prepare`]), before any reader can reach it: the
+//! migration then takes no page fault. Other new tables come zeroed from the allocator
+//! (a slot stores its word inverted, so zero is `EMPTY`): the kernel maps their pages on
+//! first write, which the migration does ahead of the moves ([`Writer::prefault`]), so
+//! creating a large table costs no pass.
 //!
 //! The loom models at the bottom of this file check these steps and the reclamation of
 //! retired tables; `tests/stress.rs` checks every decision against a reference model while
@@ -149,6 +152,19 @@ const EMPTY: u64 = u64::MAX;
 #[inline(always)]
 const fn stored(word: u64) -> u64 {
     !word
+}
+
+/// The capacity of a migration's new table asked for `capacity` slots, from a table of
+/// `old` slots holding `live` keys: at least 2 and at most 2³², and enough for the keys
+/// and for every insert that can come before the last slot has moved (inserts move
+/// [`STEP_PER_INSERT`] slots each) within the load limit.
+fn migration_capacity(old: usize, capacity: usize, live: usize) -> usize {
+    let inserts = old / STEP_PER_INSERT + 1;
+    let mut capacity = capacity.clamp(2, MAX_CAPACITY);
+    while !fits(live + inserts + 1, capacity) && capacity < MAX_CAPACITY {
+        capacity = (capacity + capacity / 4 + 1).min(MAX_CAPACITY);
+    }
+    capacity
 }
 
 /// A table is resized before `used / capacity` passes `MAX_LOAD_NUM / MAX_LOAD_DEN`.
@@ -316,14 +332,25 @@ pub(crate) struct Table<K, M> {
 
 impl<K, M> Table<K, M> {
     /// Whether this key type keeps tags.
-    const TAGGED: bool = std::mem::needs_drop::<K>();
+    const TAGGED: bool = tagged::<K>();
 
     fn new(capacity: usize, meta: M, alive: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
         let tags = if Self::TAGGED { capacity } else { 0 };
+        Self::with(zeroed(capacity), zeroed(tags), meta, alive)
+    }
+
+    /// A table of empty `slots` (and `tags`, one per slot for keys that keep them),
+    /// counted among the shard's tables by `alive`.
+    fn with(
+        slots: Box<[Slot<K>]>,
+        tags: Box<[AtomicU8]>,
+        meta: M,
+        alive: &Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Self {
         alive.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Self {
-            slots: zeroed(capacity),
-            tags: zeroed(tags),
+            slots,
+            tags,
             used: AtomicUsize::new(0),
             meta,
             next: sync::AtomicPtr::new(std::ptr::null_mut()),
@@ -572,7 +599,7 @@ pub(crate) trait Carry<K> {
 pub(crate) struct EpochTable<K, M, W> {
     /// Never null: a table made by `Box::into_raw`.
     current: sync::AtomicPtr<Table<K, M>>,
-    writer: Mutex<Locked<W>>,
+    writer: Mutex<Locked<K, W>>,
     /// This shard's tables not yet destroyed: the current one, the one a migration
     /// moves to, and the retired ones.
     alive: Arc<std::sync::atomic::AtomicUsize>,
@@ -585,15 +612,108 @@ pub(crate) struct EpochTable<K, M, W> {
     _owns: PhantomData<Table<K, M>>,
 }
 
-/// What the writer mutex guards: the writers' own state, and how far the migration in
-/// progress (if any) has come.
-struct Locked<W> {
+/// What the writer mutex guards: the writers' own state, how far the migration in
+/// progress (if any) has come, and the slots made ready for the next one.
+struct Locked<K, W> {
     user: W,
     /// The next slot of the current table to move.
     cursor: usize,
     /// The slots of the new table whose pages the migration has touched (see
     /// [`Writer::prefault`]).
     faulted: usize,
+    /// The slots of the next migration's table, written ahead of it a batch at a time
+    /// (see [`Writer::prepare`]); no reader can reach them yet.
+    spare: Option<Spare<K>>,
+}
+
+/// A table's slots (and tags), written a batch at a time before the table is made.
+struct Spare<K> {
+    slots: Partial<Slot<K>>,
+    tags: Partial<AtomicU8>,
+}
+
+impl<K> Spare<K> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            slots: Partial::new(capacity),
+            tags: Partial::new(if tagged::<K>() { capacity } else { 0 }),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.slots.values.len()
+    }
+
+    /// Writes up to `pages` more pages' worth of slots (and their tags); true once all
+    /// are written.
+    fn fill(&mut self, pages: usize) -> bool {
+        let count = pages.saturating_mul(slots_per_page::<K>());
+        let slots = self.slots.fill(count);
+        let tags = self.tags.fill(count);
+        slots && tags
+    }
+
+    /// The table of these slots, the rest of them written now.
+    fn into_table<M>(self, meta: M, alive: &Arc<std::sync::atomic::AtomicUsize>) -> Table<K, M> {
+        Table::with(self.slots.finish(), self.tags.finish(), meta, alive)
+    }
+}
+
+/// `len` values of `T`, written a few at a time from the start.
+struct Partial<T> {
+    values: Box<[MaybeUninit<T>]>,
+    /// How many values (a prefix) are written.
+    ready: usize,
+}
+
+impl<T: Zeroable> Partial<T> {
+    /// Nothing written yet: the allocation is not zeroed either (on memory the allocator
+    /// reuses, zeroing would be a pass over all of it at once).
+    fn new(len: usize) -> Self {
+        Self {
+            values: Box::new_uninit_slice(len),
+            ready: 0,
+        }
+    }
+
+    /// Writes up to `count` more values; true once all are written.
+    fn fill(&mut self, count: usize) -> bool {
+        let end = self.ready.saturating_add(count).min(self.values.len());
+        for value in &mut self.values[self.ready..end] {
+            value.write(T::zero());
+        }
+        self.ready = end;
+        self.ready == self.values.len()
+    }
+
+    /// All the values, those not yet written written now.
+    fn finish(mut self) -> Box<[T]> {
+        self.fill(usize::MAX);
+        // SAFETY: `fill` has written every value (`ready == len`), each once, in order
+        // from the start.
+        unsafe { self.values.assume_init() }
+    }
+}
+
+/// Slots per 4 KiB page.
+fn slots_per_page<K>() -> usize {
+    (4096 / std::mem::size_of::<Slot<K>>()).max(1)
+}
+
+/// Whether a table of keys `K` keeps tags (see [`Table`]'s `tags`).
+const fn tagged<K>() -> bool {
+    std::mem::needs_drop::<K>()
+}
+
+/// Writes `slot`'s word without changing it, so that the kernel maps its page for
+/// writing. An atomic add of a constant 0 would not do: the compiler may turn an add of
+/// 0 into a fenced load (LLVM does, on x86), which maps the shared zero page instead, and
+/// the first real write then takes a second fault, a copy, and a TLB shootdown of the
+/// other threads. The opaque 0 keeps it a write.
+#[inline]
+fn touch<K>(slot: &Slot<K>) {
+    slot.word
+        .fetch_add(std::hint::black_box(0), Ordering::Relaxed);
 }
 
 impl<K, M, W> EpochTable<K, M, W>
@@ -612,6 +732,7 @@ where
                 user: writer,
                 cursor: 0,
                 faulted: 0,
+                spare: None,
             }),
             alive,
             migrating: std::sync::atomic::AtomicUsize::new(0),
@@ -689,7 +810,7 @@ impl<K, M, W> Drop for EpochTable<K, M, W> {
 /// migrate.
 pub(crate) struct Writer<'a, K, M, W> {
     owner: &'a EpochTable<K, M, W>,
-    state: MutexGuard<'a, Locked<W>>,
+    state: MutexGuard<'a, Locked<K, W>>,
 }
 
 impl<'a, K, M, W> Writer<'a, K, M, W>
@@ -794,21 +915,66 @@ where
         self.step(guard, usize::MAX, &rehash, now);
         self.retire_unretired(guard);
         let old = self.table(guard);
-        // Inserts move `STEP_PER_INSERT` slots each, so at most this many come before
-        // the last slot has moved: the new table takes them without filling up.
-        let inserts = old.capacity() / STEP_PER_INSERT + 1;
-        let mut capacity = capacity.clamp(2, MAX_CAPACITY);
-        while !fits(live + inserts + 1, capacity) && capacity < MAX_CAPACITY {
-            capacity = (capacity + capacity / 4 + 1).min(MAX_CAPACITY);
-        }
-        let new = Box::into_raw(Box::new(Table::new(capacity, meta, &self.owner.alive)));
+        let capacity = migration_capacity(old.capacity(), capacity, live);
+        // The spare, if it has this size: its pages are written (the rest of them now),
+        // so neither the moves nor the readers take a fault on it.
+        let spare = self.state.spare.take();
+        let new = match spare.filter(|s| s.capacity() == capacity) {
+            Some(spare) => {
+                self.state.faulted = capacity;
+                spare.into_table(meta, &self.owner.alive)
+            }
+            None => {
+                self.state.faulted = 0;
+                Table::new(capacity, meta, &self.owner.alive)
+            }
+        };
+        let new = Box::into_raw(Box::new(new));
         self.owner
             .migrating
             .store(1, std::sync::atomic::Ordering::Relaxed);
         self.state.cursor = 0;
-        self.state.faulted = 0;
         old.next.store(new, Ordering::Release);
         capacity
+    }
+
+    /// Makes ready the slots of the next migration's table, to `capacity` slots (as
+    /// [`begin_migration`](Self::begin_migration) would size it for `live` keys), `pages`
+    /// pages' worth at a time, before any reader can reach them. A table made at once
+    /// costs its whole size in one insert: zeroed by the allocator where it reuses
+    /// memory, or mapped page by page on first access where it does not, and there each
+    /// first write to a page a reader had read first (mapping the shared zero page) takes
+    /// a second fault and a TLB shootdown of the other threads, microseconds each. The
+    /// next migration of this size takes the slots (writing any left); one of another
+    /// size drops them. Returns true once every slot is written.
+    pub(crate) fn prepare(
+        &mut self,
+        guard: &Guard<'_>,
+        capacity: usize,
+        live: usize,
+        pages: usize,
+    ) -> bool {
+        let capacity = migration_capacity(self.table(guard).capacity(), capacity, live);
+        let spare = match self.state.spare.take() {
+            Some(spare) if spare.capacity() == capacity => spare,
+            _ => Spare::new(capacity),
+        };
+        self.state.spare.insert(spare).fill(pages)
+    }
+
+    /// Whether the current table is within `inserts` keys of its load limit.
+    pub(crate) fn nearly_full(&self, guard: &Guard<'_>, inserts: usize) -> bool {
+        let table = self.table(guard);
+        !fits(
+            table.used.load(Ordering::Relaxed) + 1 + inserts,
+            table.capacity(),
+        )
+    }
+
+    /// Whether a table is made ready for the next migration (see [`prepare`](Self::prepare)).
+    #[cfg(test)]
+    pub(crate) fn has_spare(&self) -> bool {
+        self.state.spare.is_some()
     }
 
     /// Moves up to `budget` slots of the current table to the table a migration moves
@@ -957,22 +1123,22 @@ impl<K, M, W> Writer<'_, K, M, W> {
     /// slots come from a zeroed allocation whose pages the kernel maps on first write,
     /// and keys land at random, so without this each move of the first steps would take
     /// a page fault of its own. Pages are touched in order, four times as fast as the
-    /// migration moves (all of them by a quarter of the way), a word each, by an atomic
-    /// add of 0 (a write that changes nothing: the writer alone writes the new table's
-    /// slots, and readers see the same word).
+    /// migration moves (all of them by a quarter of the way), a word each, by a write
+    /// that changes nothing ([`touch`]: the writer alone writes the new table's slots,
+    /// and readers see the same word). A migration that took a [`prepare`](Self::prepare)d
+    /// table has nothing left to touch; readers may have mapped the pages of any other
+    /// before they are touched (see `prepare`).
     fn prefault(&mut self, new: &Table<K, M>, moved: usize, of: usize) {
         if cfg!(tollgate_loom) {
             return;
         }
-        let per_page = (4096 / std::mem::size_of::<Slot<K>>()).max(1);
+        let per_page = slots_per_page::<K>();
         let capacity = new.capacity();
         let target = (moved.saturating_mul(4).saturating_mul(capacity) / of.max(1))
             .saturating_add(per_page)
             .min(capacity);
         while self.state.faulted < target {
-            new.slots[self.state.faulted]
-                .word
-                .fetch_add(0, Ordering::Relaxed);
+            touch(&new.slots[self.state.faulted]);
             self.state.faulted += per_page;
         }
     }
@@ -1112,6 +1278,66 @@ mod tests {
         // The current table dropped its two keys.
         assert_eq!(Arc::strong_count(&counter), 1);
         drop(handle);
+    }
+
+    /// Slots prepared ahead of a migration become its table, written a batch at a time
+    /// and counted nowhere until then; prepared slots of another size are dropped. With
+    /// `String` keys, so that the tags are prepared too (a tag left unwritten would hide
+    /// keys from lookups).
+    #[test]
+    fn prepared_slots_become_the_next_migrations_table() {
+        let key = |i: u64| format!("key-{i}");
+        let hash = |k: &String| ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(k);
+        let table: EpochTable<String, (), ()> = EpochTable::new(64, (), ());
+        let guard = reclaim::pin();
+        let mut writer = table.write();
+        for i in 0..40 {
+            writer
+                .insert(&guard, hash(&key(i)), key(i), i)
+                .ok()
+                .unwrap();
+        }
+        // 32-byte slots (a word and a `String`), 128 a page: 2,048 slots are 16 pages,
+        // 2 a call.
+        let batches = (1..=20)
+            .find(|_| writer.prepare(&guard, 2048, 40, 2))
+            .unwrap();
+        assert_eq!(batches, 8);
+        assert!(writer.has_spare());
+        assert_eq!(table.retired_unfreed(), 0, "a spare is not a retired table");
+        let prepared = writer.state.spare.as_ref().unwrap().slots.values.as_ptr();
+        assert_eq!(writer.begin_migration(&guard, 2048, 40, (), hash, 0), 2048);
+        assert!(!writer.has_spare());
+        assert_eq!(
+            writer.target(&guard).slots.as_ptr().cast(),
+            prepared,
+            "the migration made a table of its own"
+        );
+        for i in 40..60 {
+            writer
+                .insert(&guard, hash(&key(i)), key(i), i)
+                .ok()
+                .unwrap();
+        }
+        assert!(writer.step(&guard, usize::MAX, hash, 0));
+        for i in 0..60 {
+            let found = writer.table(&guard).find(hash(&key(i)), |k| *k == key(i));
+            assert_eq!(found.map(|(_, w)| w), Some(Word::Live(i)), "key {i}");
+        }
+        // Half prepared, then a migration of another size: dropped, a table made.
+        assert!(!writer.prepare(&guard, 8192, 60, 1));
+        assert_eq!(writer.begin_migration(&guard, 1024, 60, (), hash, 0), 1024);
+        assert!(!writer.has_spare());
+        assert!(writer.step(&guard, usize::MAX, hash, 0));
+        assert_eq!(writer.table(&guard).capacity(), 1024);
+        for i in 0..60 {
+            assert!(
+                writer
+                    .table(&guard)
+                    .find(hash(&key(i)), |k| *k == key(i))
+                    .is_some()
+            );
+        }
     }
 }
 
