@@ -85,8 +85,8 @@ const HELP_EVERY: u32 = 64;
 /// keys: written in the first sixth of the inserts ahead, and resident ahead of the
 /// growth for about 2% of its span.
 const PREPARE_AHEAD: usize = 256;
-/// Pages an insert writes of the next table (3–15 µs, faults included), in about 1
-/// insert of 300 while a table grows, so the p99 pays none of them.
+/// Pages an insert writes of the next table (8–16 µs where each page faults, in a
+/// scratch run), in about 1 insert of 300 while a table grows, so the p99 pays none.
 const PREPARE_PAGES: usize = 8;
 
 thread_local! {

@@ -54,7 +54,30 @@ fn nodes_with(
         .collect()
 }
 
-/// Waits until every node's every quota's task has answered rounds seeing all nodes.
+/// 1000/s with a burst of 100, and 400/s with a burst of 1200: under a load above both,
+/// the first binds for about a second, the second after.
+fn fast_and_slow() -> [Quota; 2] {
+    [
+        Quota::per_second(1000).unwrap().with_burst(100).unwrap(),
+        Quota::new(1200, Duration::from_secs(3)).unwrap(),
+    ]
+}
+
+/// Asserts that the fleet's `admitted` instants (µs) stay within each quota's documented
+/// bound for 3 nodes in `mode`, plus the tokens its state held unleased at the start.
+fn each_quota_bounded(admitted: &[u64], quotas: &[(Quota, u64)], mode: SyncMode, when: &str) {
+    for &(quota, left) in quotas {
+        let rate = quota.limit() as f64 / quota.period().as_micros() as f64;
+        let bound = documented_bound(quota, mode, 3) + left as f64;
+        let excess = excess_over_rate(admitted, rate);
+        assert!(
+            excess <= bound,
+            "{mode:?} {when} {quota}: excess {excess} over {bound}"
+        );
+    }
+}
+
+/// Waits until every node's every quota's task has answered rounds seeing all nodes./// Waits until every node's every quota's task has answered rounds seeing all nodes.
 async fn until_all_quotas_synced(nodes: &[(SyncedLimiter<String>, SyncHandle)]) {
     let started = Instant::now();
     let count = nodes.len() as u64;
@@ -80,10 +103,7 @@ async fn until_all_quotas_synced(nodes: &[(SyncedLimiter<String>, SyncHandle)]) 
 async fn every_node_holds_each_key_to_every_quota() {
     let _serial = SERIAL.lock().await;
     let server = server();
-    // 1000/s with a burst of 100, and 400/s with a burst of 1200: the first binds for
-    // about a second, the second after.
-    let fast = Quota::per_second(1000).unwrap().with_burst(100).unwrap();
-    let slow = Quota::new(1200, Duration::from_secs(3)).unwrap();
+    let [fast, slow] = fast_and_slow();
     let load = [1400.0, 400.0, 200.0];
     for mode in [SyncMode::Reconcile, SyncMode::Lease] {
         let prefix = format!("quotas-{mode:?}");
@@ -102,15 +122,7 @@ async fn every_node_holds_each_key_to_every_quota() {
             .await
             .1;
         let secs = (server_time(&server).await - start) as f64 / 1e6;
-        for quota in [fast, slow] {
-            let rate = quota.limit() as f64 / quota.period().as_micros() as f64;
-            let bound = documented_bound(quota, mode, 3);
-            let excess = excess_over_rate(&admitted, rate);
-            assert!(
-                excess <= bound,
-                "{mode:?} {quota}: excess {excess} over {bound}"
-            );
-        }
+        each_quota_bounded(&admitted, &[(fast, 0), (slow, 0)], mode, "");
         // Half the slow quota's rate over the span: the quotas do admit (lease mode
         // leases by demand, so it does not hand out the slow quota's burst at once).
         let floor = (400.0 * secs / 2.0) as usize;
@@ -174,8 +186,7 @@ async fn until_every_quota_back(
 async fn every_quota_recovers_from_a_kill_an_empty_restart_and_a_pause() {
     let _serial = SERIAL.lock().await;
     let mut server = server();
-    let fast = Quota::per_second(1000).unwrap().with_burst(100).unwrap();
-    let slow = Quota::new(1200, Duration::from_secs(3)).unwrap();
+    let [fast, slow] = fast_and_slow();
     let load = [700.0, 200.0, 100.0];
     for mode in [SyncMode::Reconcile, SyncMode::Lease] {
         let prefix = format!("quotas-faults-{mode:?}");
@@ -234,15 +245,8 @@ async fn every_quota_recovers_from_a_kill_an_empty_restart_and_a_pause() {
                 .await
                 .1;
             let secs = (server_time(&server).await - start) as f64 / 1e6;
-            for (quota, left) in [fast, slow].into_iter().zip(left) {
-                let rate = quota.limit() as f64 / quota.period().as_micros() as f64;
-                let bound = documented_bound(quota, mode, 3) + left as f64;
-                let excess = excess_over_rate(&admitted, rate);
-                assert!(
-                    excess <= bound,
-                    "{mode:?} {fault} {quota}: excess {excess} over {bound}"
-                );
-            }
+            let quotas = [(fast, left[0]), (slow, left[1])];
+            each_quota_bounded(&admitted, &quotas, mode, fault);
             let floor = (400.0 * secs / 2.0) as usize;
             assert!(
                 admitted.len() >= floor,
