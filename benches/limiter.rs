@@ -1548,91 +1548,114 @@ fn percentiles(sample: &mut [u32]) -> [u32; 4] {
     ]
 }
 
-/// The tail of new keys while the tables grow: 2 threads, each inserting a new key every
-/// 4 operations and otherwise checking a key it inserted before, until `keys` keys exist
-/// (100 per hour: every key stays in use);
-/// every operation timed alone. Rounds alternate tollgate and governor. Prints each
-/// round's p50, p99, p99.99 and max, for new keys' first checks and existing keys'
-/// checks.
-fn growth_tail(quick: bool) {
-    let (keys, rounds) = if quick {
-        (20_000u64, 1)
-    } else {
-        (2_000_000u64, 3)
-    };
+/// Environment variable that turns a run of this binary into one growth run of a
+/// contender (`tollgate:keys` or `governor:keys`), in a fresh process.
+const GROWTH_PROBE: &str = "TOLLGATE_GROWTH_PROBE";
+
+/// The growth workload's contender `name` (100 per hour: every key stays in use).
+fn growth_contender(name: &str) -> Box<dyn Check> {
+    match name {
+        "tollgate" => {
+            let quota = Quota::per_hour(100).expect("valid quota");
+            Box::new(Tollgate(tollgate(Algorithm::TokenBucket, quota)))
+        }
+        _ => Box::new(Governor(governor::RateLimiter::keyed(
+            governor::Quota::per_hour(NonZeroU32::new(100).expect("non-zero")),
+        ))),
+    }
+}
+
+/// One growth run on `limiter`: 2 threads, each inserting a new key every 4 operations
+/// and otherwise checking a key it inserted before, until `keys` keys exist, every
+/// operation timed alone. Returns p50, p99, p99.99 and max, for new keys' first checks
+/// and existing keys' checks.
+fn growth_once(limiter: &dyn Check, keys: u64) -> String {
     let per_thread = keys / 2;
+    let start = Barrier::new(2);
+    let (mut new, mut old): (Vec<u32>, Vec<u32>) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2u64)
+            .map(|thread| {
+                let start = &start;
+                s.spawn(move || {
+                    let mut new = Vec::with_capacity(per_thread as usize);
+                    let mut old = Vec::with_capacity(3 * per_thread as usize);
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ thread;
+                    start.wait();
+                    for i in 0..per_thread {
+                        let key = (i << 1) | thread;
+                        let t0 = Instant::now();
+                        black_box(limiter.check(key));
+                        new.push(t0.elapsed().as_nanos() as u32);
+                        for _ in 0..3 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let key = ((x % (i + 1)) << 1) | thread;
+                            let t0 = Instant::now();
+                            black_box(limiter.check(key));
+                            old.push(t0.elapsed().as_nanos() as u32);
+                        }
+                    }
+                    (new, old)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .fold((Vec::new(), Vec::new()), |(mut n, mut o), h| {
+                let (a, b) = h.join().expect("growth thread");
+                n.extend(a);
+                o.extend(b);
+                (n, o)
+            })
+    });
+    let [n50, n99, n9999, nmax] = percentiles(&mut new);
+    let [o50, o99, o9999, omax] = percentiles(&mut old);
+    format!(
+        "new key p50 {n50} p99 {n99} p99.99 {n9999} max {nmax}; existing p50 {o50} p99 {o99} p99.99 {o9999} max {omax}"
+    )
+}
+
+/// The tail of new keys while the tables grow to `keys` keys ([`growth_once`]): rounds
+/// in this process alternating tollgate and governor (round 0 on this process's fresh
+/// heap, the later ones on memory the earlier ones mapped), then each contender in
+/// processes of its own, as a server grows its key set once.
+fn growth_tail(quick: bool) {
+    let (keys, rounds, fresh) = if quick {
+        (20_000u64, 1, 1)
+    } else {
+        (2_000_000u64, 3, 2)
+    };
     println!("\ngrowth_tail: 0 → {keys} keys on 2 threads, a new key every 4 operations (ns)");
     for round in 0..rounds {
-        type Make = Box<dyn Fn() -> Box<dyn Check>>;
-        let contenders: [(&str, Make); 2] = [
-            (
-                "tollgate",
-                Box::new(|| {
-                    let quota = Quota::per_hour(100).expect("valid quota");
-                    Box::new(Tollgate(tollgate(Algorithm::TokenBucket, quota)))
-                }),
-            ),
-            (
-                "governor",
-                Box::new(|| {
-                    Box::new(Governor(governor::RateLimiter::keyed(
-                        governor::Quota::per_hour(NonZeroU32::new(100).expect("non-zero")),
-                    )))
-                }),
-            ),
-        ];
         // Each round, the other one first: the first to run in a process maps its heap.
-        let mut contenders = contenders;
+        let mut names = ["tollgate", "governor"];
         if round % 2 == 1 {
-            contenders.reverse();
+            names.reverse();
         }
-        for (name, make) in contenders {
-            let limiter = make();
-            let start = Barrier::new(2);
-            let (mut new, mut old): (Vec<u32>, Vec<u32>) = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..2u64)
-                    .map(|thread| {
-                        let (limiter, start) = (&limiter, &start);
-                        s.spawn(move || {
-                            let mut new = Vec::with_capacity(per_thread as usize);
-                            let mut old = Vec::with_capacity(3 * per_thread as usize);
-                            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ thread;
-                            start.wait();
-                            for i in 0..per_thread {
-                                let key = (i << 1) | thread;
-                                let t0 = Instant::now();
-                                black_box(limiter.check(key));
-                                new.push(t0.elapsed().as_nanos() as u32);
-                                for _ in 0..3 {
-                                    x ^= x << 13;
-                                    x ^= x >> 7;
-                                    x ^= x << 17;
-                                    let key = ((x % (i + 1)) << 1) | thread;
-                                    let t0 = Instant::now();
-                                    black_box(limiter.check(key));
-                                    old.push(t0.elapsed().as_nanos() as u32);
-                                }
-                            }
-                            (new, old)
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .fold((Vec::new(), Vec::new()), |(mut n, mut o), h| {
-                        let (a, b) = h.join().expect("growth thread");
-                        n.extend(a);
-                        o.extend(b);
-                        (n, o)
-                    })
-            });
-            let [n50, n99, n9999, nmax] = percentiles(&mut new);
-            let [o50, o99, o9999, omax] = percentiles(&mut old);
-            println!(
-                "growth_tail/{name}/round {round}: new key p50 {n50} p99 {n99} p99.99 {n9999} max {nmax}; existing p50 {o50} p99 {o99} p99.99 {o9999} max {omax}"
-            );
+        for name in names {
+            let line = growth_once(&*growth_contender(name), keys);
+            println!("growth_tail/{name}/round {round}: {line}");
         }
     }
+    let exe = std::env::current_exe().expect("bench binary path");
+    for run in 0..fresh {
+        for name in ["tollgate", "governor"] {
+            let out = std::process::Command::new(&exe)
+                .env(GROWTH_PROBE, format!("{name}:{keys}"))
+                .output()
+                .expect("run growth probe");
+            let line = String::from_utf8_lossy(&out.stdout);
+            println!("growth_tail/{name}/fresh process {run}: {}", line.trim());
+        }
+    }
+}
+
+/// In a fresh process: one growth run of the contender `spec` names (`name:keys`).
+fn growth_probe(spec: &str) {
+    let (name, keys) = spec.split_once(':').expect("GROWTH_PROBE is name:keys");
+    let keys: u64 = keys.parse().expect("key count");
+    println!("{}", growth_once(&*growth_contender(name), keys));
 }
 
 /// Checks while the default quota changes: 2 threads check `keys` existing keys (each
@@ -1730,6 +1753,10 @@ fn main() {
     }
     if let Ok(spec) = std::env::var(RECLAIM_PROBE) {
         reclaim_probe(&spec);
+        return;
+    }
+    if let Ok(spec) = std::env::var(GROWTH_PROBE) {
+        growth_probe(&spec);
         return;
     }
     benches();
