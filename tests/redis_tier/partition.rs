@@ -8,6 +8,7 @@
 #![cfg(feature = "redis")]
 
 use crate::common;
+use crate::sync::{INTERVAL, settings};
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -19,8 +20,6 @@ use tokio::sync::watch;
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 use tollgate::{Quota, RateLimiter};
 use tollgate_testing::LocalRedis;
-
-const INTERVAL: Duration = Duration::from_millis(50);
 
 /// A TCP proxy to `upstream` whose links can be cut: while cut it neither reads nor
 /// writes, in either direction, on any connection (new ones are accepted and held), so
@@ -84,6 +83,27 @@ async fn pump(
     }
 }
 
+/// `count` nodes holding keys to `quota` under `prefix`, node 0 reaching Redis through
+/// `proxy` and the others directly, with `tweak` applied to each node's sync settings.
+fn nodes_behind(
+    proxy: &Proxy,
+    server: &LocalRedis,
+    count: usize,
+    quota: Quota,
+    mode: SyncMode,
+    prefix: &str,
+    tweak: impl Fn(RedisSync) -> RedisSync,
+) -> Vec<(SyncedLimiter<String>, SyncHandle)> {
+    (0..count)
+        .map(|i| {
+            let url = if i == 0 { proxy.url() } else { server.url() };
+            RateLimiter::builder(quota)
+                .build_synced(tweak(settings(&url, mode, prefix)))
+                .unwrap()
+        })
+        .collect()
+}
+
 /// One run: `rate`/s with a burst of `rate`, three nodes offered 5× the rate split
 /// 70/15/15, node 0 through the proxy; 3 s of warm-up, the cut for `cut` (node 0 calling
 /// `sync_now` every ms of it), then 4 s.
@@ -99,20 +119,7 @@ async fn run(
     let proxy = Proxy::start(upstream).await;
     let quota = Quota::per_second(rate).unwrap();
     let prefix = format!("partition-{mode:?}-{rate}-{}", cut.as_secs());
-    let nodes: Vec<(SyncedLimiter<String>, SyncHandle)> = (0..3)
-        .map(|i| {
-            let url = if i == 0 { proxy.url() } else { server.url() };
-            RateLimiter::builder(quota)
-                .build_synced(
-                    RedisSync::new(&url)
-                        .mode(mode)
-                        .interval(INTERVAL)
-                        .prefix(&prefix)
-                        .allow_shared_prefix(true),
-                )
-                .unwrap()
-        })
-        .collect();
+    let nodes = nodes_behind(&proxy, server, 3, quota, mode, &prefix, |sync| sync);
     let offered = [0.7, 0.15, 0.15].map(|s| s * 5.0 * rate as f64);
     let mut owed = [0.0f64; 3];
     let mut admitted = vec![Vec::new(); 3];
@@ -284,21 +291,8 @@ async fn settlements_made_while_cut_off_reach_redis_once_it_heals() {
     ] {
         let proxy = Proxy::start(upstream).await;
         let prefix = format!("settle-{outage}-{mode:?}");
-        let nodes: Vec<(SyncedLimiter<String>, SyncHandle)> = (0..2)
-            .map(|i| {
-                let url = if i == 0 { proxy.url() } else { server.url() };
-                RateLimiter::builder(quota)
-                    .build_synced(
-                        RedisSync::new(&url)
-                            .mode(mode)
-                            .interval(INTERVAL)
-                            .cold_keys(false)
-                            .prefix(&prefix)
-                            .allow_shared_prefix(true),
-                    )
-                    .unwrap()
-            })
-            .collect();
+        let hot = |sync: RedisSync| sync.cold_keys(false);
+        let nodes = nodes_behind(&proxy, &server, 2, quota, mode, &prefix, hot);
         for (_, handle) in &nodes {
             handle.ready().await;
         }

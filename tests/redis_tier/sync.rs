@@ -34,16 +34,20 @@ fn nodes(
         .map(|_| {
             RateLimiter::builder(quota)
                 .algorithm(algorithm)
-                .build_synced(
-                    RedisSync::new(&server.url())
-                        .mode(mode)
-                        .interval(INTERVAL)
-                        .prefix(prefix)
-                        .allow_shared_prefix(true),
-                )
+                .build_synced(settings(&server.url(), mode, prefix))
                 .unwrap()
         })
         .collect()
+}
+
+/// The sync settings of the tests' fleets: `url`, `mode`, [`INTERVAL`], and `prefix`
+/// shared by the nodes of one process.
+pub(crate) fn settings(url: &str, mode: SyncMode, prefix: &str) -> RedisSync {
+    RedisSync::new(url)
+        .mode(mode)
+        .interval(INTERVAL)
+        .prefix(prefix)
+        .allow_shared_prefix(true)
 }
 
 /// Redis's clock, in µs.
@@ -124,6 +128,28 @@ fn per_window(admitted: &[u64], period: Duration, windows: u32) -> Vec<u64> {
         }
     }
     counts
+}
+
+/// Builds with `build` until its prefix is free again (a dropped limiter's tasks have
+/// ended and left the claim) and shuts the new limiter down; panics with the error if it
+/// is not free by `deadline`.
+pub(crate) async fn until_prefix_free(
+    build: impl Fn() -> Result<(SyncedLimiter<String>, SyncHandle), ConfigError>,
+    deadline: Instant,
+) {
+    loop {
+        match build() {
+            Ok((_, handle)) => {
+                handle.shutdown().await;
+                return;
+            }
+            Err(ConfigError::PrefixInUse(_)) if Instant::now() < deadline => {
+                // Waits for the dropped limiter's tasks to end.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("a task never ended: {e}"),
+        }
+    }
 }
 
 pub(crate) async fn stop(nodes: Vec<(SyncedLimiter<String>, SyncHandle)>) {
@@ -585,19 +611,11 @@ async fn a_dropped_handle_leaves_the_sync_running_for_the_limiters_life() {
     }
     let debt = debt_us(&server, "dropped:sync:tb:{k}").await;
     assert!(debt > 0, "the admissions were never reported");
-    loop {
-        match RateLimiter::<String>::builder(quota).build_synced(config.clone()) {
-            Ok((_, handle)) => {
-                handle.shutdown().await;
-                break;
-            }
-            Err(ConfigError::PrefixInUse(_)) if Instant::now() < deadline => {
-                // Waits for the dropped limiter's task to leave the real Redis process's registry.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("the task never ended: {e}"),
-        }
-    }
+    until_prefix_free(
+        || RateLimiter::<String>::builder(quota).build_synced(config.clone()),
+        deadline,
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::excess_over_rate;
 use crate::sync::{
-    INTERVAL, SERIAL, debt_us, documented_bound, offer_load, server, server_time, stop,
-    tokens_left, until_every_node_synced,
+    INTERVAL, SERIAL, debt_us, documented_bound, offer_load, server, server_time, settings, stop,
+    tokens_left, until_every_node_synced, until_prefix_free,
 };
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
 use tollgate::{Algorithm, ConfigError, Quota, RateLimiter};
@@ -42,13 +42,7 @@ fn nodes_with(
             quotas[1..]
                 .iter()
                 .fold(builder, |b, &q| b.also(q))
-                .build_synced(tweak(
-                    RedisSync::new(&server.url())
-                        .mode(mode)
-                        .interval(INTERVAL)
-                        .prefix(prefix)
-                        .allow_shared_prefix(true),
-                ))
+                .build_synced(tweak(settings(&server.url(), mode, prefix)))
                 .unwrap()
         })
         .collect()
@@ -500,17 +494,5 @@ async fn dropping_the_limiter_stops_every_quotas_task() {
         let key = format!("dropped-quotas:sync:{tag}:{{k}}");
         assert!(debt_us(&server, &key).await > 0, "{tag}: never reported");
     }
-    loop {
-        match build() {
-            Ok((_, handle)) => {
-                handle.shutdown().await;
-                break;
-            }
-            Err(ConfigError::PrefixInUse(_)) if Instant::now() < deadline => {
-                // Waits for the dropped limiter's tasks to end.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("a task never ended: {e}"),
-        }
-    }
+    until_prefix_free(build, deadline).await;
 }
