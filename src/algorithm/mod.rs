@@ -149,6 +149,36 @@ impl Settle {
         }
     }
 
+    /// Applies this settlement to each of `parts` (a key's quotas) in order, all or
+    /// nothing: returns the most constraining decision (each marked with its part's
+    /// index), or the first part's refusal, after the parts before it gave a charge back
+    /// (a refund of the same units undoes a charge exactly; a refund needs no undoing,
+    /// since none of it went through before the refusal but what stays given back).
+    pub(crate) fn all<P, E>(
+        self,
+        parts: impl Iterator<Item = P> + Clone,
+        mut apply: impl FnMut(P, Settle) -> Result<Decision, E>,
+    ) -> Result<Decision, E> {
+        let mut tightest: Option<Decision> = None;
+        for (i, part) in parts.clone().enumerate() {
+            match apply(part, self) {
+                Ok(decision) => {
+                    let decision = decision.for_policy(i);
+                    tightest = Some(tightest.map_or(decision, |t| t.tighter(decision)));
+                }
+                Err(refused) => {
+                    if let Settle::Charge(n) = self {
+                        for before in parts.take(i) {
+                            let _ = apply(before, Settle::Refund(n));
+                        }
+                    }
+                    return Err(refused);
+                }
+            }
+        }
+        Ok(tightest.unwrap_or_else(|| Decision::allow(0, 0, 0)))
+    }
+
     /// Whether a deny of the key cached before this settlement may now be wrong, judged
     /// from `after`, the unit request's decision right after it. A cached deny is exact
     /// until its retry instant, so one that is still live means the key denied a unit
@@ -465,6 +495,44 @@ fn clamp_ns(ns: u128) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A settlement of several quotas: the most constraining decision, marked with its
+    /// quota; on a refusal, a charge is given back to the quotas before it (and only to
+    /// them), a refund is not undone.
+    #[test]
+    fn a_settlement_of_several_quotas_is_all_or_nothing() {
+        let remaining = [7u64, 3, 5];
+        let run = |settle: Settle, refuse_at: Option<usize>| {
+            let mut calls = Vec::new();
+            let result = settle.all(0..remaining.len(), |part, op| {
+                calls.push((part, op));
+                if Some(part) == refuse_at && op == settle {
+                    return Err(part);
+                }
+                Ok(Decision::allow(10, remaining[part], 0))
+            });
+            (result, calls)
+        };
+        let (result, calls) = run(Settle::Charge(2), None);
+        let tightest = result.unwrap();
+        assert_eq!((tightest.remaining(), tightest.policy()), (3, 1));
+        assert_eq!(calls.len(), 3);
+        let (result, calls) = run(Settle::Charge(2), Some(2));
+        assert_eq!(result.unwrap_err(), 2);
+        assert_eq!(
+            calls,
+            [
+                (0, Settle::Charge(2)),
+                (1, Settle::Charge(2)),
+                (2, Settle::Charge(2)),
+                (0, Settle::Refund(2)),
+                (1, Settle::Refund(2)),
+            ]
+        );
+        let (result, calls) = run(Settle::Refund(2), Some(1));
+        assert_eq!(result.unwrap_err(), 1);
+        assert_eq!(calls, [(0, Settle::Refund(2)), (1, Settle::Refund(2))]);
+    }
 
     /// A window counter written after an instant never passes for untouched at it, even
     /// many windows earlier, or when a later clock wrote it ahead of `now`'s window (the

@@ -71,27 +71,16 @@ impl<K: crate::Key> Compound<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut result: Option<Decision> = None;
-        for (i, store) in self.stores.iter().enumerate() {
-            let refused = match store.settle(key, now, settle) {
-                Ok(decision) if decision.is_capacity_deny() => Ok(decision),
-                Ok(decision) => {
-                    let decision = decision.for_policy(i);
-                    result = Some(result.map_or(decision, |r| r.tighter(decision)));
-                    continue;
+        // A capacity refusal of a new key comes as a decision: it ends the settlement too.
+        settle
+            .all(self.stores.iter(), |store, settle| {
+                match store.settle(key, now, settle) {
+                    Ok(decision) if decision.is_capacity_deny() => Err(Ok(decision)),
+                    Ok(decision) => Ok(decision),
+                    Err(e) => Err(Err(e)),
                 }
-                Err(e) => Err(e),
-            };
-            // All or nothing: the quotas before it give a charge back (a refund of the
-            // same units undoes it exactly).
-            if let Settle::Charge(n) = settle {
-                for before in &self.stores[..i] {
-                    let _ = before.settle(key, now, Settle::Refund(n));
-                }
-            }
-            return refused;
-        }
-        Ok(result.unwrap_or_else(|| Decision::allow(0, 0, 0)))
+            })
+            .map_or_else(|refused| refused, Ok)
     }
 
     /// The decision a request of `cost` would get at `now` under every quota, consuming

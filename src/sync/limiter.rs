@@ -543,27 +543,10 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         if !crate::algorithm::WordPolicy::settles(algorithm, op) {
             return Err(op.unsupported(algorithm));
         }
-        let quotas = || std::iter::once(self).chain(&*self.inner.also);
-        let mut result: Option<Decision> = None;
-        for (i, quota) in quotas().enumerate() {
-            match quota.settle_own(key, op) {
-                Ok(decision) => {
-                    let decision = decision.for_policy(i);
-                    result = Some(result.map_or(decision, |r| r.tighter(decision)));
-                }
-                Err(refused) => {
-                    // All or nothing: the quotas before it give a charge back (reported
-                    // against it in their next rounds).
-                    if let Settle::Charge(n) = op {
-                        for before in quotas().take(i) {
-                            let _ = before.settle_own(key, Settle::Refund(n));
-                        }
-                    }
-                    return Err(refused);
-                }
-            }
-        }
-        Ok(result.unwrap_or_else(|| Decision::allow(0, 0, 0)))
+        // A charge given back is reported against the quotas before the refusal in their
+        // next rounds.
+        let quotas = std::iter::once(self).chain(&*self.inner.also);
+        op.all(quotas, |quota, op| quota.settle_own(key, op))
     }
 
     /// Applies `op` to this limiter's own quota.
