@@ -496,3 +496,122 @@ async fn dropping_the_limiter_stops_every_quotas_task() {
     }
     until_prefix_free(build, deadline).await;
 }
+
+/// A million keys on one node held to two quotas, far from both limits (the cold tier):
+/// every key gets each quota's exact answer, both quotas' tasks keep their rounds going
+/// while the node holds them all, and Redis holds no state for any of them. Then a
+/// thousand keys spent to the second quota's limit turn hot on that quota alone: Redis
+/// holds their second quota's state, not their first's, and every one denies by the
+/// second quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_cold_keys_cost_redis_nothing_on_either_quota() {
+    const KEYS: usize = 1_000_000;
+    const SPENT: usize = 1_000;
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    let quotas: [Quota; 2] = [
+        "1000/h burst 10".parse().unwrap(),
+        "100/h burst 5".parse().unwrap(),
+    ];
+    let prefix = "million-quotas";
+    let nodes = nodes(
+        &server,
+        Algorithm::TokenBucket,
+        &quotas,
+        SyncMode::Reconcile,
+        prefix,
+        1,
+    );
+    until_all_quotas_synced(&nodes).await;
+    let (limiter, handle) = &nodes[0];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !handle.quota_stats().iter().all(|s| s.cold_tier) {
+        assert!(Instant::now() < deadline, "{:?}", handle.quota_stats());
+        // Waits for the tasks' rounds against the real Redis process.
+        tokio::time::sleep(INTERVAL).await;
+    }
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("m{i}")).collect();
+    let rounds_before: Vec<u64> = handle.quota_stats().iter().map(|s| s.syncs).collect();
+    let started = Instant::now();
+    for key in &keys {
+        // 9 and 4 left: the second quota is the tighter.
+        let decision = limiter.check(key);
+        assert!(
+            decision.is_allowed() && decision.remaining() == 4 && decision.policy() == 1,
+            "{key}: {decision:?}"
+        );
+    }
+    let checking = started.elapsed();
+    // A few rounds with all of them held.
+    tokio::time::sleep(INTERVAL * 6).await;
+    let stats = handle.quota_stats();
+    for (stats, before) in stats.iter().zip(&rounds_before) {
+        assert_eq!(stats.errors, 0, "{stats:?}");
+        assert_eq!(stats.keys_turned_hot, 0, "{stats:?}");
+        // Rounds went on while the node checked and held the keys (one every 50 ms
+        // without load; a third of that pace at least).
+        let elapsed = started.elapsed().as_millis() as u64;
+        assert!(
+            stats.syncs - before >= elapsed / 50 / 3,
+            "{} rounds in {elapsed} ms ({checking:?} checking): {stats:?}",
+            stats.syncs - before
+        );
+    }
+    let con = server.connection().await.unwrap();
+    // The keys Redis holds under one quota's tag.
+    let held = |tag: &'static str| {
+        let pattern = format!("{prefix}:sync:{tag}:{{m*");
+        let mut con = con.clone();
+        async move {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(pattern)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            keys
+        }
+    };
+    for tag in ["tb", "tb+1"] {
+        let keys = held(tag).await;
+        assert!(keys.is_empty(), "{tag}: {} keys in Redis", keys.len());
+    }
+    // The second quota's 4 left go to 4 more checks; the fifth denies by it.
+    for key in &keys[..SPENT] {
+        for left in (0..4).rev() {
+            let decision = limiter.check(key);
+            assert!(
+                decision.is_allowed() && decision.remaining() == left,
+                "{key}: {decision:?}"
+            );
+        }
+        let decision = limiter.check(key);
+        assert!(
+            !decision.is_allowed() && decision.policy() == 1,
+            "{key}: {decision:?}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let second = held("tb+1").await.len();
+        if second == SPENT {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{second} of {SPENT} hot keys in Redis: {:?}",
+            handle.quota_stats()
+        );
+        // Waits for the rounds that report the hot keys to the real Redis process.
+        tokio::time::sleep(INTERVAL).await;
+    }
+    assert!(held("tb").await.is_empty());
+    for key in &keys[..SPENT] {
+        let decision = limiter.check(key);
+        assert!(
+            !decision.is_allowed() && decision.policy() == 1,
+            "{key}: {decision:?}"
+        );
+    }
+    assert_eq!(limiter.len(), KEYS);
+    stop(nodes).await;
+}
