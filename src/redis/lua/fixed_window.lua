@@ -40,9 +40,8 @@ for i = 1, #KEYS do
   if refund ~= nil and count > 0 then
     count = count - math.min(refund, count)
     if count > 0 then
-      redis.call('HSET', KEYS[i], 'w', string.format('%.0f', window), 'c', count, 'n',
-        string.format('%.0f', period))
-      redis.call('PEXPIRE', KEYS[i], string.format('%.0f', math.ceil(to_end / 1000)))
+      redis.call('HSET', KEYS[i], 'w', window, 'c', count, 'n', period)
+      redis.call('PEXPIRE', KEYS[i], math.ceil(to_end / 1000))
     else
       redis.call('DEL', KEYS[i])
     end
@@ -64,9 +63,8 @@ for i = 1, #KEYS do
   else
     if admitted and cost > 0 and refund == nil then
       count = count + cost
-      redis.call('HSET', KEYS[i], 'w', string.format('%.0f', windows[i]), 'c', count, 'n',
-        string.format('%.0f', periods[i]))
-      redis.call('PEXPIRE', KEYS[i], string.format('%.0f', math.ceil(to_end / 1000)))
+      redis.call('HSET', KEYS[i], 'w', windows[i], 'c', count, 'n', periods[i])
+      redis.call('PEXPIRE', KEYS[i], math.ceil(to_end / 1000))
     end
     local reset = 0
     if count > 0 then

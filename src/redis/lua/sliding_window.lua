@@ -59,9 +59,8 @@ for i = 1, #KEYS do
       until_zero = period - elapsed + lead
     end
     if until_zero > 0 then
-      redis.call('HSET', KEYS[i], 'w', string.format('%.0f', window), 'p', prev, 'c', cur,
-        'n', string.format('%.0f', period))
-      redis.call('PEXPIRE', KEYS[i], string.format('%.0f', math.ceil(until_zero / 1000)))
+      redis.call('HSET', KEYS[i], 'w', window, 'p', prev, 'c', cur, 'n', period)
+      redis.call('PEXPIRE', KEYS[i], math.ceil(until_zero / 1000))
     else
       redis.call('DEL', KEYS[i])
     end
@@ -102,9 +101,8 @@ for i = 1, #KEYS do
     reset = to_end
   end
   if consumes then
-    redis.call('HSET', KEYS[i], 'w', string.format('%.0f', windows[i]), 'p', prev, 'c', cur,
-      'n', string.format('%.0f', periods[i]))
-    redis.call('PEXPIRE', KEYS[i], string.format('%.0f', math.ceil(reset / 1000)))
+    redis.call('HSET', KEYS[i], 'w', windows[i], 'p', prev, 'c', cur, 'n', periods[i])
+    redis.call('PEXPIRE', KEYS[i], math.ceil(reset / 1000))
   end
   if retries[i] == 0 then
     reply[at + 1], reply[at + 2], reply[at + 3] = 1, limit, limit - cur - weighted

@@ -69,8 +69,7 @@ for i = 1, #KEYS do
     redis.call('DEL', KEYS[i])
     reply[i] = 0
   else
-    redis.call('SET', KEYS[i], string.format('%.0f', state), 'PX',
-      string.format('%.0f', math.ceil((state - now) / 1000)))
+    redis.call('SET', KEYS[i], state, 'PX', math.ceil((state - now) / 1000))
     reply[i] = state - now
   end
 end
