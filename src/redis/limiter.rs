@@ -1174,9 +1174,10 @@ impl RedisLimiter {
         deadline: tokio::time::Instant,
     ) -> Result<Decision, RedisError> {
         let inner = &*self.inner;
-        let (mode, n) = match settle {
-            Settle::Charge(n) => ("c", n),
-            Settle::Refund(n) => ("r", n),
+        // The request argument: 'c<n>' or 'r<n>' (see token_bucket_settle.lua).
+        let request = match settle {
+            Settle::Charge(n) => format!("c{n}"),
+            Settle::Refund(n) => format!("r{n}"),
         };
         let redis_key = self.redis_key(key);
         let also = &inner.also;
@@ -1187,7 +1188,7 @@ impl RedisLimiter {
         let call = |eval: bool| {
             let source = scripts::TOKEN_BUCKET_SETTLE;
             let mut cmd = script_call(eval, source, &inner.settle, &redis_key, &also_keys);
-            cmd.arg(t).arg(tau).arg(n).arg(mode);
+            cmd.arg(t).arg(tau).arg(&request);
             now_and_also(&mut cmd, script_now, true, also);
             cmd
         };

@@ -2,20 +2,31 @@
 //! and the background sync's, kept together in `src/redis/lua/`. Public so that tests and
 //! operators can inspect or `EVAL` them directly.
 
-/// The Redis tier's token bucket (GCRA in integer microseconds).
-pub const TOKEN_BUCKET: &str = include_str!("lua/token_bucket.lua");
+/// The Redis tier's token bucket (GCRA in integer microseconds): the scripts' head
+/// (the clock), the token bucket's prelude (its arguments), then the check.
+pub const TOKEN_BUCKET: &str = concat!(
+    include_str!("lua/head.lua"),
+    include_str!("lua/token_bucket_args.lua"),
+    include_str!("lua/token_bucket.lua")
+);
 /// The Redis tier's token bucket settlements: `charge` and `refund` of a cost known
-/// after the fact, on the token bucket script's keys.
-pub const TOKEN_BUCKET_SETTLE: &str = include_str!("lua/token_bucket_settle.lua");
-/// The Redis tier's sliding window counter: the window counters' prelude (their
-/// arguments and clock), then its own part.
+/// after the fact, on the check's keys: the same head and prelude, then the settlement.
+pub const TOKEN_BUCKET_SETTLE: &str = concat!(
+    include_str!("lua/head.lua"),
+    include_str!("lua/token_bucket_args.lua"),
+    include_str!("lua/token_bucket_settle.lua")
+);
+/// The Redis tier's sliding window counter: the scripts' head (the clock),
+/// the window counters' prelude (their arguments), then its own part.
 pub const SLIDING_WINDOW: &str = concat!(
+    include_str!("lua/head.lua"),
     include_str!("lua/window_args.lua"),
     include_str!("lua/sliding_window.lua")
 );
-/// The Redis tier's fixed window counter: the window counters' prelude, then its own
-/// part.
+/// The Redis tier's fixed window counter: the scripts' head, the window counters'
+/// prelude, then its own part.
 pub const FIXED_WINDOW: &str = concat!(
+    include_str!("lua/head.lua"),
     include_str!("lua/window_args.lua"),
     include_str!("lua/fixed_window.lua")
 );

@@ -296,10 +296,11 @@ async fn the_scripts_check_every_quota_before_writing() {
             scripts::TOKEN_BUCKET,
             &["100000", "100000", "2", "0", "1000", "0"],
         ),
-        // T, tau, n, mode, now, then T₂, tau₂: a debt that only the second cannot hold.
+        // T, tau, the settlement, now, then T₂, tau₂: a debt that only the second cannot
+        // hold.
         (
             scripts::TOKEN_BUCKET_SETTLE,
-            &["1", "0", "1000", "c", "0", "9007199254740", "0"],
+            &["1", "0", "c1000", "0", "9007199254740", "0"],
         ),
         // limit, period, cost, now, then limit₂, period₂.
         (

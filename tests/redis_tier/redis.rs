@@ -336,27 +336,27 @@ async fn the_scripts_reject_bad_arguments() {
     let mut con = server.connection().await.unwrap();
     let cases: [(&str, &[&str]); 15] = [
         (scripts::TOKEN_BUCKET, &["100000", "100000", "-1", "0"]),
-        // The settlements: a mode that is neither, a negative or fractional amount, an
-        // amount whose µs pass 2^52, a debt that would pass 2^53.
+        // The settlements ('c<n>' or 'r<n>'): a mode that is neither, a negative or
+        // fractional amount, an amount whose µs pass 2^52, a debt that would pass 2^53.
         (
             scripts::TOKEN_BUCKET_SETTLE,
-            &["100000", "100000", "1", "x", "0"],
+            &["100000", "100000", "x1", "0"],
         ),
         (
             scripts::TOKEN_BUCKET_SETTLE,
-            &["100000", "100000", "-1", "c", "0"],
+            &["100000", "100000", "c-1", "0"],
         ),
         (
             scripts::TOKEN_BUCKET_SETTLE,
-            &["100000", "100000", "0.5", "r", "0"],
+            &["100000", "100000", "r0.5", "0"],
         ),
         (
             scripts::TOKEN_BUCKET_SETTLE,
-            &["100000", "100000", "45035996274", "c", "0"],
+            &["100000", "100000", "c45035996274", "0"],
         ),
         (
             scripts::TOKEN_BUCKET_SETTLE,
-            &["100000", "100000", "1", "c", "9007199254740000"],
+            &["100000", "100000", "c1", "9007199254740000"],
         ),
         (scripts::TOKEN_BUCKET, &["100000", "100000", "1.5", "0"]),
         // Three units of a burst of 2.

@@ -101,7 +101,8 @@ for i = 1, #KEYS do
     reset = to_end
   end
   if consumes then
-    redis.call('HSET', KEYS[i], 'w', windows[i], 'p', prev, 'c', cur, 'n', periods[i])
+    redis.call('HSET', KEYS[i], 'w', windows[i], 'p', prev, 'c', cur,
+      'n', periods[i])
     redis.call('PEXPIRE', KEYS[i], math.ceil(reset / 1000))
   end
   if retries[i] == 0 then

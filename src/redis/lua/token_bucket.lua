@@ -1,15 +1,5 @@
-#!lua
--- (The shebang, Redis 7+, declares a script that writes: a replica refuses it before it
--- runs, with MOVED in a cluster, even on a READONLY connection, so a client whose slot
--- map is stale after a failover is redirected instead of failing on the first write.)
--- tollgate token bucket, as GCRA in integer microseconds.
--- KEYS[1]: the limiter key. ARGV: T (emission interval), tau ((burst - 1)·T), cost,
--- and now (absent or empty: the server's TIME). The burst is tau / T + 1: passing it too
--- would only cost the server another argument to parse.
--- Several quotas (RedisBuilder::also): KEYS[i] holds quota i's state (all with one hash
--- tag, so one slot), ARGV[4] is present (empty for TIME), and quota i ≥ 2 adds its T and
--- tau at ARGV[2i + 1] and ARGV[2i + 2]. The request is admitted only if every quota
--- admits it, and then consumes from each; a deny writes nothing.
+-- The check (token_bucket_args.lua comes first): a request of ARGV[3] units, admitted only
+-- if every quota admits it, and then consumed from each; a deny writes nothing.
 -- State: the theoretical arrival time (TAT), a string; it never moves backwards, so a
 -- clock that steps back mints nothing. A deny writes nothing; an admission sets the TAT
 -- with a TTL of exactly the time until the bucket is full again.
@@ -20,47 +10,17 @@
 -- The caller derives the rest from its own arguments: remaining = floor((tau + T −
 -- reset) / T), and a deny's retry-after = reset + T·(cost − 1) − tau. One integer is the
 -- cheapest reply Redis builds (a 5-element reply cost about 1 µs of server time a call).
--- Every number stays an integer below 2^53, exact in Lua's doubles, and goes to Redis as
--- a Lua number: Redis writes an integral one as an integer (`%.17g` before 7.2, which
--- prints these without an exponent), in C, cheaper than a `string.format` in the script.
--- The script defines no helper closures, which would be rebuilt on every call.
-local t, tau, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-if not (t and tau and t >= 1 and tau >= 0 and t % 1 == 0 and tau % t == 0
-    and tau < 4503599627370496) then
-  return redis.error_reply('TOLLGATE invalid quota')
-end
--- cost <= burst, that is T·(cost − 1) <= tau.
+local cost = tonumber(ARGV[3])
+-- cost <= burst, that is T·(cost − 1) <= tau, under every quota.
 if not (cost and cost >= 0 and cost % 1 == 0 and t * (cost - 1) <= tau) then
   return redis.error_reply('TOLLGATE invalid cost')
 end
-local now
-if ARGV[4] == nil or ARGV[4] == '' then
-  local time = redis.call('TIME')
-  now = time[1] * 1000000 + time[2]
-else
-  now = tonumber(ARGV[4])
-  if not (now and now >= 0 and now % 1 == 0 and now < 4503599627370496) then
-    return redis.error_reply('TOLLGATE invalid time')
-  end
-end
 
-if #KEYS > 1 then
-  -- Several quotas: every argument checked before anything is read or written (a script
-  -- is not rolled back by an error), then every state read, then all written or none.
-  if #ARGV ~= 2 * #KEYS + 2 then
-    return redis.error_reply('TOLLGATE invalid quota')
-  end
-  local ts, taus = {t}, {tau}
+if ts then
   for i = 2, #KEYS do
-    local ti, taui = tonumber(ARGV[2 * i + 1]), tonumber(ARGV[2 * i + 2])
-    if not (ti and taui and ti >= 1 and taui >= 0 and ti % 1 == 0 and taui % ti == 0
-        and taui < 4503599627370496) then
-      return redis.error_reply('TOLLGATE invalid quota')
-    end
-    if ti * (cost - 1) > taui then
+    if ts[i] * (cost - 1) > taus[i] then
       return redis.error_reply('TOLLGATE invalid cost')
     end
-    ts[i], taus[i] = ti, taui
   end
   local tats = redis.call('MGET', unpack(KEYS))
   local admitted = true

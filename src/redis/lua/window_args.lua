@@ -1,9 +1,6 @@
-#!lua
--- (The shebang, Redis 7+, declares a script that writes: a replica refuses it before it
--- runs, with MOVED in a cluster, even on a READONLY connection, so a client whose slot
--- map is stale after a failover is redirected instead of failing on the first write.)
--- tollgate's window counters, in integer microseconds: this prelude reads and checks the
--- arguments, then fixed_window.lua or sliding_window.lua, appended to it, decides.
+-- tollgate's window counters, in integer microseconds: head.lua comes first (the
+-- clock); this prelude reads and checks the arguments, then fixed_window.lua or
+-- sliding_window.lua, appended to it, decides.
 -- KEYS[1]: the limiter key. ARGV: limit, period, cost, now (empty: the server's TIME).
 -- Several quotas (RedisBuilder::also): KEYS[i] holds quota i's state (all with one hash
 -- tag, so one slot), and quota i ≥ 2 adds its limit and period at ARGV[2i + 1] and
@@ -43,15 +40,5 @@ end
 for i = 1, #KEYS do
   if not (cost and cost >= 0 and cost % 1 == 0 and cost <= limits[i]) then
     return redis.error_reply('TOLLGATE invalid cost')
-  end
-end
-local now
-if ARGV[4] == '' then
-  local time = redis.call('TIME')
-  now = time[1] * 1000000 + time[2]
-else
-  now = tonumber(ARGV[4])
-  if not (now and now >= 0 and now % 1 == 0 and now < 4503599627370496) then
-    return redis.error_reply('TOLLGATE invalid time')
   end
 end
