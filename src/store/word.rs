@@ -178,10 +178,12 @@ struct Hand {
     /// that would drop nothing (it read the whole table under the writer mutex: 1.8 ms
     /// at 250,000 keys).
     drop_from: u64,
-    /// The rebuilds' full sweeps run, and those skipped by `drop_from`.
+    /// For tests: the rebuilds' full sweeps run, those skipped by `drop_from`, and the
+    /// keys a skipped sweep would have dropped (which must stay 0).
+    #[cfg(test)]
     full_sweeps: usize,
+    #[cfg(test)]
     skipped_sweeps: usize,
-    /// Keys a skipped sweep would have dropped (tests check it stays 0).
     #[cfg(test)]
     missed: usize,
 
@@ -200,6 +202,17 @@ struct Swept {
     soonest: u64,
     /// The soonest instant a rebuild's sweep could drop a survivor ([`droppable_from`]).
     drop_from: u64,
+}
+
+/// A live key as a sweep judges it ([`WordStore::judge`]).
+struct Judged {
+    state: u64,
+    /// Its quota's period, ns.
+    period: u64,
+    /// The instant it must have been untouched since to go ([`Sweep::since`]).
+    since: u64,
+    /// ns from `since` until it is untouched for good: 0 when it can go now.
+    wait: u64,
 }
 
 /// The soonest instant (clock ns) at which a rebuild's sweep could drop a key whose state
@@ -365,7 +378,9 @@ impl<K: crate::Key> WordStore<K> {
                         built: 0,
                         growing: true,
                         drop_from: u64::MAX,
+                        #[cfg(test)]
                         full_sweeps: 0,
+                        #[cfg(test)]
                         skipped_sweeps: 0,
                         #[cfg(test)]
                         missed: 0,
@@ -751,23 +766,27 @@ impl<K: crate::Key> WordStore<K> {
         self.finish(writer, guard, now);
         let capacity = writer.table(guard).capacity();
         let mut dropped = 0;
-        if self.limits.sweep && now >= writer.state().drop_from {
+        // Only once a key can go: a skipped sweep does what one dropping nothing would,
+        // which is all it could do.
+        let sweeping = self.limits.sweep && now >= writer.state().drop_from;
+        #[cfg(test)]
+        if self.limits.sweep && !sweeping {
+            let missed = self.droppable(writer, guard, now);
+            let hand = writer.state();
+            hand.skipped_sweeps += 1;
+            hand.missed += missed;
+        }
+        if sweeping {
             let built = writer.state().built;
             let swept = self.sweep(writer, guard, now, capacity, Some(built));
             dropped = swept.dropped;
-            let hand = writer.state();
             // The sweep read every key of the shard: the bound is theirs alone now.
-            hand.drop_from = swept.drop_from;
-            hand.full_sweeps += 1;
-            self.counts.swept(dropped);
-        } else if self.limits.sweep {
-            // Equivalent to a sweep that drops nothing, which is all it could do.
-            writer.state().skipped_sweeps += 1;
+            writer.state().drop_from = swept.drop_from;
             #[cfg(test)]
             {
-                let missed = self.droppable(writer, guard, now);
-                writer.state().missed += missed;
+                writer.state().full_sweeps += 1;
             }
+            self.counts.swept(dropped);
         }
         writer.state().built = now;
         let needed = writer.state().live + 1;
@@ -882,19 +901,16 @@ impl<K: crate::Key> WordStore<K> {
             let at = writer.state().at % capacity;
             writer.state().at = at + 1;
             let slot = table.slot(at);
-            let Word::Live(state) = slot.load() else {
+            let Some(judged) = self.judge(table, slot, &sweep, now) else {
                 continue;
             };
-            let policy = self.slot_policy(table, slot);
-            let since = sweep.since(policy.quota().period_ns());
-            let wait = policy.untouched_wait(state, now, since);
             // A check that changed the state meanwhile keeps the key.
-            if sweep.visit(wait, || writer.remove_unchanged(slot, state)) {
+            if sweep.visit(judged.wait, || writer.remove_unchanged(slot, judged.state)) {
                 writer.state().live -= 1;
-            } else if wait > 0 {
+            } else if judged.wait > 0 {
                 // Untouched from `since + wait` on (see `droppable_from`).
-                let period = policy.quota().period_ns();
-                drop_from = drop_from.min(since.saturating_add(wait).saturating_add(period));
+                let untouched = judged.since.saturating_add(judged.wait);
+                drop_from = drop_from.min(untouched.saturating_add(judged.period));
             } else {
                 drop_from = 0;
             }
@@ -905,6 +921,28 @@ impl<K: crate::Key> WordStore<K> {
             soonest,
             drop_from,
         }
+    }
+
+    /// How `sweep` judges the key in `slot` at `now`: `None` if the slot holds no live key.
+    fn judge(
+        &self,
+        table: &Table<K, Policies<K>>,
+        slot: &Slot<K>,
+        sweep: &Sweep,
+        now: u64,
+    ) -> Option<Judged> {
+        let Word::Live(state) = slot.load() else {
+            return None;
+        };
+        let policy = self.slot_policy(table, slot);
+        let period = policy.quota().period_ns();
+        let since = sweep.since(period);
+        Some(Judged {
+            state,
+            period,
+            since,
+            wait: policy.untouched_wait(state, now, since),
+        })
     }
 
     /// How many keys of the current table a rebuild's sweep at `now` would drop, dropping
@@ -919,15 +957,8 @@ impl<K: crate::Key> WordStore<K> {
         let table = writer.table(guard);
         let sweep = Sweep::new(now, Some(writer.state().built));
         (0..table.capacity())
-            .filter(|&at| {
-                let slot = table.slot(at);
-                let Word::Live(state) = slot.load() else {
-                    return false;
-                };
-                let policy = self.slot_policy(table, slot);
-                let since = sweep.since(policy.quota().period_ns());
-                policy.untouched_wait(state, now, since) == 0
-            })
+            .filter_map(|at| self.judge(table, table.slot(at), &sweep, now))
+            .filter(|judged| judged.wait == 0)
             .count()
     }
 
