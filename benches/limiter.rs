@@ -1063,18 +1063,12 @@ fn memory_per_key(quick: bool) {
     } else {
         &[600_000, 1_000_000, 1_500_000]
     };
-    let exe = std::env::current_exe().expect("bench binary path");
     println!("\nmemory: resident bytes per u64 key at 100/s (fresh process per count)");
     for (name, _) in contenders(typical) {
         let per_key: Vec<f64> = counts
             .iter()
             .map(|keys| {
-                let out = std::process::Command::new(&exe)
-                    .env(PROBE, format!("{name}:{keys}"))
-                    .output()
-                    .expect("run memory probe");
-                String::from_utf8_lossy(&out.stdout)
-                    .trim()
+                in_fresh_process(PROBE, format!("{name}:{keys}"))
                     .parse()
                     .expect("probe output")
             })
@@ -1155,7 +1149,6 @@ fn reclaim_probe(spec: &str) {
 /// Issue 26's experiments on retired tables, each in a fresh process, without and with an
 /// idle thread: resident MB before and after, and the ratio of the two runs' final RSS.
 fn reclamation_memory(quick: bool) {
-    let exe = std::env::current_exe().expect("bench binary path");
     println!("\nreclamation: resident MB before -> after, without and with an idle thread");
     for scenario in ["changes", "cycles"] {
         let scenario = if quick {
@@ -1164,11 +1157,7 @@ fn reclamation_memory(quick: bool) {
             scenario.to_owned()
         };
         let run = |idle: &str| -> (f64, f64) {
-            let out = std::process::Command::new(&exe)
-                .env(RECLAIM_PROBE, format!("{scenario}:{idle}"))
-                .output()
-                .expect("run reclamation probe");
-            let text = String::from_utf8_lossy(&out.stdout);
+            let text = in_fresh_process(RECLAIM_PROBE, format!("{scenario}:{idle}"));
             let mut numbers = text.split_whitespace().map(|n| n.parse().expect("MB"));
             (
                 numbers.next().expect("before"),
@@ -1548,6 +1537,17 @@ fn percentiles(sample: &mut [u32]) -> [u32; 4] {
     ]
 }
 
+/// Runs this bench binary again with `probe` set to `spec` (one of the probes `main`
+/// dispatches on), and returns what it printed, trimmed.
+fn in_fresh_process(probe: &str, spec: String) -> String {
+    let exe = std::env::current_exe().expect("bench binary path");
+    let out = std::process::Command::new(exe)
+        .env(probe, &spec)
+        .output()
+        .unwrap_or_else(|e| panic!("{probe}={spec}: {e}"));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// Environment variable that turns a run of this binary into one growth run of a
 /// contender (`tollgate:keys` or `governor:keys`), in a fresh process.
 const GROWTH_PROBE: &str = "TOLLGATE_GROWTH_PROBE";
@@ -1638,15 +1638,10 @@ fn growth_tail(quick: bool) {
             println!("growth_tail/{name}/round {round}: {line}");
         }
     }
-    let exe = std::env::current_exe().expect("bench binary path");
     for run in 0..fresh {
         for name in ["tollgate", "governor"] {
-            let out = std::process::Command::new(&exe)
-                .env(GROWTH_PROBE, format!("{name}:{keys}"))
-                .output()
-                .expect("run growth probe");
-            let line = String::from_utf8_lossy(&out.stdout);
-            println!("growth_tail/{name}/fresh process {run}: {}", line.trim());
+            let line = in_fresh_process(GROWTH_PROBE, format!("{name}:{keys}"));
+            println!("growth_tail/{name}/fresh process {run}: {line}");
         }
     }
 }
