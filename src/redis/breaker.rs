@@ -193,9 +193,10 @@ impl Breaker {
         }
     }
 
-    /// Whether a check at `now` may call Redis.
+    /// Whether a check may call Redis; `now` (read only while the breaker is troubled)
+    /// gives the time.
     #[inline]
-    pub(crate) fn gate(&self, now: u64) -> Gate {
+    pub(crate) fn gate(&self, now: impl FnOnce() -> u64) -> Gate {
         if !self.troubled.load(Ordering::Acquire) {
             return Gate::Call;
         }
@@ -204,7 +205,7 @@ impl Breaker {
             return Gate::Call;
         }
         self.rejected.fetch_add(1, Ordering::Relaxed);
-        Gate::Reject(run.open_until.saturating_sub(now).max(1))
+        Gate::Reject(run.open_until.saturating_sub(now()).max(1))
     }
 
     /// Whether the breaker is open (checks fail at once).
@@ -350,11 +351,11 @@ mod tests {
         assert!(!b.succeeded());
         assert!(!b.failed(20 * MS, false));
         assert!(!b.failed(30 * MS, false));
-        assert_eq!(b.gate(31 * MS), Gate::Call);
+        assert_eq!(b.gate(|| 31 * MS), Gate::Call);
         assert!(b.failed(40 * MS, false), "the third in a row");
         assert_eq!(b.state(), BreakerState::Open);
         assert!(b.is_open());
-        assert_eq!(b.gate(41 * MS), Gate::Reject(499 * MS));
+        assert_eq!(b.gate(|| 41 * MS), Gate::Reject(499 * MS));
         assert_eq!(b.opened(), 1);
         assert_eq!(b.rejected(), 1);
     }
@@ -366,7 +367,7 @@ mod tests {
             assert!(!b.failed(i * 600 * MS, false));
         }
         assert_eq!(b.state(), BreakerState::Closed);
-        assert_eq!(b.gate(6_000 * MS), Gate::Call);
+        assert_eq!(b.gate(|| 6_000 * MS), Gate::Call);
     }
 
     #[test]
@@ -380,20 +381,20 @@ mod tests {
         assert_eq!(b.next_probe(open_at + 500 * MS), Probe::Now);
         assert_eq!(b.state(), BreakerState::HalfOpen);
         // Checks fail at once while the probe runs: none of them waits for it.
-        assert!(matches!(b.gate(open_at + 500 * MS), Gate::Reject(_)));
+        assert!(matches!(b.gate(|| open_at + 500 * MS), Gate::Reject(_)));
         // The probe fails: 1 s, then 2 s, then 2 s (the max).
         let mut now = open_at + 600 * MS;
         for period in [1_000, 2_000, 2_000] {
             assert!(!b.failed(now, true));
             assert_eq!(b.state(), BreakerState::Open);
-            assert_eq!(b.gate(now + period * MS - 1), Gate::Reject(1));
+            assert_eq!(b.gate(|| now + period * MS - 1), Gate::Reject(1));
             assert_eq!(b.next_probe(now + period * MS - 1), Probe::Wait(1));
             now += period * MS;
             assert_eq!(b.next_probe(now), Probe::Now);
         }
         assert!(b.succeeded(), "the probe closes it");
         assert_eq!(b.state(), BreakerState::Closed);
-        assert_eq!(b.gate(now), Gate::Call);
+        assert_eq!(b.gate(|| now), Gate::Call);
         assert_eq!(b.next_probe(now), Probe::Closed);
         // A new outage starts again from the first period.
         for t in 0..3 {
@@ -440,7 +441,7 @@ mod tests {
         for t in 0..100 {
             b.failed(t, false);
         }
-        assert_eq!(b.gate(100), Gate::Call);
+        assert_eq!(b.gate(|| 100), Gate::Call);
         for bad in [
             CircuitBreaker::new(0, Duration::from_secs(1)),
             CircuitBreaker::new(3, Duration::ZERO),

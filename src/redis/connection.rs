@@ -343,14 +343,20 @@ impl Client {
         }
     }
 
-    /// Connects, each connection attempt and reply bounded by `timeout` (the caller
-    /// bounds the whole with its own timer too). The connection reconnects by itself,
-    /// and a cluster connection follows failovers and slot moves.
+    /// Connects, each connection attempt bounded by `timeout`. The connection
+    /// reconnects by itself, and a cluster connection follows failovers and slot moves.
+    ///
+    /// On one server (or Sentinel's primary) a reply is bounded only by its caller's
+    /// deadline, which every request carries (a check's, a sync round's), not by a
+    /// second timer per request in the connection: redis-rs's would only abandon the
+    /// reply, as the caller's does, and each timer costs a check a registration and a
+    /// removal in tokio's timer wheel. A cluster connection keeps its per-node timeout,
+    /// which its own retries and redirections rely on.
     pub(crate) async fn connect(&self, timeout: Duration) -> redis::RedisResult<Connection> {
         let manager = |client: redis::Client| async move {
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeout))
-                .set_response_timeout(Some(timeout))
+                .set_response_timeout(None)
                 .set_number_of_retries(1);
             let manager = ConnectionManager::new_with_config(client, config).await?;
             Ok(Connection::Single(manager))

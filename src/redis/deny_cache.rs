@@ -338,6 +338,12 @@ impl DenyCache {
             self.hits.count(false);
             return Lookup::Hit(hit);
         }
+        // A cache that holds no entry has nothing to say: one load of its count, where
+        // looking the key up would take its shard's lock (so a limiter whose keys are
+        // never denied pays no lock for its cache).
+        if self.store.len() == 0 {
+            return Lookup::Miss;
+        }
         let found = self.store.with_state(key, |cell| {
             let mut entry = cell.0.entry.lock();
             if let Some(hit) = cached_decision(entry.until, now_us) {
@@ -373,6 +379,8 @@ impl DenyCache {
         let current = || self.generation.load(Ordering::Acquire) == generation;
         match lesson {
             Lesson::Nothing => {}
+            // No entry to clear (as in `lookup`, one load instead of the shard's lock).
+            Lesson::Admissible if self.store.len() == 0 => {}
             Lesson::Admissible => {
                 self.store.with_state(key, |cell| {
                     if current() {

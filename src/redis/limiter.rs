@@ -774,8 +774,9 @@ impl RedisLimiter {
         let mut _call_guard = None;
         // A unit request always fits the quota: the cache answers before anything else.
         if let (1, Some(cache)) = (n, &inner.cache) {
+            // The deadline was set just now: only a look after a wait reads the clock.
+            let mut coalesce = true;
             loop {
-                let coalesce = tokio::time::Instant::now() < deadline;
                 match cache.lookup(key, now_us, coalesce) {
                     Lookup::Hit(hit) => return Ok(hit),
                     Lookup::Miss => break,
@@ -797,6 +798,7 @@ impl RedisLimiter {
                             let _ = tokio::time::timeout_at(deadline, done).await;
                         }
                         now_us = inner.now_us();
+                        coalesce = tokio::time::Instant::now() < deadline;
                     }
                 }
             }
@@ -814,7 +816,7 @@ impl RedisLimiter {
             }
             .into());
         }
-        if let Gate::Reject(ns) = inner.breaker.gate(inner.monotonic.now_ns()) {
+        if let Gate::Reject(ns) = inner.breaker.gate(|| inner.monotonic.now_ns()) {
             return Err(RedisError::CircuitOpen {
                 retry_in: Duration::from_nanos(ns),
             });
@@ -968,14 +970,28 @@ impl RedisLimiter {
     /// Runs `call` (a script call about `redis_key`) until `deadline`: one timer bounds
     /// the whole call, reconnection, retries and redirections included. Its error is
     /// classified, and an unavailable server or a timeout marks the connection failed.
-    async fn bounded<T>(
-        &self,
+    ///
+    /// A plain function that maps the timer's future, not an `async fn`: the latter would
+    /// hold `call` twice (as its argument and inside the timer), and a check's future,
+    /// which moves as a whole, would be half a kilobyte larger.
+    fn bounded<'a, T>(
+        &'a self,
         deadline: tokio::time::Instant,
+        redis_key: &'a [u8],
+        call: impl std::future::Future<Output = redis::RedisResult<T>> + 'a,
+    ) -> impl std::future::Future<Output = Result<T, RedisError>> + 'a {
+        use futures_util::FutureExt as _;
+        tokio::time::timeout_at(deadline, call).map(move |outcome| self.timed(outcome, redis_key))
+    }
+
+    /// What [`bounded`](Self::bounded) returns for the `outcome` of its timer.
+    fn timed<T>(
+        &self,
+        outcome: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
         redis_key: &[u8],
-        call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, RedisError> {
         let inner = &*self.inner;
-        match tokio::time::timeout_at(deadline, call).await {
+        match outcome {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) => {
                 let e = self.classify(e, redis_key);
@@ -1116,7 +1132,7 @@ impl RedisLimiter {
         if let (Rule::Window { .. }, Settle::Charge(_)) = (current.rule, settle) {
             return Err(RedisError::UnsupportedAlgorithm(inner.algorithm));
         }
-        if let Gate::Reject(ns) = inner.breaker.gate(inner.monotonic.now_ns()) {
+        if let Gate::Reject(ns) = inner.breaker.gate(|| inner.monotonic.now_ns()) {
             return Err(RedisError::CircuitOpen {
                 retry_in: Duration::from_nanos(ns),
             });
@@ -1323,15 +1339,16 @@ fn script_call(
     first: &[u8],
     rest: &[Vec<u8>],
 ) -> redis::Cmd {
-    let mut cmd = if eval {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(source);
-        cmd
+    // Room for the arguments that follow (at most four, and two per extra quota, each
+    // at most 20 digits), so that building the call grows neither buffer.
+    let keys = first.len() + rest.iter().map(Vec::len).sum::<usize>();
+    let args = 3 + 1 + rest.len() + 4 + 2 * rest.len();
+    let mut cmd = redis::Cmd::with_capacity(args, 7 + 40 + 3 + keys + 20 * (args - 3 - rest.len()));
+    if eval {
+        cmd.arg("EVAL").arg(source);
     } else {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash());
-        cmd
-    };
+        cmd.arg("EVALSHA").arg(script.get_hash());
+    }
     cmd.arg(1 + rest.len()).arg(first);
     for key in rest {
         cmd.arg(key);
