@@ -184,17 +184,19 @@ async fn totals_are_published_every_second_without_a_call() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     loop {
         let snap = snap();
-        if snap.counter("tollgate_decisions_total", &allowed) == Some(300) {
-            assert_eq!(
-                snap.gauge("tollgate_keys", &[("limiter", "periodic")]),
-                Some(7.0)
-            );
+        // Both from one publication: a snapshot taken while a publication runs may see
+        // its counter and the previous one's gauge (the recorder reads each metric on
+        // its own), so the next look must show both.
+        let published = (
+            snap.counter("tollgate_decisions_total", &allowed),
+            snap.gauge("tollgate_keys", &[("limiter", "periodic")]),
+        );
+        if published == (Some(300), Some(7.0)) {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "not published within 3 s: {:?}",
-            snap.counter("tollgate_decisions_total", &allowed)
+            "not published within 3 s: (decisions, keys) = {published:?}"
         );
         // Waits for the limiter's periodic publication, on its real-time schedule.
         tokio::time::sleep(Duration::from_millis(100)).await;
