@@ -72,7 +72,10 @@ const QUICK_GROWTH_BELOW: usize = 1 << 14;
 /// quota change ran. Inserts still move their slots each time, and an operator's path
 /// drives its migration to the end, so helping is only what finishes a migration that
 /// inserts started and then stopped feeding: `HELP_EVERY / STEP_PER_INSERT` checks per
-/// slot, 4 per slot of the table.
+/// slot, 4 per slot of the table. While an operator's path drives migrations (a quota
+/// change, a removal), checks do not help at all: the path moves every slot itself, so a
+/// help there would only spend a check's time (and, early in a migration, fault in pages
+/// of the new table ahead of the path's prefault) on moves the path makes anyway.
 const HELP_EVERY: u32 = 64;
 
 /// While a table that grew last time is within `capacity / PREPARE_AHEAD` inserts of
@@ -338,12 +341,28 @@ impl Op {
 /// dropped, frees what was retired meanwhile (by `f`'s resize or elsewhere) unless a
 /// check in flight still holds it.
 fn with_guard<R>(f: impl FnOnce(&Guard<'_>) -> R) -> R {
+    with_guard_writing(|guard, wrote| {
+        *wrote = true;
+        f(guard)
+    })
+}
+
+/// [`with_guard`] for a check's slow path, which `f` tells whether it took the writer
+/// path (`wrote`): a writer's collect waits a few microseconds for checks in flight, a
+/// check that only read through a migration collects once and never waits
+/// ([`Domain::collect_once`](super::epoch_table::reclaim::Domain::collect_once)).
+fn with_guard_writing<R>(f: impl FnOnce(&Guard<'_>, &mut bool) -> R) -> R {
     let guard = reclaim::pin();
-    let result = f(&guard);
+    let mut wrote = false;
+    let result = f(&guard, &mut wrote);
     drop(guard);
     let domain = reclaim::global();
     if domain.unfreed() > 0 {
-        domain.collect();
+        if wrote {
+            domain.collect();
+        } else {
+            domain.collect_once();
+        }
     }
     result
 }
@@ -359,6 +378,26 @@ pub(crate) struct WordStore<K> {
     counts: Counts,
     /// Serialises default-policy changes, so all shards end on the same one.
     reconfigure: Mutex<()>,
+    /// Operator paths (quota changes, removals) driving migrations to their end right
+    /// now: while any does, checks do not help (see [`HELP_EVERY`]).
+    driving: std::sync::atomic::AtomicUsize,
+}
+
+/// An operator path's hold on [`WordStore::driving`]: counted while it lives, also if
+/// the path unwinds.
+struct Driving<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Driving<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Driving<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl<K: crate::Key> WordStore<K> {
@@ -397,6 +436,7 @@ impl<K: crate::Key> WordStore<K> {
             limits,
             counts: Counts::new(limits.max_keys),
             reconfigure: Mutex::new(()),
+            driving: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -552,7 +592,7 @@ impl<K: crate::Key> WordStore<K> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let shard = self.shard(hash);
-        with_guard(|guard| {
+        with_guard_writing(|guard, wrote| {
             loop {
                 let current = shard.read(guard);
                 match current.locate(hash, |k| k.borrow() == key) {
@@ -575,12 +615,14 @@ impl<K: crate::Key> WordStore<K> {
                         if let Some(decision) = op.on_absent(policy, now) {
                             return Ok(decision);
                         }
+                        *wrote = true;
                         if let Some(decision) = self.insert(shard, guard, hash, key, now, op)? {
                             return Ok(decision);
                         }
                     }
                     // Being moved (the writer path tells where).
                     Located::Moving => {
+                        *wrote = true;
                         if let Some(decision) = self.insert(shard, guard, hash, key, now, op)? {
                             return Ok(decision);
                         }
@@ -594,7 +636,8 @@ impl<K: crate::Key> WordStore<K> {
     /// check in [`HELP_EVERY`] per thread helps it along.
     #[cold]
     fn met_migration(&self, shard: &WordShard<K>, guard: &Guard<'_>, now: u64) {
-        if helps_this_time() {
+        let driven = self.driving.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        if !driven && helps_this_time() {
             self.help(shard, guard, now);
         }
     }
@@ -1111,6 +1154,7 @@ impl<K: crate::Key> WordStore<K> {
     {
         let hash = self.hash(key);
         let shard = self.shard(hash);
+        let _driving = Driving::new(&self.driving);
         let removed = with_guard(|guard| {
             let mut writer = shard.write();
             let Located::Found { slot, .. } =
@@ -1142,6 +1186,7 @@ impl<K: crate::Key> WordStore<K> {
     pub(crate) fn set_key_quota(&self, key: K, policy: Option<WordPolicy>, now: impl Fn() -> u64) {
         let hash = self.hash(&key);
         let shard = self.shard(hash);
+        let _driving = Driving::new(&self.driving);
         with_guard(|guard| {
             let mut writer = shard.write();
             self.finish(&mut writer, guard, now());
@@ -1215,6 +1260,7 @@ impl<K: crate::Key> WordStore<K> {
     ) -> Result<(), ConfigError> {
         let _serial = self.reconfigure.lock();
         let policy = self.default_policy().with_quota(quota)?;
+        let _driving = Driving::new(&self.driving);
         for shard in self.shards.iter() {
             with_guard(|guard| {
                 let mut writer = shard.write();
@@ -1571,28 +1617,44 @@ mod tests {
         assert!(taken + 1 >= prepared, "{prepared} made, {taken} taken");
     }
 
+    /// A one-shard store (1 an hour, burst 1) given at least 20,000 keys, each admitted
+    /// once, and then until a migration is under way; with its number of keys and its
+    /// table's capacity.
+    fn store_migrating_after_inserts() -> (WordStore<u64>, u64, u64) {
+        let quota = Quota::new(1, Duration::from_secs(3600)).unwrap();
+        let store: WordStore<u64> =
+            WordStore::new(limits(1, usize::MAX), WordPolicy::token_bucket(quota));
+        let mut keys = 0u64;
+        while keys < 20_000 || !migrating(&store) {
+            assert!(store.check(&keys, || 0, 1, u64::MAX).unwrap().is_allowed());
+            keys += 1;
+        }
+        let capacity = with_guard(|g| store.shards[0].read(g).capacity()) as u64;
+        (store, keys, capacity)
+    }
+
+    fn migrating(store: &WordStore<u64>) -> bool {
+        with_guard(|g| store.shards[0].read(g).next().is_some())
+    }
+
+    /// The `i`-th check of a spread over the `keys` keys of
+    /// [`store_migrating_after_inserts`]: each was admitted once, so each is denied.
+    fn check_a_spent_key(store: &WordStore<u64>, keys: u64, i: u64) {
+        let key = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) % keys;
+        assert!(!store.check(&key, || 1, 1, u64::MAX).unwrap().is_allowed());
+    }
+
     /// A migration that inserts began and then stopped feeding ends through checks on
     /// existing keys alone, moved or not: one in `HELP_EVERY` helps with
     /// `STEP_PER_INSERT` slots, so about `HELP_EVERY / STEP_PER_INSERT` checks a slot.
     /// And the keys keep their state through it.
     #[test]
     fn checks_alone_finish_a_migration_that_inserts_began() {
-        let quota = Quota::new(1, Duration::from_secs(3600)).unwrap();
-        let store: WordStore<u64> =
-            WordStore::new(limits(1, usize::MAX), WordPolicy::token_bucket(quota));
-        let migrating = || with_guard(|g| store.shards[0].read(g).next().is_some());
-        let mut keys = 0u64;
-        while keys < 20_000 || !migrating() {
-            assert!(store.check(&keys, || 0, 1, u64::MAX).unwrap().is_allowed());
-            keys += 1;
-        }
-        let capacity = with_guard(|g| store.shards[0].read(g).capacity()) as u64;
+        let (store, keys, capacity) = store_migrating_after_inserts();
         let per_slot = u64::from(HELP_EVERY) / STEP_PER_INSERT as u64;
         let mut checks = 0u64;
-        while migrating() {
-            // Every key was admitted once with a burst of 1: each is denied now.
-            let key = checks.wrapping_mul(0x9e37_79b9_7f4a_7c15) % keys;
-            assert!(!store.check(&key, || 1, 1, u64::MAX).unwrap().is_allowed());
+        while migrating(&store) {
+            check_a_spent_key(&store, keys, checks);
             checks += 1;
             assert!(
                 checks <= 2 * per_slot * capacity,
@@ -1603,6 +1665,30 @@ mod tests {
             checks >= capacity / STEP_PER_INSERT as u64,
             "{checks} checks"
         );
+        assert_eq!(store.len(), keys as usize);
+    }
+
+    /// While an operator's path drives migrations (counted in `driving`, as a quota
+    /// change is), checks leave a migration under way alone however many meet it; once
+    /// the path ends, they help it to its end again.
+    #[test]
+    fn checks_do_not_help_while_an_operator_drives() {
+        let (store, keys, capacity) = store_migrating_after_inserts();
+        let per_slot = u64::from(HELP_EVERY) / STEP_PER_INSERT as u64;
+        {
+            let _driving = Driving::new(&store.driving);
+            // Three times what finishes it when checks help.
+            for i in 0..6 * per_slot * capacity {
+                check_a_spent_key(&store, keys, i);
+            }
+            assert!(migrating(&store), "checks helped while an operator drove");
+        }
+        let mut checks = 0u64;
+        while migrating(&store) {
+            check_a_spent_key(&store, keys, checks);
+            checks += 1;
+            assert!(checks <= 2 * per_slot * capacity, "{checks} checks");
+        }
         assert_eq!(store.len(), keys as usize);
     }
 

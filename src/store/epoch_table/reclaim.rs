@@ -33,7 +33,11 @@
 //! So a table is freed at the first collect after every check that was in flight when it
 //! was retired has finished, and threads that are idle, parked or blocked for hours never
 //! delay it. Collects run after every retire (the writer waits a few microseconds there
-//! for checks in flight) and on the store's other write paths while garbage is pending.
+//! for checks in flight), on the store's other write paths while garbage is pending, and,
+//! once and without waiting ([`Domain::collect_once`]), after a check that went off the
+//! fast path (one that read through a migration) while garbage is pending. A collect
+//! passes the heavy barrier only when a read of the records without it shows that the
+//! oldest garbage may be free.
 //!
 //! # The barriers
 //!
@@ -114,6 +118,9 @@ pub(crate) struct Domain {
     /// the first record is claimed: registering is a system call).
     #[cfg(not(tollgate_loom))]
     membarrier: (bool, std::sync::OnceLock<bool>),
+    /// Heavy barriers passed, for the tests.
+    #[cfg(all(test, not(tollgate_loom)))]
+    barriers: std::sync::atomic::AtomicUsize,
 }
 
 impl Domain {
@@ -139,6 +146,8 @@ impl Domain {
             garbage: Mutex::new(Vec::new()),
             unfreed: AtomicUsize::new(0),
             membarrier: (membarrier, std::sync::OnceLock::new()),
+            #[cfg(all(test, not(tollgate_loom)))]
+            barriers: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -246,24 +255,48 @@ impl Domain {
 
     /// Frees every retired object that no guard in force can hold; if a check in flight
     /// holds some back, reads the records again a few times (checks take nanoseconds)
-    /// before leaving them for a later collect. Returns how many were freed.
+    /// before leaving them for a later collect. Returns how many were freed. The
+    /// writers' collect, after a retire.
     ///
     /// A thread's own guard in force holds back what was retired since it was taken, so
     /// writers collect after dropping theirs.
     pub(crate) fn collect(&self) -> usize {
+        self.collect_within(RESCANS)
+    }
+
+    /// [`collect`](Self::collect) with one read of the records and no wait: the collect
+    /// of a check that retired nothing itself, so that garbage a writer could not free
+    /// goes once the check in flight that held it is over, even if no writer comes.
+    /// While a guard in force visibly holds the garbage it costs one read of the
+    /// records; a check never spins here (a wait of a few microseconds on every check
+    /// that reads through a migration was a tail of its own).
+    pub(crate) fn collect_once(&self) -> usize {
+        self.collect_within(1)
+    }
+
+    /// Frees what no guard in force can hold, reading the records up to `reads` times,
+    /// [`SPINS`] apart. The heavy barrier is passed only once a read without it shows
+    /// that a guard in force does not hold the oldest object: a barrier is a system
+    /// call that interrupts every running thread of the process (an inter-processor
+    /// interrupt each, tens of microseconds on a VM), and while a check that was in
+    /// flight at a retire is preempted, every collect would pass one for nothing.
+    /// Skipping it on a read without it is safe, stale or not: skipping only keeps the
+    /// garbage for a later collect, and freeing still needs the barrier and a read
+    /// after it.
+    fn collect_within(&self, reads: u32) -> usize {
         let mut pending = std::mem::take(&mut *sync::lock(&self.garbage));
         if pending.is_empty() {
             return 0;
         }
         let mut free = Vec::new();
-        if self.heavy_barrier() {
-            for rescan in 0..RESCANS {
+        if self.worth_a_barrier(&pending, reads) && self.heavy_barrier() {
+            for rescan in 0..reads {
                 let oldest = self.oldest_active();
                 let (now, later): (Vec<_>, Vec<_>) =
                     pending.into_iter().partition(|r| r.epoch <= oldest);
                 free.extend(now);
                 pending = later;
-                if pending.is_empty() || rescan + 1 == RESCANS {
+                if pending.is_empty() || rescan + 1 == reads {
                     break;
                 }
                 for _ in 0..SPINS {
@@ -285,10 +318,29 @@ impl Domain {
         freed
     }
 
+    /// Whether a guard in force may have dropped the hold on the oldest of `pending`:
+    /// read without the heavy barrier, up to `reads` times, [`SPINS`] apart.
+    fn worth_a_barrier(&self, pending: &[Retired], reads: u32) -> bool {
+        let first = pending.iter().map(|r| r.epoch).min().unwrap_or(u64::MAX);
+        for read in 0..reads {
+            if first <= self.oldest_active() {
+                return true;
+            }
+            if read + 1 < reads {
+                for _ in 0..SPINS {
+                    sync::spin_loop();
+                }
+            }
+        }
+        false
+    }
+
     /// Makes every reader's epoch store before its light barrier visible to this thread,
     /// or this thread's earlier stores visible to every reader after its light barrier.
     /// False if that could not be ensured (then nothing may be freed).
     fn heavy_barrier(&self) -> bool {
+        #[cfg(all(test, not(tollgate_loom)))]
+        self.barriers.fetch_add(1, Ordering::Relaxed);
         if self.asymmetric() {
             membarrier::private_expedited()
         } else {
@@ -541,6 +593,25 @@ mod tests {
         unsafe { guard.retire(ptr, count_drop) };
     }
 
+    /// A thread that holds a guard of `domain` (a check in flight) until told to drop
+    /// it on the returned channel; returns once the guard is in force.
+    fn hold_a_guard(
+        domain: &'static Domain,
+    ) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let record = domain.claim();
+            let guard = Guard::enter(domain, record, false);
+            held_tx.send(()).unwrap();
+            hold_rx.recv().unwrap();
+            drop(guard);
+            record.claimed.store(false, Ordering::Release);
+        });
+        held_rx.recv().unwrap();
+        (hold_tx, holder)
+    }
+
     /// A domain of its own (leaked: guards borrow it for `'static`).
     fn domain(membarrier: bool) -> &'static Domain {
         Box::leak(Box::new(Domain::with_barrier(membarrier)))
@@ -576,17 +647,7 @@ mod tests {
 
             // A guard in force on another thread holds back what is retired meanwhile,
             // and only until it drops.
-            let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
-            let (held_tx, held_rx) = std::sync::mpsc::channel();
-            let holder = std::thread::spawn(move || {
-                let record = domain.claim();
-                let guard = Guard::enter(domain, record, false);
-                held_tx.send(()).unwrap();
-                hold_rx.recv().unwrap();
-                drop(guard);
-                record.claimed.store(false, Ordering::Release);
-            });
-            held_rx.recv().unwrap();
+            let (hold_tx, holder) = hold_a_guard(domain);
             retire_one(&Guard::enter(domain, me, false));
             assert_eq!(domain.collect(), 0);
             assert_eq!(domain.unfreed(), 1);
@@ -595,6 +656,39 @@ mod tests {
             assert_eq!(domain.collect(), 1);
             idle_tx.send(()).unwrap();
             idle.join().unwrap();
+        }
+    }
+
+    /// While a guard in force on another thread holds the garbage (a check preempted
+    /// in flight), collects pass no heavy barrier, however many run; once it drops, one
+    /// `collect_once` (a single read of the records) frees the garbage.
+    #[test]
+    fn collects_pass_no_barrier_while_a_guard_holds_the_garbage() {
+        for asymmetric in [false, true] {
+            let domain = domain(asymmetric);
+            let me = domain.claim();
+            let (hold_tx, holder) = hold_a_guard(domain);
+            retire_one(&Guard::enter(domain, me, false));
+            let before = domain.barriers.load(Ordering::Relaxed);
+            for _ in 0..100 {
+                assert_eq!(domain.collect_once(), 0);
+            }
+            assert_eq!(domain.collect(), 0);
+            assert_eq!(domain.unfreed(), 1);
+            assert_eq!(
+                domain.barriers.load(Ordering::Relaxed),
+                before,
+                "a collect passed the heavy barrier while a guard held the garbage"
+            );
+            hold_tx.send(()).unwrap();
+            holder.join().unwrap();
+            assert_eq!(domain.collect_once(), 1);
+            assert_eq!(domain.unfreed(), 0);
+            assert_eq!(domain.barriers.load(Ordering::Relaxed), before + 1);
+            // With nothing retired, no barrier either.
+            assert_eq!(domain.collect_once(), 0);
+            assert_eq!(domain.barriers.load(Ordering::Relaxed), before + 1);
+            me.claimed.store(false, Ordering::Release);
         }
     }
 
