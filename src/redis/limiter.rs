@@ -1339,11 +1339,13 @@ fn script_call(
     first: &[u8],
     rest: &[Vec<u8>],
 ) -> redis::Cmd {
-    // Room for the arguments that follow (at most four, and two per extra quota, each
-    // at most 20 digits), so that building the call grows neither buffer.
+    // Room for everything, so that building the call grows neither buffer: the command,
+    // the digest, the key count, the keys, then at most four numbers and two per extra
+    // quota (each at most 20 digits, or a settlement's letter and 20 digits).
     let keys = first.len() + rest.iter().map(Vec::len).sum::<usize>();
-    let args = 3 + 1 + rest.len() + 4 + 2 * rest.len();
-    let mut cmd = redis::Cmd::with_capacity(args, 7 + 40 + 3 + keys + 20 * (args - 3 - rest.len()));
+    let numbers = 4 + 2 * rest.len();
+    let args = 3 + 1 + rest.len() + numbers;
+    let mut cmd = redis::Cmd::with_capacity(args, 7 + 40 + 3 + keys + 21 * numbers);
     if eval {
         cmd.arg("EVAL").arg(source);
     } else {

@@ -27,6 +27,7 @@
 use std::borrow::Borrow;
 use std::hash::{BuildHasher as _, Hash};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
@@ -380,23 +381,23 @@ pub(crate) struct WordStore<K> {
     reconfigure: Mutex<()>,
     /// Operator paths (quota changes, removals) driving migrations to their end right
     /// now: while any does, checks do not help (see [`HELP_EVERY`]).
-    driving: std::sync::atomic::AtomicUsize,
+    driving: AtomicUsize,
 }
 
 /// An operator path's hold on [`WordStore::driving`]: counted while it lives, also if
 /// the path unwinds.
-struct Driving<'a>(&'a std::sync::atomic::AtomicUsize);
+struct Driving<'a>(&'a AtomicUsize);
 
 impl<'a> Driving<'a> {
-    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
-        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
         Self(count)
     }
 }
 
 impl Drop for Driving<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -436,7 +437,7 @@ impl<K: crate::Key> WordStore<K> {
             limits,
             counts: Counts::new(limits.max_keys),
             reconfigure: Mutex::new(()),
-            driving: std::sync::atomic::AtomicUsize::new(0),
+            driving: AtomicUsize::new(0),
         }
     }
 
@@ -636,7 +637,7 @@ impl<K: crate::Key> WordStore<K> {
     /// check in [`HELP_EVERY`] per thread helps it along.
     #[cold]
     fn met_migration(&self, shard: &WordShard<K>, guard: &Guard<'_>, now: u64) {
-        let driven = self.driving.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        let driven = self.driving.load(Ordering::Relaxed) > 0;
         if !driven && helps_this_time() {
             self.help(shard, guard, now);
         }
