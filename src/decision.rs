@@ -105,6 +105,22 @@ impl Decision {
 
     /// A deny because the limiter holds `max_keys` keys and none could make room for this
     /// new one.
+    /// A unit request's decision whose earliest admission is `wait_ns` away: admitted
+    /// when `wait_ns` is 0, else denied with that retry-after. One constructor for both
+    /// outcomes, so a caller that picks between them builds the decision once, in
+    /// registers, rather than through a branch per outcome (a settlement's answer: see
+    /// `Gcra::unit_view`).
+    #[inline(always)]
+    pub(crate) fn waiting(limit: u64, remaining: u64, reset_after_ns: u64, wait_ns: u64) -> Self {
+        Self {
+            verdict: Verdict(u64::from(wait_ns != 0) * Verdict::DENIED),
+            limit,
+            remaining,
+            reset_after_ns,
+            wait_ns,
+        }
+    }
+
     pub(crate) fn capacity_deny(limit: u64, retry_after_ns: u64) -> Self {
         Self {
             verdict: Verdict(Verdict::NO_ROOM),

@@ -687,13 +687,16 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
             return Err(unsupported);
         }
         let now = common.clock.now_ns();
-        // A settlement takes any amount, so the store never finds it too large.
         let decision = match &self.inner.engine {
-            Engine::Word(store) => store.settle(key, now, op),
+            // A held key's decision returns from here, in registers (a fast path never
+            // refuses for room).
+            Engine::Word(store) => match store.settle_held(key, now, op) {
+                Some(decision) => return Ok(decision),
+                None => store.settle_slow(key, now, op),
+            },
             Engine::Compound(store) => store.settle(key, now, op),
             Engine::Log(_) => return Err(unsupported),
-        }
-        .map_err(|_| unsupported)?;
+        };
         if decision.is_capacity_deny() {
             return Err(SettleError::NoRoom {
                 retry_after: decision.retry_after().unwrap_or_default(),

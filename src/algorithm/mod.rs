@@ -315,6 +315,7 @@ impl WordPolicy {
 
     /// The state after `op` at `now` (only the ops [`settles`](Self::settles) allows:
     /// a window counter's state is returned unchanged by a charge).
+    #[inline(always)]
     pub(crate) fn settle(&self, state: u64, now: u64, op: Settle) -> u64 {
         match (&self.kind, op) {
             (WordKind::TokenBucket(g) | WordKind::LeakyBucket(LeakyBucket(g)), op) => {

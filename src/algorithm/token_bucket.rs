@@ -67,6 +67,7 @@ impl Gcra {
     /// than `τ` ahead, and a unit request passes again once `now ≥ tat − τ`, so the debt
     /// is repaid at the quota's rate. A refund of `n` moves it `n·T` earlier, but never
     /// before `now` (a full bucket).
+    #[inline(always)]
     pub(crate) fn settle(&self, tat: u64, now: u64, op: super::Settle) -> u64 {
         let amount = |n: u64| clamp_ns(u128::from(n) * u128::from(self.t));
         match op {
@@ -81,12 +82,8 @@ impl Gcra {
     #[inline]
     pub(crate) fn unit_view(&self, tat: u64, now: u64) -> Decision {
         let (remaining, reset) = (self.remaining(tat, now), tat.saturating_sub(now));
-        let earliest = tat.saturating_sub(self.tau);
-        if now < earliest {
-            Decision::deny(self.burst, remaining, reset, earliest - now)
-        } else {
-            Decision::allow(self.burst, remaining, reset)
-        }
+        let wait = tat.saturating_sub(self.tau).saturating_sub(now);
+        Decision::waiting(self.burst, remaining, reset, wait)
     }
 
     /// Unit requests admissible at `now` when the bucket's TAT is `tat`.

@@ -61,26 +61,22 @@ impl<K: crate::Key> Compound<K> {
     /// Applies `settle` to every quota; the most constraining result (a capacity refusal
     /// of a new key, if any quota's store had no room for it: the quotas before it then
     /// give the charge back, so nothing changes).
-    pub(crate) fn settle<Q>(
-        &self,
-        key: &Q,
-        now: u64,
-        settle: Settle,
-    ) -> Result<Decision, InsufficientCapacity>
+    pub(crate) fn settle<Q>(&self, key: &Q, now: u64, settle: Settle) -> Decision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        // A capacity refusal of a new key comes as a decision: it ends the settlement too.
+        // A capacity refusal of a new key comes as a decision: it ends the settlement.
         settle
             .all(self.stores.iter(), |store, settle| {
-                match store.settle(key, now, settle) {
-                    Ok(decision) if decision.is_capacity_deny() => Err(Ok(decision)),
-                    Ok(decision) => Ok(decision),
-                    Err(e) => Err(Err(e)),
+                let decision = store.settle(key, now, settle);
+                if decision.is_capacity_deny() {
+                    Err(decision)
+                } else {
+                    Ok(decision)
                 }
             })
-            .map_or_else(|refused| refused, Ok)
+            .unwrap_or_else(|refused| refused)
     }
 
     /// The decision a request of `cost` would get at `now` under every quota, consuming
@@ -243,9 +239,7 @@ impl<K: crate::Key> Part<K> for WordStore<K> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // A refund takes any amount, and finds the key it just admitted.
-        self.settle(key, now, Settle::Refund(cost))
-            .ok()
-            .map(|after| after.remaining())
+        Some(self.settle(key, now, Settle::Refund(cost)).remaining())
     }
 
     fn part_peek<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<Decision, InsufficientCapacity>
@@ -416,7 +410,7 @@ mod tests {
             assert!(both.check(&key, || 0, 1, u64::MAX).unwrap().is_allowed());
         }
         let now = 1_000_000_000;
-        let refused = both.settle(&3, now, Settle::Charge(5_000)).unwrap();
+        let refused = both.settle(&3, now, Settle::Charge(5_000));
         assert!(refused.is_capacity_deny(), "{refused:?}");
         let first = both.first().peek(&3, now, 1).unwrap();
         assert!(

@@ -552,29 +552,61 @@ impl<K: crate::Key> WordStore<K> {
     /// the state before it) if a deny of this key may be cached: a refund may admit a
     /// cached deny's key, and a charge moves its retry-after later (see
     /// [`Settle::may_outdate`]).
+    ///
+    /// Infallible: a settlement takes any amount, so the capacity test that can refuse a
+    /// check never refuses it.
     #[inline]
-    pub(crate) fn settle<Q>(
-        &self,
-        key: &Q,
-        now: u64,
-        settle: Settle,
-    ) -> Result<Decision, InsufficientCapacity>
+    pub(crate) fn settle<Q>(&self, key: &Q, now: u64, settle: Settle) -> Decision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let op = Op::Settle(settle);
-        let hash = self.hash(key);
-        let decided = match self.fast(self.shard(hash), hash, key, now, op, |_| true) {
-            Some(decision) => Ok(decision),
-            None => self.decide_slow(hash, key, now, op),
-        };
-        if let Ok(decision) = &decided {
-            if settle.may_outdate(decision) {
-                self.denies.invalidate();
-            }
+        match self.settle_held(key, now, settle) {
+            Some(decision) => decision,
+            None => self.settle_slow(key, now, settle),
         }
-        decided
+    }
+
+    /// [`settle`](Self::settle)'s lock-free path, for a key the shard holds (never a
+    /// capacity deny): `None` leaves the settlement to
+    /// [`settle_slow`](Self::settle_slow). A caller that returns the decision from here
+    /// and the slow path's from another branch keeps it in registers: merged into one
+    /// value, it went through the stack and its copy stalled on store forwarding.
+    #[inline(always)]
+    pub(crate) fn settle_held<Q>(&self, key: &Q, now: u64, settle: Settle) -> Option<Decision>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hash(key);
+        let op = Op::Settle(settle);
+        let decision = self.fast(self.shard(hash), hash, key, now, op, |_| true)?;
+        if settle.may_outdate(&decision) {
+            self.denies.invalidate();
+        }
+        Some(decision)
+    }
+
+    /// [`settle`](Self::settle) for a key [`settle_held`](Self::settle_held) did not
+    /// decide: absent, being moved or just removed.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn settle_slow<Q>(&self, key: &Q, now: u64, settle: Settle) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let hash = self.hash(key);
+        // `Op::fits` admits every settlement, so `decide_slow` has no error to return
+        // for one; were it ever to, the settlement would be refused as a capacity deny
+        // (the caller's `NoRoom`, nothing written) rather than lost or panicking.
+        let decision = self
+            .decide_slow(hash, key, now, Op::Settle(settle))
+            .unwrap_or_else(|e| Decision::capacity_deny(e.capacity, 1));
+        if settle.may_outdate(&decision) {
+            self.denies.invalidate();
+        }
+        decision
     }
 
     /// Every case the fast path leaves: a cost above capacity, an absent key (peeked or
@@ -1556,7 +1588,7 @@ mod tests {
                     0 => store.set_default_quota(quota(&mut rng), || now).unwrap(),
                     1..=50 => {
                         let n = rng.next_u64() % 4;
-                        store.settle(&key, now, Settle::Charge(n)).unwrap();
+                        store.settle(&key, now, Settle::Charge(n));
                     }
                     _ => {
                         let _ = store.check(&key, || now, 1, u64::MAX).unwrap();
