@@ -350,6 +350,12 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     {
         let common = &self.inner.common;
         let now = || common.clock.now_ns();
+        // Several quotas: the decision goes straight to this function's result.
+        if let Engine::Compound(store) = &self.inner.engine {
+            let decision = store.check_unit(key, now());
+            common.record(key, &decision);
+            return decision;
+        }
         let decision = unit(on_store!(&self.inner.engine, s => s.check(key, now, 1, u64::MAX)));
         common.record(key, &decision);
         decision
@@ -1000,7 +1006,7 @@ impl<K: Key, C: Clock> Builder<K, C> {
 /// The decision of a unit request: every quota admits at least one unit at once, so a
 /// cost of 1 always fits.
 #[inline(always)]
-fn unit(decided: Result<Decision, InsufficientCapacity>) -> Decision {
+pub(crate) fn unit(decided: Result<Decision, InsufficientCapacity>) -> Decision {
     decided.unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
 }
 

@@ -506,6 +506,47 @@ impl<K: crate::Key> WordStore<K> {
         Ok(decision)
     }
 
+    /// [`check`](Self::check) without its slow path: the decision from this thread's
+    /// deny cache or from the lock-free path, `None` (nothing consumed) for a key the
+    /// fast path leaves to [`decide_slow`](Self::decide_slow). For a caller that returns
+    /// this decision from one branch and a slow path's from another, so that it stays
+    /// in registers (a compound check: see `compound::check_all`). `check` keeps its own
+    /// copy of these lines, tuned for the single quota's path.
+    #[inline(always)]
+    pub(crate) fn check_held<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Option<Decision>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hash(key);
+        let shard = self.shard(hash);
+        let cacheable = Denies::applies(true, cost, max_delay);
+        let generation = if cacheable {
+            self.denies.generation()
+        } else {
+            0
+        };
+        if cacheable {
+            if let Some(denied) = self.denies.lookup(generation, hash, key, now) {
+                return Some(denied);
+            }
+        }
+        let op = Op::Check { cost, max_delay };
+        let decision = self.fast(shard, hash, key, now, op, |policy| {
+            cost <= 1 || cost <= policy.capacity()
+        })?;
+        if cacheable {
+            self.denies.remember(generation, hash, key, now, &decision);
+        }
+        Some(decision)
+    }
+
     /// The lock-free path of a write to a key the shard holds, if `eligible` for its
     /// policy: `None` for an absent key, one being moved or removed, or one not eligible
     /// (then [`decide_slow`](Self::decide_slow) decides).

@@ -330,7 +330,9 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
                 .check(key, || common.clock.now_ns(), n, max_delay)
         } else {
             let now = common.clock.now_ns();
-            check_all(&Quotas(&self.inner), key, now, n, max_delay)
+            check_all(&Quotas(&self.inner), key, now, n, max_delay, |decided| {
+                decided
+            })
         };
         common.record_n(key, &decided);
         decided
