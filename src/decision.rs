@@ -103,8 +103,6 @@ impl Decision {
         }
     }
 
-    /// A deny because the limiter holds `max_keys` keys and none could make room for this
-    /// new one.
     /// A unit request's decision whose earliest admission is `wait_ns` away: admitted
     /// when `wait_ns` is 0, else denied with that retry-after. One constructor for both
     /// outcomes, so a caller that picks between them builds the decision once, in
@@ -121,6 +119,8 @@ impl Decision {
         }
     }
 
+    /// A deny because the limiter holds `max_keys` keys and none could make room for this
+    /// new one.
     pub(crate) fn capacity_deny(limit: u64, retry_after_ns: u64) -> Self {
         Self {
             verdict: Verdict(Verdict::NO_ROOM),
