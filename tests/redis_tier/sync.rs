@@ -1246,6 +1246,92 @@ async fn keys_far_from_their_limit_are_never_denied_and_cost_redis_nothing() {
     stop(nodes).await;
 }
 
+/// The same at the fleet's and the key count's edge: 16 nodes share 1,000/s (a cold
+/// share of 62 at once each) and check a million keys between them, each key on two
+/// nodes, far under its quota. Every check gets the cold share's exact answer, no key
+/// turns hot, Redis runs under 1% as many commands as there are checks, every node
+/// counts all 16, every node's rounds go on while it holds the keys, and all of them
+/// are dropped once idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_keys_on_sixteen_nodes_cost_redis_nothing() {
+    const NODES: usize = 16;
+    const KEYS: usize = 1_000_000;
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    let nodes = nodes(
+        &server,
+        Algorithm::TokenBucket,
+        Quota::per_second(1_000).unwrap(),
+        SyncMode::Reconcile,
+        "million16",
+        NODES,
+    );
+    cold_tier_on(&nodes).await;
+    // Every node knows the whole fleet before the shares are relied on.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !nodes.iter().all(|(_, h)| h.stats().nodes == NODES as u64) {
+        assert!(Instant::now() < deadline, "{:?}", nodes[0].1.stats());
+        // Waits for the heartbeats of the 16 sync tasks in the real Redis process.
+        tokio::time::sleep(INTERVAL).await;
+    }
+    let names: Vec<String> = (0..KEYS).map(|i| format!("k{i}")).collect();
+    let rounds_before: Vec<u64> = nodes.iter().map(|(_, h)| h.stats().syncs).collect();
+    let before = redis_commands(&server).await;
+    let mut checks = 0u64;
+    for (i, name) in names.iter().enumerate() {
+        for node in [i % NODES, (i + 1) % NODES] {
+            checks += 1;
+            // A node's cold share is ⌊1000 / 16⌋ = 62 at once: one spent, 61 left.
+            let decision = nodes[node].0.check(name);
+            assert!(
+                decision.is_allowed() && decision.remaining() == 61,
+                "{name} on node {node}: {decision:?}"
+            );
+        }
+        if i % 10_000 == 0 {
+            // Lets the sync tasks run on this worker too.
+            tokio::task::yield_now().await;
+        }
+    }
+    // A few rounds with all of them held.
+    tokio::time::sleep(INTERVAL * 6).await;
+    let commands = redis_commands(&server).await - before;
+    let rounds: u64 = nodes
+        .iter()
+        .zip(&rounds_before)
+        .map(|((_, handle), before)| handle.stats().syncs - before)
+        .sum();
+    // What Redis ran is the rounds' own cost (about 10 commands a round here, whatever
+    // the 125,000 keys a node holds), not the checks'.
+    assert!(
+        commands <= 20 * rounds && 20 * commands < checks,
+        "{commands} Redis commands for {checks} checks and {rounds} rounds"
+    );
+    for (node, ((_, handle), before)) in nodes.iter().zip(&rounds_before).enumerate() {
+        let stats = handle.stats();
+        assert_eq!(
+            (stats.errors, stats.keys_turned_hot, stats.hot_keys),
+            (0, 0, 0),
+            "node {node}: {stats:?}"
+        );
+        assert!(stats.syncs > *before, "node {node}: no round: {stats:?}");
+    }
+    // Full again within 62 ms at a node's share, every key is dropped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Some((node, (limiter, _))) =
+        nodes.iter().enumerate().find(|(_, (l, _))| !l.is_empty())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "node {node} holds {} keys",
+            limiter.len()
+        );
+        // Waits for the sync tasks to release the idle keys in the real Redis process.
+        tokio::time::sleep(INTERVAL).await;
+    }
+    stop(nodes).await;
+}
+
 /// Right after the build, a new key's check is denied until this node has heard Redis
 /// (with the cold tier, until it has read which keys are hot elsewhere); `ready` waits
 /// for exactly that, so the first check after it is admitted. With Redis unreachable it
