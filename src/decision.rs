@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::error::InsufficientCapacity;
+
 /// What kind of answer a [`Decision`] is, and for which of the limiter's quotas: the
 /// verdict in the low byte, the quota's index above it.
 ///
@@ -283,4 +285,12 @@ impl Decision {
     pub(crate) fn retry_after_ns(&self) -> u64 {
         if self.is_allowed() { 0 } else { self.wait_ns }
     }
+}
+
+/// The decision of a unit request: every quota admits at least one unit at once, so a
+/// cost of 1 always fits, and the error is never met (were it ever, it would be a deny
+/// that never passes, not a panic).
+#[inline(always)]
+pub(crate) fn unit(decided: Result<Decision, InsufficientCapacity>) -> Decision {
+    decided.unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
 }

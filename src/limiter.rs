@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::algorithm::{Algorithm, Plan, Policy, Settle, WordPolicy};
 use crate::clock::{Clock, MonotonicClock};
-use crate::decision::Decision;
+use crate::decision::{Decision, unit};
 use crate::error::{ConfigError, InsufficientCapacity, SettleError};
 use crate::quota::Quota;
 use crate::store::state::LogCell;
@@ -434,8 +434,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.peek_n(key, 1)
-            .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+        unit(self.peek_n(key, 1))
     }
 
     /// [`peek`](Self::peek) for a request of cost `n`.
@@ -1001,13 +1000,6 @@ impl<K: Key, C: Clock> Builder<K, C> {
         });
         limiter
     }
-}
-
-/// The decision of a unit request: every quota admits at least one unit at once, so a
-/// cost of 1 always fits.
-#[inline(always)]
-pub(crate) fn unit(decided: Result<Decision, InsufficientCapacity>) -> Decision {
-    decided.unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
 }
 
 /// The most shards a limiter may have: 65,536 (a few MiB of empty shards; more would

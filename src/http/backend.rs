@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::clock::Clock;
-use crate::decision::Decision;
+use crate::decision::{Decision, unit};
 use crate::limiter::RateLimiter;
 use crate::quota::Quota;
 #[cfg(feature = "redis")]
@@ -97,8 +97,7 @@ macro_rules! in_process {
                 if max_delay == u64::MAX {
                     $limiter::check(self, key)
                 } else {
-                    self.check_within(key, 1, max_delay)
-                        .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+                    unit(self.check_within(key, 1, max_delay))
                 }
             }
         }

@@ -18,7 +18,7 @@ use http::Request;
 
 use super::extract::{ExtractKey, KeyLimits, KeyRejection};
 use crate::clock::Clock;
-use crate::decision::Decision;
+use crate::decision::{Decision, unit};
 use crate::limiter::RateLimiter;
 use crate::quota::Quota;
 
@@ -65,11 +65,11 @@ where
         max_delay: u64,
     ) -> Result<Option<Decision>, KeyRejection> {
         match self.key.extract(head, limits) {
-            Ok(key) => Ok(Some(
-                self.limiter
-                    .check_within(key.borrow(), 1, max_delay)
-                    .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX)),
-            )),
+            Ok(key) => Ok(Some(unit(self.limiter.check_within(
+                key.borrow(),
+                1,
+                max_delay,
+            )))),
             Err(KeyRejection::Missing) => Ok(None),
             Err(why) => Err(why),
         }

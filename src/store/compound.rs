@@ -68,7 +68,7 @@ impl<K: crate::Key> Compound<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        check_all(&*self.stores, key, now, 1, u64::MAX, crate::limiter::unit)
+        check_all(&*self.stores, key, now, 1, u64::MAX, crate::decision::unit)
     }
 
     /// Applies `settle` to every quota; the most constraining result (a capacity refusal

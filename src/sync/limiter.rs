@@ -13,7 +13,7 @@ use super::cell::SyncCell;
 use crate::algorithm::Algorithm;
 use crate::algorithm::Settle;
 use crate::clock::{Clock, MonotonicClock};
-use crate::decision::Decision;
+use crate::decision::{Decision, unit};
 use crate::error::{ConfigError, InsufficientCapacity, SettleError};
 use crate::limiter::{Common, Key};
 use crate::quota::Quota;
@@ -294,8 +294,7 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.check_n(key, 1)
-            .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+        unit(self.check_n(key, 1))
     }
 
     /// Checks a request of cost `n` for `key`: all `n` units are admitted together, or
@@ -590,10 +589,7 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         Q: Hash + Eq + ?Sized,
     {
         let now = self.inner.common.clock.now_ns();
-        self.inner
-            .store
-            .peek(key, now, 1)
-            .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+        unit(self.inner.store.peek(key, now, 1))
     }
 
     /// The decision a unit request for `key` would get now on this node, consuming
@@ -603,8 +599,7 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.peek_n(key, 1)
-            .unwrap_or_else(|e| Decision::deny(e.capacity, 0, 0, u64::MAX))
+        unit(self.peek_n(key, 1))
     }
 
     /// [`peek`](Self::peek) for a request of cost `n`.
