@@ -74,7 +74,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
     ///
     /// Takes the shard's read lock for an existing key, its write lock for a new one, and
     /// no lock at all for a unit request the thread saw denied until a later instant.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn check<Q>(
         &self,
         key: &Q,
@@ -99,7 +99,43 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         )
     }
 
-    #[inline]
+    /// [`check`](Self::check) of a unit request at `now`: a key the store holds is
+    /// decided under the read lock and its decision returned from that branch, in
+    /// registers; everything else (a new key, a deny the thread may have cached, a
+    /// policy with no capacity at all) goes through [`check`](Self::check) out of line.
+    ///
+    /// Takes the locks [`check`](Self::check) takes.
+    #[cfg(feature = "redis")]
+    #[inline(always)]
+    pub(crate) fn check_unit<Q>(&self, key: &Q, now: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if !S::DENIES_ARE_STABLE {
+            let hash = self.hasher.hash_one(key);
+            let shard = self.shard(hash).read();
+            if let Some(entry) = shard.find(hash, key) {
+                let policy = shard.policy_for(hash, key);
+                if policy.capacity() > 0 {
+                    return entry.state.check(policy, now, 1, u64::MAX);
+                }
+            }
+        }
+        self.check_unit_slow(key, now)
+    }
+
+    #[cfg(feature = "redis")]
+    #[inline(never)]
+    fn check_unit_slow<Q>(&self, key: &Q, now: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        crate::decision::unit(self.check(key, || now, 1, u64::MAX))
+    }
+
+    #[inline(always)]
     fn decide<Q>(
         &self,
         hash: u64,

@@ -96,6 +96,7 @@ impl Cold {
     }
 
     /// Whole tokens a cold key whose GCRA stands at `tat` has at `now`.
+    #[inline]
     fn left(&self, tat: u64, now: u64) -> u64 {
         let room = self.tau_ns + self.t_ns;
         room.saturating_sub(tat.saturating_sub(now)) / self.t_ns.max(1)
@@ -341,6 +342,7 @@ impl SyncCell {
             && self.aside.books.try_lock().is_some_and(|b| b.released)
     }
 
+    #[inline]
     fn decision(policy: &SyncPolicy, allowed: bool, remaining: u64) -> Decision {
         if allowed {
             Decision::allow(policy.capacity, remaining, policy.interval_ns)
@@ -376,6 +378,7 @@ impl SyncCell {
     /// this node may no longer vouch for its share (it has not read the keys turned hot
     /// for too long: the share may be another node's by now), the key spends only what
     /// its share held then, with no refill: the fallback's one-time budget.
+    #[inline(always)]
     fn check_cold(
         &self,
         policy: &SyncPolicy,
@@ -631,7 +634,7 @@ impl State for SyncCell {
     /// The leaky bucket first joins this node's queue (refusing, consuming nothing, a
     /// slot more than `max_delay` away), and leaves it again if the key has nothing to
     /// spend.
-    #[inline]
+    #[inline(always)]
     fn check(&self, policy: &SyncPolicy, now: u64, cost: u64, max_delay: u64) -> Decision {
         match policy.outage {
             OutageMode::Open => {

@@ -288,13 +288,20 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
     ///
     /// # Locking behaviour
     /// The read lock of the key's shard (its write lock for a new key).
-    #[inline]
+    #[inline(always)]
     pub fn check<Q>(&self, key: &Q) -> Decision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        unit(self.check_n(key, 1))
+        let common = &self.inner.common;
+        if !self.inner.also.is_empty() {
+            return unit(self.check_n(key, 1));
+        }
+        // Inlined into the caller, so the decision's fields stay in registers.
+        let decision = self.inner.store.check_unit(key, common.clock.now_ns());
+        common.record(key, &decision);
+        decision
     }
 
     /// Checks a request of cost `n` for `key`: all `n` units are admitted together, or
@@ -312,6 +319,7 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
 
     /// [`check_n`](Self::check_n), refusing (as a deny, consuming nothing) a leaky-bucket
     /// admission whose slot would be more than `max_delay` ns away.
+    #[inline(always)]
     pub(crate) fn check_within<Q>(
         &self,
         key: &Q,
@@ -623,7 +631,7 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::sync::cell::{Cold, SyncPolicy};
+    use crate::sync::cell::{Cold, OutageMode, SyncPolicy};
 
     /// A limiter of `policies` (its own first) with no sync task: its keys hold what
     /// the policies give them.
@@ -694,6 +702,60 @@ mod tests {
                 new_keys: true,
             }),
             ..hot(n, 0)
+        }
+    }
+
+    /// A unit check (its own path, the decision returned from the branch that found the
+    /// key) decides exactly as `check_n(key, 1)`: new and known keys, hot and cold,
+    /// admitted and denied, under each outage mode, as the clock moves.
+    #[test]
+    fn a_unit_check_decides_as_check_n_of_one() {
+        // Each policy, with whether its run admits some requests and denies some.
+        let policies = [
+            (hot(10, 3), true, true),
+            (hot(10, 0), false, true),
+            (cold(10, 4), true, true),
+            (
+                SyncPolicy {
+                    outage: OutageMode::Open,
+                    ..hot(10, 0)
+                },
+                true,
+                false,
+            ),
+            (
+                SyncPolicy {
+                    outage: OutageMode::Closed,
+                    ..cold(10, 4)
+                },
+                false,
+                true,
+            ),
+        ];
+        for (policy, admits, denies) in policies {
+            let (unit, by_n) = (limiter(&[policy]), limiter(&[policy]));
+            for step in 0..40u64 {
+                let key = step % 2;
+                let (a, b) = (unit.check(&key), by_n.check_n(&key, 1).unwrap());
+                assert_eq!(a, b, "{policy:?}, step {step}");
+                for l in [&unit, &by_n] {
+                    l.inner
+                        .common
+                        .clock
+                        .advance(std::time::Duration::from_micros(100));
+                }
+            }
+            let (stats, by_n) = (unit.stats(), by_n.stats());
+            assert_eq!(
+                (stats.allowed, stats.denied),
+                (by_n.allowed, by_n.denied),
+                "{policy:?}"
+            );
+            assert_eq!(
+                (stats.allowed > 0, stats.denied > 0),
+                (admits, denies),
+                "{policy:?}"
+            );
         }
     }
 
