@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::algorithm::Policy;
+use crate::algorithm::{Divisor, Policy};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::Quota;
@@ -52,6 +52,9 @@ pub(crate) struct Cold {
     pub(crate) until: u64,
     /// Whether keys first seen start cold (else hot, under the fallback).
     pub(crate) new_keys: bool,
+    /// `t_ns` (at least 1) as a multiply-and-shift divisor: a cold check's remaining
+    /// tokens divide by it.
+    per_t: Divisor,
 }
 
 impl Cold {
@@ -69,22 +72,31 @@ impl Cold {
         let nodes = nodes.max(1);
         let burst = capacity / (nodes * if windowed { 2 } else { 1 });
         let t_ns = Self::t_ns(ticks, nodes, windowed);
-        (burst >= 1).then(|| Self {
+        (burst >= 1).then(|| Self::new(t_ns, burst, until))
+    }
+
+    /// A share of `burst` tokens (at least 1) at `t_ns` a token, vouched for until
+    /// `until`, for new keys too.
+    pub(crate) fn new(t_ns: u64, burst: u64, until: u64) -> Self {
+        Self {
             t_ns,
-            tau_ns: (burst - 1).saturating_mul(t_ns),
+            tau_ns: burst.max(1).saturating_sub(1).saturating_mul(t_ns),
             until,
             new_keys: true,
-        })
+            per_t: Divisor::new(t_ns.max(1)),
+        }
+    }
+
+    /// This share, with keys first seen starting cold (`true`) or hot.
+    pub(crate) fn for_new_keys(self, new_keys: bool) -> Self {
+        Self { new_keys, ..self }
     }
 
     /// The cold tier of a node that has not read the keys turned hot yet (it starts):
     /// new keys start cold, but nothing is admitted on them until it has.
-    pub(crate) const UNVOUCHED: Self = Self {
-        t_ns: u64::MAX,
-        tau_ns: 0,
-        until: 0,
-        new_keys: true,
-    };
+    pub(crate) fn unvouched() -> Self {
+        Self::new(u64::MAX, 1, 0)
+    }
 
     /// The ns per token of a node's cold share among `nodes` nodes, at `ticks` µs per
     /// token of the whole rate (half the node's share of the rate for the window
@@ -98,8 +110,8 @@ impl Cold {
     /// Whole tokens a cold key whose GCRA stands at `tat` has at `now`.
     #[inline]
     fn left(&self, tat: u64, now: u64) -> u64 {
-        let room = self.tau_ns + self.t_ns;
-        room.saturating_sub(tat.saturating_sub(now)) / self.t_ns.max(1)
+        let room = self.tau_ns.saturating_add(self.t_ns);
+        self.per_t.div(room.saturating_sub(tat.saturating_sub(now)))
     }
 }
 
@@ -757,6 +769,38 @@ mod tests {
             .count() as u64
     }
 
+    /// A cold share's remaining tokens, divided by multiply and shift, are the plain
+    /// quotient, at the smallest and largest ns per token and bursts.
+    #[test]
+    fn a_cold_share_counts_its_tokens_by_plain_division() {
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for t_ns in [
+            1,
+            3,
+            1_000,
+            10_000_000,
+            (1 << 40) + 7,
+            u64::MAX / 3,
+            u64::MAX,
+        ] {
+            for burst in [1, 2, 100_000, u64::MAX] {
+                let cold = Cold::new(t_ns, burst, u64::MAX);
+                for _ in 0..1_000 {
+                    let (tat, now) = (next() >> (next() % 64), next() >> (next() % 64));
+                    let room = cold.tau_ns.saturating_add(cold.t_ns);
+                    let expected = room.saturating_sub(tat.saturating_sub(now)) / t_ns;
+                    assert_eq!(cold.left(tat, now), expected, "{t_ns} {burst} {tat} {now}");
+                }
+            }
+        }
+    }
+
     /// A `u64` key and the words a check touches fit one 64-byte table entry, key first:
     /// the books are out of line.
     #[test]
@@ -845,15 +889,12 @@ mod tests {
         assert_eq!(admitted(&cell, &policy, 60 * SECOND, 1_000), 0);
         assert_eq!(cell.flags.load(Ordering::Acquire) & WANT_HOT, 0);
         let lapsed = SyncPolicy {
-            cold: policy.cold.map(|c| Cold {
-                new_keys: false,
-                ..c
-            }),
+            cold: policy.cold.map(|c| c.for_new_keys(false)),
             ..policy
         };
         assert!(!node::is_cold(&SyncCell::fresh(&lapsed)));
         let unvouched = SyncPolicy {
-            cold: Some(Cold::UNVOUCHED),
+            cold: Some(Cold::unvouched()),
             ..policy
         };
         let cell = SyncCell::fresh(&unvouched);

@@ -682,11 +682,7 @@ mod tests {
             let cold = self.cold.unwrap();
             let burst = cold.tau_ns / cold.t_ns + 1;
             Self {
-                cold: Some(Cold {
-                    t_ns,
-                    tau_ns: (burst - 1) * t_ns,
-                    ..cold
-                }),
+                cold: Some(Cold::new(t_ns, burst, cold.until).for_new_keys(cold.new_keys)),
                 ..self
             }
         }
@@ -695,12 +691,7 @@ mod tests {
     /// Cold keys at a share of `burst` (1 ms a token).
     fn cold(n: u64, burst: u64) -> SyncPolicy {
         SyncPolicy {
-            cold: Some(Cold {
-                t_ns: 1_000_000,
-                tau_ns: (burst - 1) * 1_000_000,
-                until: u64::MAX,
-                new_keys: true,
-            }),
+            cold: Some(Cold::new(1_000_000, burst, u64::MAX)),
             ..hot(n, 0)
         }
     }

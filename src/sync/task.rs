@@ -244,7 +244,7 @@ where
         let policy = store.default_policy();
         store.set_policy(
             SyncPolicy {
-                cold: Some(Cold::UNVOUCHED),
+                cold: Some(Cold::unvouched()),
                 ..policy
             },
             0,
@@ -757,10 +757,7 @@ impl Task {
             h.nodes_at = now;
         }
         let want = match h.read_at {
-            None => Some(Cold {
-                new_keys: !p.driver.in_fallback(),
-                ..Cold::UNVOUCHED
-            }),
+            None => Some(Cold::unvouched().for_new_keys(!p.driver.in_fallback())),
             Some(at) => {
                 let until = at.saturating_add(tier.valid_ns);
                 Cold::share(
@@ -770,10 +767,7 @@ impl Task {
                     tier.windowed,
                     until,
                 )
-                .map(|c| Cold {
-                    new_keys: now < until,
-                    ..c
-                })
+                .map(|c| c.for_new_keys(now < until))
             }
         };
         let policy = store.default_policy();
