@@ -1,5 +1,5 @@
-//! The word store's key hash: two multiplies and two adds for a key that hashes as a
-//! single integer (`u64`, `u32`, `usize`, newtypes of them), ahash for every other key.
+//! The stores' key hash: two multiplies and two adds for a key that hashes as a single
+//! integer (`u64`, `u32`, `usize`, newtypes of them), ahash for every other key.
 //!
 //! A check's steps form one dependent chain (key → hash → slot → CAS), and the CAS keeps
 //! the next check's loads from starting early, so the hash's latency is paid on every

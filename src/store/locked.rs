@@ -4,13 +4,14 @@
 //! per-key mutex.
 
 use std::borrow::Borrow;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 
 use super::counts::Counts;
 use super::deny_cache::Denies;
+use super::hash::{KeyHashing, for_table};
 use super::shard::Shard;
 use super::state::State;
 use super::table::Entry;
@@ -26,7 +27,7 @@ type Locked<K, S> = CachePadded<RwLock<Shard<K, S>>>;
 /// A sharded, capped map from keys to state, with per-shard policies.
 pub(crate) struct Store<K, S: State> {
     shards: Box<[Locked<K, S>]>,
-    hasher: ahash::RandomState,
+    hasher: KeyHashing,
     denies: Denies,
     /// `log2(shards.len())`.
     shard_bits: u32,
@@ -40,7 +41,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
     /// A store with `limits.shards` shards (a power of two), all under `policy`.
     pub(crate) fn new(limits: Limits, policy: S::Policy) -> Self {
         debug_assert!(limits.shards.is_power_of_two());
-        let hasher = ahash::RandomState::new();
+        let hasher = KeyHashing::new();
         Self {
             shards: (0..limits.shards)
                 .map(|i| CachePadded::new(RwLock::new(Shard::new(policy, hasher.hash_one(i)))))
@@ -54,18 +55,21 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         }
     }
 
+    /// The hash the store reads for `key`, as the word store's: its [`KeyHashing`] hash
+    /// rotated past the shard bits ([`for_table`]), so its low `shard_bits` bits pick the
+    /// shard and its high 32 bits the home slot.
+    #[inline(always)]
+    fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        for_table(self.hasher.hash_one(key), self.shard_bits)
+    }
+
     #[inline]
     fn shard(&self, hash: u64) -> &RwLock<Shard<K, S>> {
-        let index = if self.shard_bits == 0 {
-            0
-        } else {
-            (hash >> (u64::BITS - self.shard_bits)) as usize
-        };
-        &self.shards[index]
+        &self.shards[hash as usize & (self.shards.len() - 1)]
     }
 
     fn rehash(&self) -> impl Fn(&K) -> u64 + '_ {
-        |key| self.hasher.hash_one(key)
+        |key| self.hash(key)
     }
 
     /// Decides a request of `cost` for `key` at `now`, inserting the key if it is new
@@ -86,7 +90,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let now = now();
         self.denies.check(
             hash,
@@ -113,7 +117,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         if !S::DENIES_ARE_STABLE {
-            let hash = self.hasher.hash_one(key);
+            let hash = self.hash(key);
             let shard = self.shard(hash).read();
             if let Some(entry) = shard.find(hash, key) {
                 let policy = shard.policy_for(hash, key);
@@ -222,7 +226,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let lock = self.shard(hash);
         {
             let shard = lock.read();
@@ -260,7 +264,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let shard = self.shard(hash).read();
         let policy = shard.policy_for(hash, key);
         fits(policy, cost)?;
@@ -278,7 +282,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let removed = self.shard(hash).write().remove(hash, key, self.rehash());
         if removed {
             self.counts.removed();
@@ -297,7 +301,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let mut shard = self.shard(hash).write();
         if !shard
             .find(hash, key)
@@ -319,7 +323,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
     ///
     /// Takes the key's shard write lock.
     pub(crate) fn set_key_quota(&self, key: K, policy: Option<S::Policy>, now: impl Fn() -> u64) {
-        let hash = self.hasher.hash_one(&key);
+        let hash = self.hash(&key);
         let mut shard = self.shard(hash).write();
         shard.set_key_quota(hash, key, policy, now(), self.rehash());
         drop(shard);
@@ -334,7 +338,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         *self.shard(hash).read().policy_for(hash, key)
     }
 
@@ -395,7 +399,7 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let shard = self.shard(hash).read();
         shard
             .find(hash, key)

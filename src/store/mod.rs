@@ -1,9 +1,8 @@
 //! The sharded maps that hold each key's state, and their policy.
 //!
 //! Keys are spread over a power-of-two number of cache-padded shards. A key is hashed
-//! once: in the word store by [`hash::KeyHashing`] (two multiplies for integer
-//! keys), whose top bits pick the shard and the 32 below them the home slot; in the
-//! locked store by ahash, whose top bits pick the shard.
+//! once, in both stores by [`hash::KeyHashing`] (two multiplies for integer keys, ahash
+//! for the others), whose top bits pick the shard and the 32 below them the home slot.
 //!
 //! - The word algorithms (token bucket, leaky bucket, window counters) use
 //!   [`WordStore`]: each shard is an open-addressing table of `{state word, key}` slots

@@ -11,7 +11,7 @@
 //! position plus one in the low 24 bits. A lookup probes from the key's home slot and
 //! compares keys only where the tag matches (1 in 256 false candidates). The index grows
 //! by 1.3× when it passes 85% load, and its size need not be a power of two (the home slot
-//! is the hash's low 32 bits scaled to the size), so it averages about 75% full: for `u64`
+//! is the hash's top 32 bits scaled to the size), so it averages about 75% full: for `u64`
 //! keys a key costs its 16-byte entry plus about 5.3 bytes of index. Entries are dense, so
 //! a `Vec`'s spare capacity is never touched and costs no resident memory, and they can be
 //! visited by position, which the eviction hand and the sampling need.
@@ -30,14 +30,15 @@ const MAX_LOAD_NUM: usize = 17;
 const MAX_LOAD_DEN: usize = 20;
 const MIN_CAPACITY: usize = 8;
 
-/// The parts of a hash the table uses: the top bits pick the shard, bits 32‥40 the tag,
-/// the low 32 bits the home slot.
+/// The parts of a hash the table uses, laid out as the word store's
+/// ([`for_table`](super::hash::for_table)): the top 32 bits the home slot, bits 16‥24
+/// the tag (the low bits picked the shard).
 fn tag(hash: u64) -> u32 {
-    ((hash >> 32) as u8) as u32
+    u32::from((hash >> 16) as u8)
 }
 
 fn home(hash: u64, capacity: usize) -> usize {
-    (((hash & 0xffff_ffff) * capacity as u64) >> 32) as usize
+    (((hash >> 32) * capacity as u64) >> 32) as usize
 }
 
 fn encode(hash: u64, position: usize) -> u32 {
@@ -370,7 +371,7 @@ mod tests {
     #[test]
     fn colliding_home_slots_wrap_around_the_end() {
         // Every key hashes to the last slot: probes wrap, and removal shifts correctly.
-        let h = |k: &u64| 0xffff_ffff | (*k << 40);
+        let h = |k: &u64| (0xffff_ffff << 32) | (*k << 16);
         let mut table: Table<u64, ()> = Table::new();
         for key in 0..6 {
             table
