@@ -1039,7 +1039,9 @@ async fn rounds_too_large_for_the_timeout_shrink_until_they_fit() {
     }
     // A round that began after the flood (the one in flight may have begun before).
     let flooded = handle.stats().syncs + 2;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Alone it catches up in about 10 s; on a loaded machine (the whole suite, a busy
+    // VM) one run took longer than 30 s, still shrinking and releasing.
+    let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let stats = handle.stats();
         if stats.syncs >= flooded && stats.keys_waiting == 0 && !stats.fallback_active {
