@@ -428,7 +428,9 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
             if super::node::is_cold(cell) {
                 cell.want_hot(now);
             }
-            cell.flags.fetch_or(super::cell::QUOTA, Ordering::AcqRel);
+            cell.hot
+                .flags
+                .fetch_or(super::cell::QUOTA, Ordering::AcqRel);
         });
     }
 
@@ -763,8 +765,8 @@ mod tests {
             store
                 .with_state(&7, |cell| {
                     let fresh = store.default_policy().fresh;
-                    let spent = fresh - cell.overdraft.load(Ordering::Acquire);
-                    spent - cell.aside.refunded.load(Ordering::Acquire)
+                    let spent = fresh - cell.hot.overdraft.load(Ordering::Acquire);
+                    spent - cell.hot.aside.refunded.load(Ordering::Acquire)
                 })
                 .unwrap()
         };

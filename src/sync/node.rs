@@ -74,12 +74,15 @@ pub(crate) fn turn_hot(cell: &SyncCell, books: &mut Books, t_ns: u64, now: u64) 
         return false;
     }
     let in_use = tat.saturating_sub(now).div_ceil(t_ns.max(1));
-    let flags = cell.flags.fetch_and(!(NEW | WANT_HOT), Ordering::AcqRel);
+    let flags = cell
+        .hot
+        .flags
+        .fetch_and(!(NEW | WANT_HOT), Ordering::AcqRel);
     if flags & WANT_HOT == 0 {
         // Turned hot because another node did: it wants a lease all the same.
-        cell.aside.ran_out_at.store(now, Ordering::Relaxed);
+        cell.hot.aside.ran_out_at.store(now, Ordering::Relaxed);
     }
-    cell.flags.fetch_or(WANTED, Ordering::Release);
+    cell.hot.flags.fetch_or(WANTED, Ordering::Release);
     *books = Books {
         spent: in_use,
         last_active: now,
@@ -162,11 +165,11 @@ pub(crate) fn target(average: u64, p: &NodeParams) -> u64 {
 fn used(cell: &SyncCell, books: &Books) -> u64 {
     books
         .lease_base
-        .saturating_sub(cell.allowance.load(Ordering::Acquire))
+        .saturating_sub(cell.hot.allowance.load(Ordering::Acquire))
         + books
             .overdraft_base
-            .saturating_sub(cell.overdraft.load(Ordering::Acquire))
-        + cell.aside.overdrawn.load(Ordering::Acquire)
+            .saturating_sub(cell.hot.overdraft.load(Ordering::Acquire))
+        + cell.hot.aside.overdrawn.load(Ordering::Acquire)
 }
 
 /// What the key needs from the next round at `now`, without changing anything; `None`
@@ -175,17 +178,17 @@ pub(crate) fn need(cell: &SyncCell, books: &Books, p: &NodeParams, now: u64) -> 
     if is_cold(cell) {
         return None;
     }
-    let flags = cell.flags.load(Ordering::Acquire);
+    let flags = cell.hot.flags.load(Ordering::Acquire);
     let used = used(cell, books);
     if flags & WANTED != 0 {
         return Some(Need::Lease);
     }
-    if flags & QUOTA != 0 || cell.aside.refunded.load(Ordering::Acquire) > 0 {
+    if flags & QUOTA != 0 || cell.hot.aside.refunded.load(Ordering::Acquire) > 0 {
         return Some(Need::Report);
     }
     let idle = now.saturating_sub(books.last_active) >= p.idle_ns;
-    let left = if now < cell.expires.load(Ordering::Acquire) {
-        cell.allowance.load(Ordering::Acquire)
+    let left = if now < cell.hot.expires.load(Ordering::Acquire) {
+        cell.hot.allowance.load(Ordering::Acquire)
     } else {
         0
     };
@@ -215,7 +218,7 @@ pub(crate) fn release_locally(cell: &SyncCell, books: &mut Books) -> bool {
         || books.released
         || used(cell, books) > 0
         || cell_wants(cell)
-        || cell.aside.refunded.load(Ordering::Acquire) > 0
+        || cell.hot.aside.refunded.load(Ordering::Acquire) > 0
     {
         return false;
     }
@@ -223,11 +226,13 @@ pub(crate) fn release_locally(cell: &SyncCell, books: &mut Books) -> bool {
         pool.compare_exchange(base, 0, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     };
-    if !take(&cell.allowance, books.lease_base) {
+    if !take(&cell.hot.allowance, books.lease_base) {
         return false;
     }
-    if !take(&cell.overdraft, books.overdraft_base) {
-        cell.allowance.fetch_add(books.lease_base, Ordering::AcqRel);
+    if !take(&cell.hot.overdraft, books.overdraft_base) {
+        cell.hot
+            .allowance
+            .fetch_add(books.lease_base, Ordering::AcqRel);
         return false;
     }
     books.lease_base = 0;
@@ -254,6 +259,7 @@ pub(crate) fn collect(
     // The round carries the key's quota (a round that fails stays pending: the next
     // one carries it again).
     let flags = cell
+        .hot
         .flags
         .fetch_and(!(WANTED | QUOTA | CHARGED), Ordering::AcqRel);
     let ran_out = flags & WANTED != 0;
@@ -270,12 +276,13 @@ pub(crate) fn collect(
         books.last_active = now;
     }
     let idle = release || now.saturating_sub(books.last_active) >= p.idle_ns;
-    let expired = now >= cell.expires.load(Ordering::Acquire);
+    let expired = now >= cell.hot.expires.load(Ordering::Acquire);
     let (demand, hold) = if idle {
         (0, 0)
     } else {
         let ran_out_after_us = ran_out.then(|| {
-            cell.aside
+            cell.hot
+                .aside
                 .ran_out_at
                 .load(Ordering::Acquire)
                 .saturating_sub(books.last_round)
@@ -292,6 +299,7 @@ pub(crate) fn collect(
     // Shrink the lease to what the key keeps: the rest goes back with this round.
     let mut left = 0;
     let _ = cell
+        .hot
         .allowance
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
             left = l;
@@ -305,17 +313,17 @@ pub(crate) fn collect(
     // The overdraft stays usable while the round is in flight (the answer replaces it);
     // an idle key gives it up now.
     let overdraft = if idle {
-        cell.overdraft.swap(0, Ordering::AcqRel)
+        cell.hot.overdraft.swap(0, Ordering::AcqRel)
     } else {
-        cell.overdraft.load(Ordering::Acquire)
+        cell.hot.overdraft.load(Ordering::Acquire)
     };
     books.spent += books.lease_base.saturating_sub(left)
         + books.overdraft_base.saturating_sub(overdraft)
-        + cell.aside.overdrawn.swap(0, Ordering::AcqRel);
+        + cell.hot.aside.overdrawn.swap(0, Ordering::AcqRel);
     // Refunds lower the floor: by at most what this node reported as spent on the key
     // (units admitted on another node are refunded there; what the cap leaves out is
     // never given back, so nothing is ever minted).
-    let refunded = cell.aside.refunded.swap(0, Ordering::AcqRel);
+    let refunded = cell.hot.aside.refunded.swap(0, Ordering::AcqRel);
     books.spent -= refunded.min(books.spent);
     books.lease_base = keep;
     books.overdraft_base = overdraft;
@@ -389,13 +397,13 @@ pub(crate) fn settle(
         // Redis gave the lease kept back to the window it was reserved in (it ended):
         // what is left of it is void here too. What was spent of it meanwhile goes into
         // the next floor, charged to the new window.
-        let left = cell.allowance.swap(0, Ordering::AcqRel);
+        let left = cell.hot.allowance.swap(0, Ordering::AcqRel);
         books.lease_base = books.lease_base.saturating_sub(left);
         books.local = books.local.saturating_sub(left);
         books.beyond = books.beyond.min(books.local);
     }
-    cell.expires.store(expires, Ordering::Release);
-    cell.allowance.fetch_add(answer.grant, Ordering::AcqRel);
+    cell.hot.expires.store(expires, Ordering::Release);
+    cell.hot.allowance.fetch_add(answer.grant, Ordering::AcqRel);
     books.lease_base += answer.grant;
     books.known = answer.reserved;
     // An idle key's round (no demand, nothing kept or wanted) releases it.
@@ -407,14 +415,14 @@ pub(crate) fn settle(
     } else {
         0
     };
-    let before = cell.overdraft.swap(overdraft, Ordering::AcqRel);
+    let before = cell.hot.overdraft.swap(overdraft, Ordering::AcqRel);
     books.spent += books.overdraft_base.saturating_sub(before);
     books.overdraft_base = overdraft;
     books.pending = false;
     books.local = books.local.saturating_sub(request.local);
     // Everything admitted after this round's collection goes into the next floor.
     books.last_ok = books.last_round;
-    books.released = released && cell.allowance.load(Ordering::Acquire) == 0 && before == 0;
+    books.released = released && cell.hot.allowance.load(Ordering::Acquire) == 0 && before == 0;
     true
 }
 
@@ -443,11 +451,11 @@ pub(crate) fn refill_locally(
     if now.saturating_sub(books.last_active) >= p.idle_ns && !cell_wants(cell) {
         return false;
     }
-    cell.expires.store(u64::MAX, Ordering::Release);
+    cell.hot.expires.store(u64::MAX, Ordering::Release);
     let (pool, base) = if p.reconcile {
-        (&cell.overdraft, &mut books.overdraft_base)
+        (&cell.hot.overdraft, &mut books.overdraft_base)
     } else {
-        (&cell.allowance, &mut books.lease_base)
+        (&cell.hot.allowance, &mut books.lease_base)
     };
     let reserved = now < books.share_until && books.share > 0;
     let (tokens, cap) = if reserved {
@@ -479,7 +487,7 @@ pub(crate) fn refill_locally(
 }
 
 fn cell_wants(cell: &SyncCell) -> bool {
-    cell.flags.load(Ordering::Acquire) & (WANTED | QUOTA) != 0
+    cell.hot.flags.load(Ordering::Acquire) & (WANTED | QUOTA) != 0
 }
 
 #[cfg(test)]
@@ -535,7 +543,7 @@ mod tests {
     /// A cell whose lease never expires.
     fn cell() -> SyncCell {
         let cell = SyncCell::default();
-        cell.expires.store(u64::MAX, Ordering::Release);
+        cell.hot.expires.store(u64::MAX, Ordering::Release);
         cell
     }
 
@@ -544,24 +552,24 @@ mod tests {
         let p = params();
         let cell = cell();
         let mut books = Books::default();
-        cell.allowance.store(10, Ordering::Release);
+        cell.hot.allowance.store(10, Ordering::Release);
         books.lease_base = 10;
         books.average = WEIGHT_ONE / 2; // 5 tokens over the 100 ms horizon
         // 4 admitted.
-        cell.allowance.store(6, Ordering::Release);
+        cell.hot.allowance.store(6, Ordering::Release);
         let r = collect(&cell, &mut books, &p, 1, 50_000_000, false, Some(0));
         assert_eq!(books.spent, 4);
-        assert_eq!(r.keep, cell.allowance.load(Ordering::Acquire));
+        assert_eq!(r.keep, cell.hot.allowance.load(Ordering::Acquire));
         assert_eq!(r.floor, 4 + r.keep);
         // Two more admitted while the round is in flight; the answer grants 3.
-        cell.allowance.fetch_sub(2, Ordering::AcqRel);
+        cell.hot.allowance.fetch_sub(2, Ordering::AcqRel);
         let answer = Answer {
             grant: 3,
             reserved: r.floor + 3,
             ..Answer::default()
         };
         assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX, 0));
-        assert_eq!(cell.allowance.load(Ordering::Acquire), r.keep - 2 + 3);
+        assert_eq!(cell.hot.allowance.load(Ordering::Acquire), r.keep - 2 + 3);
         let r2 = collect(&cell, &mut books, &p, 2, 100_000_000, false, Some(0));
         assert_eq!(books.spent, 6);
         assert_eq!(r2.floor, 6 + r2.keep);
@@ -579,17 +587,17 @@ mod tests {
         let policy = SyncPolicy::new(crate::Quota::per_second(100).unwrap(), 100, 0, 50_000_000);
         let cell = cell();
         let mut books = Books::default();
-        cell.allowance.store(10, Ordering::Release);
-        cell.overdraft.store(3, Ordering::Release);
+        cell.hot.allowance.store(10, Ordering::Release);
+        cell.hot.overdraft.store(3, Ordering::Release);
         books.lease_base = 10;
         books.overdraft_base = 3;
         books.average = WEIGHT_ONE / 2;
         // 4 admitted, then a charge of 25: the 6 leased and 3 overdrawn left, 16 beyond.
-        cell.allowance.store(6, Ordering::Release);
+        cell.hot.allowance.store(6, Ordering::Release);
         cell.settle(&policy, 1, Settle::Charge(25));
-        assert_eq!(cell.allowance.load(Ordering::Acquire), 0);
-        assert_eq!(cell.overdraft.load(Ordering::Acquire), 0);
-        assert_eq!(cell.aside.overdrawn.load(Ordering::Acquire), 16);
+        assert_eq!(cell.hot.allowance.load(Ordering::Acquire), 0);
+        assert_eq!(cell.hot.overdraft.load(Ordering::Acquire), 0);
+        assert_eq!(cell.hot.aside.overdrawn.load(Ordering::Acquire), 16);
         assert!(!cell.check(&policy, 1, 1, u64::MAX).is_allowed());
         assert!(!cell.evictable() && !cell.is_released());
         assert_eq!(need(&cell, &books, &p, 2), Some(Need::Lease));
@@ -638,7 +646,7 @@ mod tests {
             assert!(cell.check(&policy, now, 1, u64::MAX).is_allowed());
         }
         assert!(!cell.check(&policy, now, 1, u64::MAX).is_allowed());
-        cell.flags.fetch_and(!WANT_HOT, Ordering::AcqRel);
+        cell.hot.flags.fetch_and(!WANT_HOT, Ordering::AcqRel);
         cell.settle(&policy, now, Settle::Refund(5));
         for _ in 0..5 {
             assert!(cell.check(&policy, now, 1, u64::MAX).is_allowed());
@@ -646,10 +654,10 @@ mod tests {
         assert!(!cell.check(&policy, now, 1, u64::MAX).is_allowed());
         cell.settle(&policy, now, Settle::Refund(1_000));
         assert_eq!(cell.peek(&policy, now, 1).remaining(), 50);
-        cell.flags.fetch_and(!WANT_HOT, Ordering::AcqRel);
+        cell.hot.flags.fetch_and(!WANT_HOT, Ordering::AcqRel);
         // 50 whole, a charge of 80: 30 in debt.
         cell.settle(&policy, now, Settle::Charge(80));
-        assert_ne!(cell.flags.load(Ordering::Acquire) & WANT_HOT, 0);
+        assert_ne!(cell.hot.flags.load(Ordering::Acquire) & WANT_HOT, 0);
         let mut books = Books::default();
         assert!(turn_hot(&cell, &mut books, t_ns, now));
         assert_eq!(books.spent, 80);
@@ -666,21 +674,21 @@ mod tests {
             ..params()
         };
         let cell = cell();
-        let mut books = cell.aside.books.lock();
+        let mut books = cell.hot.aside.books.lock();
         books.share = WEIGHT_ONE / 2;
         books.share_until = 1_000_000_000;
         // 100/s at half the rate: 5 tokens per 100 ms interval.
         refill_locally(&cell, &mut books, &p, 2, 500_000_000);
         assert_eq!((books.local, books.beyond), (5, 0));
         // Past the share's end: the budget (⌊100 / 2⌋) once, then nothing.
-        cell.allowance.store(0, Ordering::Release);
+        cell.hot.allowance.store(0, Ordering::Release);
         refill_locally(&cell, &mut books, &p, 2, 1_000_000_000);
         assert_eq!((books.local, books.beyond), (55, 50));
         refill_locally(&cell, &mut books, &p, 2, 1_100_000_000);
         assert_eq!(books.local, 55);
         // A round collected now reports them; the answer comes after 10 more were
         // handed out (by a budget of a later outage, say): they stay on the books.
-        cell.allowance.store(0, Ordering::Release);
+        cell.hot.allowance.store(0, Ordering::Release);
         let r = collect(&cell, &mut books, &p, 1, 1_200_000_000, false, Some(0));
         assert_eq!((r.local, r.beyond), (55, 50));
         books.local += 10;
@@ -712,23 +720,23 @@ mod tests {
     #[test]
     fn a_key_is_released_locally_only_with_nothing_to_report() {
         let cell = cell();
-        let mut books = cell.aside.books.lock();
-        cell.allowance.store(3, Ordering::Release);
+        let mut books = cell.hot.aside.books.lock();
+        cell.hot.allowance.store(3, Ordering::Release);
         books.lease_base = 3;
-        cell.overdraft.store(2, Ordering::Release);
+        cell.hot.overdraft.store(2, Ordering::Release);
         books.overdraft_base = 2;
         // One token spent since the last round: it must be reported first.
-        cell.allowance.store(2, Ordering::Release);
+        cell.hot.allowance.store(2, Ordering::Release);
         assert!(!release_locally(&cell, &mut books));
-        assert_eq!(cell.allowance.load(Ordering::Acquire), 2);
+        assert_eq!(cell.hot.allowance.load(Ordering::Acquire), 2);
         // A round pending: its answer must be applied first.
-        cell.allowance.store(3, Ordering::Release);
+        cell.hot.allowance.store(3, Ordering::Release);
         books.pending = true;
         assert!(!release_locally(&cell, &mut books));
         books.pending = false;
         assert!(release_locally(&cell, &mut books));
-        assert_eq!(cell.allowance.load(Ordering::Acquire), 0);
-        assert_eq!(cell.overdraft.load(Ordering::Acquire), 0);
+        assert_eq!(cell.hot.allowance.load(Ordering::Acquire), 0);
+        assert_eq!(cell.hot.overdraft.load(Ordering::Acquire), 0);
         assert!(books.released);
         drop(books);
         assert!(cell.is_released());
@@ -757,8 +765,8 @@ mod tests {
     fn an_idle_key_gives_everything_back_and_is_released() {
         let p = params();
         let cell = cell();
-        let mut books = cell.aside.books.lock();
-        cell.allowance.store(3, Ordering::Release);
+        let mut books = cell.hot.aside.books.lock();
+        cell.hot.allowance.store(3, Ordering::Release);
         books.lease_base = 3;
         books.last_active = 1;
         books.demand = WEIGHT_ONE;

@@ -538,8 +538,8 @@ impl Scenario {
                                     .as_ref()
                                     .and_then(|f| f.reply.as_ref())
                                     .map_or(0, |(_, a, _)| a.grant + a.overdraft);
-                                n.cell.allowance.load(Ordering::Acquire)
-                                    + n.cell.overdraft.load(Ordering::Acquire)
+                                n.cell.hot.allowance.load(Ordering::Acquire)
+                                    + n.cell.hot.overdraft.load(Ordering::Acquire)
                                     + in_answer
                             })
                             .sum();
@@ -571,7 +571,7 @@ impl Scenario {
                         .expect("a quota the sync holds");
                     node.params = node::key_params(&node_params, &node.policy);
                     // As `SyncedLimiter::set_quota`: the next round carries it.
-                    node.cell.flags.fetch_or(QUOTA, Ordering::AcqRel);
+                    node.cell.hot.flags.fetch_or(QUOTA, Ordering::AcqRel);
                 }
                 // Answers and timeouts.
                 if let Some(f) = &node.flight {
@@ -595,7 +595,7 @@ impl Scenario {
                                     .saturating_sub((now - f.sent_at) * 1_000);
                                 let settled = node::settle(
                                     &node.cell,
-                                    &mut node.cell.aside.books.lock(),
+                                    &mut node.cell.hot.aside.books.lock(),
                                     &node.params,
                                     request,
                                     &answer,
@@ -657,13 +657,13 @@ impl Scenario {
                         node.seq += 1;
                         // The cold tier: a key whose share ran out, or that another node
                         // turned hot, turns hot at the round (as the task's `choose`).
-                        let wants_hot = node.cell.flags.load(Ordering::Acquire) & WANT_HOT != 0;
+                        let wants_hot = node.cell.hot.flags.load(Ordering::Acquire) & WANT_HOT != 0;
                         if node::is_cold(&node.cell) && (wants_hot || node.knows_hot) {
                             let t_ns =
                                 Cold::t_ns(shape.ticks_per_token(), node.cold_nodes, windowed);
                             node::turn_hot(
                                 &node.cell,
-                                &mut node.cell.aside.books.lock(),
+                                &mut node.cell.hot.aside.books.lock(),
                                 t_ns,
                                 now_ns,
                             );
@@ -671,7 +671,7 @@ impl Scenario {
                         }
                         let need = node::need(
                             &node.cell,
-                            &node.cell.aside.books.lock(),
+                            &node.cell.hot.aside.books.lock(),
                             &node.params,
                             now_ns,
                         );
@@ -679,7 +679,7 @@ impl Scenario {
                             quota: node.policy.shared,
                             ..node::collect(
                                 &node.cell,
-                                &mut node.cell.aside.books.lock(),
+                                &mut node.cell.hot.aside.books.lock(),
                                 &node.params,
                                 node.seq,
                                 now_ns,
@@ -745,7 +745,7 @@ impl Scenario {
                     if silent {
                         node::refill_locally(
                             &node.cell,
-                            &mut node.cell.aside.books.lock(),
+                            &mut node.cell.hot.aside.books.lock(),
                             &node.params,
                             node.nodes,
                             now_ns,
@@ -926,9 +926,12 @@ fn admit(cell: &SyncCell, policy: &SyncPolicy, now: u64, count: u64) -> u64 {
             .filter(|_| cell.check(policy, now, 1, u64::MAX).is_allowed())
             .count() as u64;
     }
-    let lease_valid = now < cell.expires.load(Ordering::Acquire);
+    let lease_valid = now < cell.hot.expires.load(Ordering::Acquire);
     let mut admitted = 0;
-    for (pool, valid) in [(&cell.allowance, lease_valid), (&cell.overdraft, true)] {
+    for (pool, valid) in [
+        (&cell.hot.allowance, lease_valid),
+        (&cell.hot.overdraft, true),
+    ] {
         if !valid {
             continue;
         }

@@ -666,7 +666,7 @@ impl Task {
         let cold_idle_ns = nanos(COLD_IDLE);
         store.for_each(|key, cell, policy| {
             if node::is_cold(cell) {
-                let flags = cell.flags.load(Ordering::Acquire);
+                let flags = cell.hot.flags.load(Ordering::Acquire);
                 let idle = || {
                     cell.cold_tat
                         .load(Ordering::Acquire)
@@ -680,10 +680,10 @@ impl Task {
                     }
                     return;
                 }
-                let mut books = cell.aside.books.lock();
+                let mut books = cell.hot.aside.books.lock();
                 if flags & NEW != 0 {
                     books.fleet = node::fleet_hash(&self.redis_key(key));
-                    cell.flags.fetch_and(!NEW, Ordering::AcqRel);
+                    cell.hot.flags.fetch_and(!NEW, Ordering::AcqRel);
                 }
                 let elsewhere = hot.keys.contains_key(&books.fleet);
                 if flags & WANT_HOT == 0 && !elsewhere {
@@ -697,7 +697,7 @@ impl Task {
                 }
                 hot.turned += 1;
             }
-            let mut books = cell.aside.books.lock();
+            let mut books = cell.hot.aside.books.lock();
             let need = if stopping && !books.released {
                 Some(Need::Release)
             } else {
@@ -726,7 +726,7 @@ impl Task {
         for key in idle_cold {
             store.remove_if(&key, |cell| {
                 node::is_cold(cell)
-                    && cell.flags.load(Ordering::Acquire) & WANT_HOT == 0
+                    && cell.hot.flags.load(Ordering::Acquire) & WANT_HOT == 0
                     && cell
                         .cold_tat
                         .load(Ordering::Acquire)
@@ -898,7 +898,7 @@ impl Task {
         for key in chosen {
             let request = store.with_state_policy(&key, |cell, policy| {
                 let params = node::key_params(&self.node_params, policy);
-                let mut books = cell.aside.books.lock();
+                let mut books = cell.hot.aside.books.lock();
                 let request = Request {
                     quota: policy.shared,
                     ..node::collect(
@@ -966,7 +966,7 @@ impl Task {
                     let until = server_ms + tier.lifetime_ms;
                     for &i in &announce {
                         store.with_state(&items[i].0, |cell| {
-                            cell.aside.books.lock().announced_until = until;
+                            cell.hot.aside.books.lock().announced_until = until;
                         });
                     }
                 }
@@ -1072,7 +1072,7 @@ impl Task {
                 )
                 .saturating_sub(u64::try_from(round_trip.as_nanos()).unwrap_or(u64::MAX));
             let done = store.with_state(key, |cell| {
-                let mut books = cell.aside.books.lock();
+                let mut books = cell.hot.aside.books.lock();
                 let ok = node::settle(
                     cell,
                     &mut books,
@@ -1308,7 +1308,7 @@ impl Task {
             if node::is_cold(cell) && !never_read {
                 return;
             }
-            let mut books = cell.aside.books.lock();
+            let mut books = cell.hot.aside.books.lock();
             node::turn_hot(cell, &mut books, t_ns, now);
             budgets += u64::from(node::refill_locally(
                 cell,
