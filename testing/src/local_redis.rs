@@ -7,6 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// How long [`LocalRedis::connection`] waits to connect and for each answer.
+pub const INSPECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A `redis-server` process on `127.0.0.1` that this value owns: started on a free port
 /// with persistence off, stopped (and its directory removed) on drop.
 ///
@@ -195,13 +198,19 @@ impl LocalRedis {
     }
 
     /// A connection of its own to a plain (not TLS) server, for a test to read or write
-    /// keys directly.
+    /// keys directly. It waits up to [`INSPECT_TIMEOUT`] for each answer (redis-rs's
+    /// default is 500 ms): a test reads Redis to check what the code under test did, and
+    /// on a loaded machine, beside a sync task walking a million keys, a server can take
+    /// longer than that to answer without anything being wrong.
     ///
     /// # Errors
     /// The client's error if the server does not answer.
     pub async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(INSPECT_TIMEOUT))
+            .set_response_timeout(Some(INSPECT_TIMEOUT));
         redis::Client::open(self.url())?
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
     }
 
