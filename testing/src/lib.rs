@@ -18,7 +18,7 @@ mod local_sentinel;
 
 pub use alloc::CountingAllocator;
 pub use local_cluster::{ClusterNode, LocalCluster};
-pub use local_redis::LocalRedis;
+pub use local_redis::{INSPECT_TIMEOUT, LocalRedis};
 pub use local_sentinel::{LocalSentinel, MASTER_NAME, TlsFiles};
 
 /// The example server (`server/examples/server`), built beside the calling test's binary:
