@@ -1178,7 +1178,8 @@ fn reclamation_memory(quick: bool) {
 
 /// The check path of a limiter with background sync (reconcile mode, syncing every 50 ms
 /// to a local redis-server) against the same limiter without, in the same run: 10k keys,
-/// 1 thread.
+/// 1 thread. The keys stay cold (far from their limit), except in `sync_on_hot_keys`,
+/// whose limiter has the cold tier off.
 #[cfg(feature = "redis")]
 fn sync_check(c: &mut Criterion) {
     use tollgate::sync::RedisSync;
@@ -1202,6 +1203,17 @@ fn sync_check(c: &mut Criterion) {
                 .build_synced(RedisSync::new(&server.url()).prefix("bench-two-quotas"))
         })
         .expect("synced limiter with two quotas");
+    // Every key hot (the cold tier off): a check spends its lease, which it reaches
+    // through the cell's box, where a cold key's check reads only its 24-byte entry.
+    let (synced_hot, handle_hot) = runtime
+        .block_on(async {
+            RateLimiter::<u64>::builder(quota).build_synced(
+                RedisSync::new(&server.url())
+                    .cold_keys(false)
+                    .prefix("bench-hot-keys"),
+            )
+        })
+        .expect("synced limiter without the cold tier");
     let keys = key_sequence(0x5ca1e, KEYS);
     let mut group = c.benchmark_group("sync_check");
     let mut allowed = Vec::new();
@@ -1229,6 +1241,9 @@ fn sync_check(c: &mut Criterion) {
     };
     run("sync_off", &|key| plain.check(key).is_allowed());
     run("sync_on", &|key| synced.check(key).is_allowed());
+    run("sync_on_hot_keys", &|key| {
+        synced_hot.check(key).is_allowed()
+    });
     run("sync_on_two_quotas", &|key| {
         synced_two.check(key).is_allowed()
     });
@@ -1249,8 +1264,10 @@ fn sync_check(c: &mut Criterion) {
         println!("{line}");
     }
     println!("sync_check/stats: {:?}", handle.stats());
+    println!("sync_check/stats, hot keys: {:?}", handle_hot.stats());
     runtime.block_on(handle.shutdown());
     runtime.block_on(handle_two.shutdown());
+    runtime.block_on(handle_hot.shutdown());
 }
 
 #[cfg(not(feature = "redis"))]
