@@ -36,7 +36,7 @@
 //! A key whose `Hash` writes more than one integer, or any bytes (`String`, `IpAddr`,
 //! tuples), is hashed by a seeded ahash, whose every bit is strong.
 
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::OnceLock;
 
 /// Builds the hashers of one store.
@@ -285,6 +285,43 @@ fn well_spread(a: u64) -> bool {
 #[inline(always)]
 pub(crate) fn for_table(hash: u64, shard_bits: u32) -> u64 {
     hash.rotate_left(shard_bits)
+}
+
+/// A sharded store's hashing, the same for both stores: a key's [`KeyHashing`] hash
+/// rotated past the shard bits ([`for_table`]), whose low bits then pick the shard
+/// ([`shard`](Self::shard)) and whose high 32 bits the home slot.
+pub(crate) struct Sharding {
+    hasher: KeyHashing,
+    /// `log2` of the shard count.
+    bits: u32,
+}
+
+impl Sharding {
+    /// The hashing of a store of `shards` shards (a power of two).
+    pub(crate) fn new(shards: usize) -> Self {
+        debug_assert!(shards.is_power_of_two());
+        Self {
+            hasher: KeyHashing::new(),
+            bits: shards.trailing_zeros(),
+        }
+    }
+
+    /// The hash the store reads for `key`.
+    #[inline(always)]
+    pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        for_table(self.hasher.hash_one(key), self.bits)
+    }
+
+    /// The shard of a [`hash`](Self::hash) among `shards` (the store's count).
+    #[inline(always)]
+    pub(crate) fn shard(hash: u64, shards: usize) -> usize {
+        hash as usize & (shards - 1)
+    }
+
+    /// A seed for shard `i`'s own random numbers, drawn from this store's hasher.
+    pub(crate) fn seed(&self, i: usize) -> u64 {
+        self.hasher.hash_one(i)
+    }
 }
 
 /// `hash` with its high half folded into its low one, for consumers that read low bits

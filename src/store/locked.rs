@@ -4,14 +4,14 @@
 //! per-key mutex.
 
 use std::borrow::Borrow;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 
 use super::counts::Counts;
 use super::deny_cache::Denies;
-use super::hash::{KeyHashing, for_table};
+use super::hash::Sharding;
 use super::shard::Shard;
 use super::state::State;
 use super::table::Entry;
@@ -27,10 +27,8 @@ type Locked<K, S> = CachePadded<RwLock<Shard<K, S>>>;
 /// A sharded, capped map from keys to state, with per-shard policies.
 pub(crate) struct Store<K, S: State> {
     shards: Box<[Locked<K, S>]>,
-    hasher: KeyHashing,
+    sharding: Sharding,
     denies: Denies,
-    /// `log2(shards.len())`.
-    shard_bits: u32,
     limits: Limits,
     counts: Counts,
     /// Serialises default-policy changes, so all shards end on the same one.
@@ -40,32 +38,28 @@ pub(crate) struct Store<K, S: State> {
 impl<K: Hash + Eq, S: State> Store<K, S> {
     /// A store with `limits.shards` shards (a power of two), all under `policy`.
     pub(crate) fn new(limits: Limits, policy: S::Policy) -> Self {
-        debug_assert!(limits.shards.is_power_of_two());
-        let hasher = KeyHashing::new();
+        let sharding = Sharding::new(limits.shards);
         Self {
             shards: (0..limits.shards)
-                .map(|i| CachePadded::new(RwLock::new(Shard::new(policy, hasher.hash_one(i)))))
+                .map(|i| CachePadded::new(RwLock::new(Shard::new(policy, sharding.seed(i)))))
                 .collect(),
-            hasher,
+            sharding,
             denies: Denies::new(),
-            shard_bits: limits.shards.trailing_zeros(),
             limits,
             counts: Counts::new(limits.max_keys),
             reconfigure: Mutex::new(()),
         }
     }
 
-    /// The hash the store reads for `key`, as the word store's: its [`KeyHashing`] hash
-    /// rotated past the shard bits ([`for_table`]), so its low `shard_bits` bits pick the
-    /// shard and its high 32 bits the home slot.
+    /// The hash the store reads for `key`, as the word store's (see [`Sharding`]).
     #[inline(always)]
     fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
-        for_table(self.hasher.hash_one(key), self.shard_bits)
+        self.sharding.hash(key)
     }
 
     #[inline]
     fn shard(&self, hash: u64) -> &RwLock<Shard<K, S>> {
-        &self.shards[hash as usize & (self.shards.len() - 1)]
+        &self.shards[Sharding::shard(hash, self.shards.len())]
     }
 
     fn rehash(&self) -> impl Fn(&K) -> u64 + '_ {

@@ -25,7 +25,7 @@
 //! do between checks — idle, parked or blocked for hours, they hold nothing back.
 
 use std::borrow::Borrow;
-use std::hash::{BuildHasher as _, Hash};
+use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -38,7 +38,7 @@ use super::epoch_table::{
     Carry, EpochTable, Guard, Located, STATE_MAX, STEP_PER_INSERT, Slot, Table, Word, Writer,
     reclaim,
 };
-use super::hash::{KeyHashing, for_table};
+use super::hash::Sharding;
 use super::key_quotas::KeyQuotas;
 use super::{
     Limits, Room, SAMPLES, SCAN_WHEN_FULL, StoreStats, Sweep, WhenFull, fits, least_costly,
@@ -371,10 +371,8 @@ fn with_guard_writing<R>(f: impl FnOnce(&Guard<'_>, &mut bool) -> R) -> R {
 /// A sharded, capped map from keys to word states whose checks take no lock.
 pub(crate) struct WordStore<K> {
     shards: Box<[CachePadded<WordShard<K>>]>,
-    hasher: KeyHashing,
+    sharding: Sharding,
     denies: Denies,
-    /// `log2(shards.len())`.
-    shard_bits: u32,
     limits: Limits,
     counts: Counts,
     /// Serialises default-policy changes, so all shards end on the same one.
@@ -404,8 +402,7 @@ impl Drop for Driving<'_> {
 impl<K: crate::Key> WordStore<K> {
     /// A store with `limits.shards` shards (a power of two), all under `policy`.
     pub(crate) fn new(limits: Limits, policy: WordPolicy) -> Self {
-        debug_assert!(limits.shards.is_power_of_two());
-        let hasher = KeyHashing::new();
+        let sharding = Sharding::new(limits.shards);
         let policies = || Policies {
             default: policy,
             key_quotas: None,
@@ -426,14 +423,13 @@ impl<K: crate::Key> WordStore<K> {
                         missed: 0,
 
                         at: 0,
-                        rng: XorShift::new(hasher.hash_one(i)),
+                        rng: XorShift::new(sharding.seed(i)),
                     };
                     CachePadded::new(EpochTable::new(MIN_CAPACITY, policies(), hand))
                 })
                 .collect(),
-            hasher,
+            sharding,
             denies: Denies::new(),
-            shard_bits: limits.shards.trailing_zeros(),
             limits,
             counts: Counts::new(limits.max_keys),
             reconfigure: Mutex::new(()),
@@ -441,17 +437,15 @@ impl<K: crate::Key> WordStore<K> {
         }
     }
 
-    /// The hash the store reads for `key`: its [`KeyHashing`] hash rotated past the
-    /// shard bits ([`for_table`]), so its low `shard_bits` bits pick the shard and its
-    /// high 32 bits the home slot.
+    /// The hash the store reads for `key` (see [`Sharding`]).
     #[inline(always)]
     fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
-        for_table(self.hasher.hash_one(key), self.shard_bits)
+        self.sharding.hash(key)
     }
 
     #[inline]
     fn shard(&self, hash: u64) -> &WordShard<K> {
-        &self.shards[hash as usize & (self.shards.len() - 1)]
+        &self.shards[Sharding::shard(hash, self.shards.len())]
     }
 
     fn rehash(&self) -> impl Fn(&K) -> u64 + '_ {
