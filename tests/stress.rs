@@ -143,10 +143,12 @@ fn run(
     let ops = AtomicU64::new(0);
     let resets = AtomicU64::new(0);
     let failure: Mutex<Option<String>> = Mutex::new(None);
+    let failed = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         // Checkers (0..CHECKERS) and the flood thread (CHECKERS).
         for thread in 0..=CHECKERS {
             let (start, done, ops, resets) = (&start, &done, &ops, &resets);
+            let (failure, failed) = (&failure, &failed);
             s.spawn(move || {
                 let flood = thread == CHECKERS;
                 let mut model = Model {
@@ -160,46 +162,63 @@ fn run(
                 for _ in 0..scale.phases {
                     start.wait();
                     let now = limiter.clock().now_ns();
-                    for _ in 0..scale.ops {
-                        let r = next(&mut x);
-                        let key = base + r % span;
-                        match (r >> 32) % 10 {
-                            0 => {
+                    // A failed assertion is recorded and the thread stops working but
+                    // keeps meeting the barriers, so the test fails rather than hangs.
+                    if failed.load(Ordering::Relaxed) {
+                        done.wait();
+                        continue;
+                    }
+                    let phase = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        for _ in 0..scale.ops {
+                            let r = next(&mut x);
+                            let key = base + r % span;
+                            match (r >> 32) % 10 {
+                                0 => {
+                                    limiter.reset(&key);
+                                    model.tats.remove(&key);
+                                }
+                                1 => {
+                                    let d = limiter.check_n(&key, 2).expect("burst 3");
+                                    model.expect(key, now, 2, &d, lossy, "check_n");
+                                }
+                                2 => {
+                                    let d = limiter.peek(&key);
+                                    let tat = model.tats.get(&key).copied().unwrap_or(0);
+                                    let e = reference.decide(tat, now, 1);
+                                    // With evictions the key may have been reset meanwhile.
+                                    if !lossy {
+                                        // A peek consumes nothing: compare verdict and retry.
+                                        assert_eq!(
+                                            (
+                                                d.is_allowed(),
+                                                d.retry_after().map(|r| r.as_nanos() as u64)
+                                            ),
+                                            (e.0, e.3),
+                                            "peek of key {key} at {now}"
+                                        );
+                                    }
+                                }
+                                _ => {
+                                    let d = limiter.check(&key);
+                                    model.expect(key, now, 1, &d, lossy, "check");
+                                }
+                            }
+                            if flood && r % 3 == 0 {
+                                // Remove what was just inserted most of the time: the table
+                                // grows, fills with removed slots, compacts and shrinks.
                                 limiter.reset(&key);
                                 model.tats.remove(&key);
                             }
-                            1 => {
-                                let d = limiter.check_n(&key, 2).expect("burst 3");
-                                model.expect(key, now, 2, &d, lossy, "check_n");
-                            }
-                            2 => {
-                                let d = limiter.peek(&key);
-                                let tat = model.tats.get(&key).copied().unwrap_or(0);
-                                let e = reference.decide(tat, now, 1);
-                                // With evictions the key may have been reset meanwhile.
-                                if !lossy {
-                                    // A peek consumes nothing: compare verdict and retry.
-                                    assert_eq!(
-                                        (
-                                            d.is_allowed(),
-                                            d.retry_after().map(|r| r.as_nanos() as u64)
-                                        ),
-                                        (e.0, e.3),
-                                        "peek of key {key} at {now}"
-                                    );
-                                }
-                            }
-                            _ => {
-                                let d = limiter.check(&key);
-                                model.expect(key, now, 1, &d, lossy, "check");
-                            }
                         }
-                        if flood && r % 3 == 0 {
-                            // Remove what was just inserted most of the time: the table
-                            // grows, fills with removed slots, compacts and shrinks.
-                            limiter.reset(&key);
-                            model.tats.remove(&key);
-                        }
+                    }));
+                    if let Err(panic) = phase {
+                        let message = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|m| m.to_string()))
+                            .unwrap_or_default();
+                        failure.lock().unwrap().get_or_insert(message);
+                        failed.store(true, Ordering::Relaxed);
                     }
                     ops.fetch_add(scale.ops, Ordering::Relaxed);
                     done.wait();
