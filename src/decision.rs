@@ -175,6 +175,23 @@ impl Decision {
         }
     }
 
+    /// [`tighter`](Self::tighter) of two admissions, field by field: each field a scalar
+    /// select, so a caller's decision stays in registers (a select of whole decisions
+    /// went through the stack, and reading it back stalled on store forwarding).
+    #[inline(always)]
+    pub(crate) fn tighter_admission(self, other: Self) -> Self {
+        let take = (other.remaining, std::cmp::Reverse(other.reset_after_ns))
+            < (self.remaining, std::cmp::Reverse(self.reset_after_ns));
+        let pick = |a: u64, b: u64| if take { b } else { a };
+        Self {
+            limit: pick(self.limit, other.limit),
+            remaining: pick(self.remaining, other.remaining),
+            reset_after_ns: pick(self.reset_after_ns, other.reset_after_ns),
+            wait_ns: self.wait_ns.max(other.wait_ns),
+            verdict: Verdict(pick(self.verdict.0, other.verdict.0)),
+        }
+    }
+
     /// This deny, reporting `remaining` units left if that is fewer (the fewest left
     /// among every quota of a limiter with several).
     pub(crate) fn with_fewest(self, remaining: u64) -> Self {

@@ -337,6 +337,13 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
                 common.record(key, &decision);
                 decision
             }
+            // Two quotas in one slot: the same path, with both policies.
+            Engine::Compound(Compound::Pair(store)) => {
+                let common = &self.inner.common;
+                let decision = unit(store.check(key, || common.clock.now_ns(), 1, u64::MAX));
+                common.record(key, &decision);
+                decision
+            }
             _ => self.check_cell(key),
         }
     }
@@ -878,10 +885,15 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// the `also` quotas stay. Each quota keeps its own state per key, so memory grows
     /// with the number of quotas, and [`max_keys`](Self::max_keys) caps each.
     ///
-    /// Under concurrency on one key, a check that is denied by a later quota holds the
-    /// earlier quotas' units for the nanoseconds until it gives them back, so a request
-    /// racing it may be denied where it would otherwise pass. Nothing is ever admitted
-    /// beyond any single quota's bound.
+    /// Two quotas share one slot per key on x86-64 CPUs with `cmpxchg16b` and AVX
+    /// (detected at run time; every x86-64 server CPU of the last decade): a check probes
+    /// once and changes both states with one 16-byte compare-and-swap, so it writes both
+    /// or neither, atomically. With three quotas or more (or on other CPUs), each quota
+    /// has its own store and a check goes through them in order: a check that a later
+    /// quota denies holds the earlier quotas' units for the nanoseconds until it gives
+    /// them back, so a request racing it on the same key may be denied where it would
+    /// otherwise pass. Either way nothing is ever admitted beyond any single quota's
+    /// bound, and the decisions are the same.
     ///
     /// The synced limiter ([`build_synced`](Self::build_synced)) holds every key to
     /// the `also` quotas too, each synced on its own (see [`crate::sync`]'s "Several

@@ -1,6 +1,7 @@
 //! The lock-free store under stress: threads check, remove and flood keys of tiny tables
 //! that resize, shrink, compact and migrate (per-key quota changes) all the time, and
-//! every decision is compared with a reference model of the token bucket.
+//! every decision is compared with a reference model of the token bucket. Also for a key
+//! held to two quotas, whose two states share one 16-byte word.
 //!
 //! Time moves in phases: all threads work at one instant, then wait while it advances.
 //! Within a phase the sweep that drops untouched keys changes no decision, so the model is
@@ -57,6 +58,62 @@ impl Reference {
     }
 }
 
+/// A limiter's quotas, decided all or nothing as `Builder::also` promises: admitted if
+/// every quota admits, then the tightest admission (fewest left, then the longest reset,
+/// the first on a tie); else the first quota that denies, or a later one that waits
+/// longer, with the fewest units any quota has left. What the reference decides, with
+/// every quota's next TAT.
+#[derive(Clone)]
+struct Quotas(Vec<Reference>);
+
+impl Quotas {
+    fn decide(&self, tats: &[u64], now: u64, cost: u64) -> (Expected, Vec<u64>) {
+        let each: Vec<Expected> = self
+            .0
+            .iter()
+            .zip(tats)
+            .map(|(r, &tat)| r.decide(tat, now, cost))
+            .collect();
+        let nexts = each.iter().map(|e| e.4).collect();
+        let mut pick = each[0];
+        if each.iter().all(|e| e.0) {
+            for e in &each[1..] {
+                if (e.1, std::cmp::Reverse(e.2)) < (pick.1, std::cmp::Reverse(pick.2)) {
+                    pick = *e;
+                }
+            }
+            return (pick, nexts);
+        }
+        let first = each.iter().position(|e| !e.0).expect("one denies");
+        pick = each[first];
+        for e in &each[first + 1..] {
+            if !e.0 && e.3 > pick.3 {
+                pick = *e;
+            }
+        }
+        // Nothing consumed: each quota's units as they stand.
+        let fewest = self
+            .0
+            .iter()
+            .zip(tats)
+            .map(|(r, &tat)| r.remaining(tat, now))
+            .min()
+            .expect("one quota");
+        ((false, fewest, pick.2, pick.3, pick.4), nexts)
+    }
+
+    /// What a peek of one unit says: admitted, or the longest wait of those that deny.
+    fn peek(&self, tats: &[u64], now: u64) -> (bool, Option<u64>) {
+        let each = self
+            .0
+            .iter()
+            .zip(tats)
+            .map(|(r, &tat)| r.decide(tat, now, 1));
+        let retry = each.filter(|e| !e.0).filter_map(|e| e.3).max();
+        (retry.is_none(), retry)
+    }
+}
+
 fn observed(d: &Decision) -> (bool, u64, u64, Option<u64>) {
     (
         d.is_allowed(),
@@ -66,10 +123,10 @@ fn observed(d: &Decision) -> (bool, u64, u64, Option<u64>) {
     )
 }
 
-/// One thread's keys and their reference states.
+/// One thread's keys and their reference states (one TAT per quota).
 struct Model {
-    reference: Reference,
-    tats: HashMap<u64, u64>,
+    reference: Quotas,
+    tats: HashMap<u64, Vec<u64>>,
     /// Decisions accepted as those of a fresh key after an active eviction.
     resets: u64,
 }
@@ -78,26 +135,31 @@ impl Model {
     /// Checks that the store's decision for `key` is the reference's, or (if `lossy`) a
     /// fresh key's; updates the reference.
     fn expect(&mut self, key: u64, now: u64, cost: u64, got: &Decision, lossy: bool, what: &str) {
-        let tat = self.tats.get(&key).copied().unwrap_or(0);
-        let (allowed, remaining, reset, retry, next) = self.reference.decide(tat, now, cost);
+        let untouched = vec![0; self.reference.0.len()];
+        let tat = self
+            .tats
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| untouched.clone());
+        let ((allowed, remaining, reset, retry, _), next) = self.reference.decide(&tat, now, cost);
         if observed(got) == (allowed, remaining, reset, retry) {
             if allowed {
                 self.tats.insert(key, next);
             }
             return;
         }
-        let fresh = self.reference.decide(0, now, cost);
+        let (fresh, fresh_next) = self.reference.decide(&untouched, now, cost);
         let refused = lossy && got.is_capacity_deny();
         assert!(
             lossy && (refused || observed(got) == (fresh.0, fresh.1, fresh.2, fresh.3)),
             "{what} of key {key} at {now}: got {got:?}, expected allowed={allowed} \
-             remaining={remaining} reset={reset} retry={retry:?} (state {tat})"
+             remaining={remaining} reset={reset} retry={retry:?} (state {tat:?})"
         );
         self.resets += 1;
         if refused {
             self.tats.remove(&key);
         } else if fresh.0 {
-            self.tats.insert(key, fresh.4);
+            self.tats.insert(key, fresh_next);
         } else {
             self.tats.remove(&key);
         }
@@ -136,8 +198,9 @@ fn run(
 ) -> (u64, u64, u64, u64) {
     const CHECKERS: u64 = 3;
     let quota = limiter.quota();
-    let reference = Reference::new(quota);
-    let period = reference.t;
+    let quotas = limiter.quotas();
+    let reference = Quotas(quotas.iter().map(|&q| Reference::new(q)).collect());
+    let period = reference.0[0].t;
     let start = Barrier::new(CHECKERS as usize + 3);
     let done = Barrier::new(CHECKERS as usize + 3);
     let ops = AtomicU64::new(0);
@@ -149,10 +212,11 @@ fn run(
         for thread in 0..=CHECKERS {
             let (start, done, ops, resets) = (&start, &done, &ops, &resets);
             let (failure, failed) = (&failure, &failed);
+            let reference = reference.clone();
             s.spawn(move || {
                 let flood = thread == CHECKERS;
                 let mut model = Model {
-                    reference,
+                    reference: reference.clone(),
                     tats: HashMap::new(),
                     resets: 0,
                 };
@@ -183,8 +247,8 @@ fn run(
                                 }
                                 2 => {
                                     let d = limiter.peek(&key);
-                                    let tat = model.tats.get(&key).copied().unwrap_or(0);
-                                    let e = reference.decide(tat, now, 1);
+                                    let untouched = vec![0; reference.0.len()];
+                                    let tat = model.tats.get(&key).unwrap_or(&untouched);
                                     // With evictions the key may have been reset meanwhile.
                                     if !lossy {
                                         // A peek consumes nothing: compare verdict and retry.
@@ -193,7 +257,7 @@ fn run(
                                                 d.is_allowed(),
                                                 d.retry_after().map(|r| r.as_nanos() as u64)
                                             ),
-                                            (e.0, e.3),
+                                            reference.peek(tat, now),
                                             "peek of key {key} at {now}"
                                         );
                                     }
@@ -318,6 +382,29 @@ fn evictions_under_max_keys_reset_only_what_they_count() {
         println!(
             "stress ({when_full:?}): 5 threads, {ops} operations, {resizes} resizes, \
              {evicted} active evictions, {resets} decisions of a fresh key"
+        );
+    }
+}
+
+/// The same with every key held to two quotas, whose states share one 16-byte word
+/// (`cmpxchg16b`): the second quota (2 per second, burst 2) binds at other moments than
+/// the first, so a lost, torn or half-migrated update of either state shows up as a wrong
+/// decision.
+#[test]
+fn two_quotas_in_one_word_match_the_model_while_tiny_tables_resize() {
+    let scale = scale();
+    for shards in [1, 2] {
+        let limiter = limiter(shards)
+            .also("2/s burst 2".parse().expect("valid quota"))
+            .build()
+            .unwrap();
+        let (ops, resizes, resets, _) = run(&limiter, false, &scale);
+        assert_eq!(resets, 0);
+        assert!(resizes >= scale.phases, "{resizes} resizes");
+        println!(
+            "stress, two quotas: {shards} shard(s), 5 threads, {ops} operations, {resizes} \
+             resizes, {} keys at the end",
+            limiter.len()
         );
     }
 }

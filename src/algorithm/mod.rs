@@ -111,14 +111,14 @@ impl std::fmt::Display for Algorithm {
 
 /// What an algorithm decided about one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum Outcome<S = u64> {
     /// Admitted; `state` must be stored (it equals the old state when nothing changed).
-    Allow { decision: Decision, state: u64 },
+    Allow { decision: Decision, state: S },
     /// Denied; the state must not be written.
     Deny(Decision),
 }
 
-impl Outcome {
+impl<S> Outcome<S> {
     pub(crate) fn decision(&self) -> Decision {
         match *self {
             Self::Allow { decision, .. } | Self::Deny(decision) => decision,
@@ -275,6 +275,25 @@ impl WordPolicy {
             WordKind::LeakyBucket(l) => l.evaluate(state, now, cost),
             WordKind::FixedWindow(f) => f.evaluate(state, now, cost),
             WordKind::SlidingWindow(w) => w.evaluate(state, now, cost),
+        }
+    }
+
+    /// The admission of a request of `cost` (at least 1, within both capacities) under
+    /// `pair` at once, for the token bucket: the tighter decision (marked with its
+    /// index) and both new states. `None` if either denies, or for the other algorithms:
+    /// then the caller evaluates each.
+    #[inline(always)]
+    pub(crate) fn admit_both(
+        pair: [&Self; 2],
+        states: [u64; 2],
+        now: u64,
+        cost: u64,
+    ) -> Option<(Decision, [u64; 2])> {
+        match (&pair[0].kind, &pair[1].kind) {
+            (WordKind::TokenBucket(a), WordKind::TokenBucket(b)) if cost > 0 => {
+                Gcra::admit_both([a, b], states, now, cost)
+            }
+            _ => None,
         }
     }
 

@@ -92,6 +92,40 @@ impl Gcra {
             .div((self.tau + self.t).saturating_sub(tat.saturating_sub(now)))
     }
 
+    /// The admission of a request of `cost` (at least 1, at most both capacities) under
+    /// two buckets at once, `tats` their states: the decision of the tighter (as
+    /// [`Decision::tighter`] picks it, marked with its index) and both new states; `None`
+    /// if either denies. The two-quota check's common case, in registers: the same
+    /// arithmetic as [`evaluate`](Self::evaluate) on each.
+    #[inline(always)]
+    pub(crate) fn admit_both(
+        pair: [&Self; 2],
+        tats: [u64; 2],
+        now: u64,
+        cost: u64,
+    ) -> Option<(Decision, [u64; 2])> {
+        let [a, b] = pair;
+        let (extra_a, extra_b) = (a.t * (cost - 1), b.t * (cost - 1));
+        let earliest_a = tats[0].saturating_add(extra_a).saturating_sub(a.tau);
+        let earliest_b = tats[1].saturating_add(extra_b).saturating_sub(b.tau);
+        if now < earliest_a || now < earliest_b {
+            return None;
+        }
+        let next_a = tats[0].max(now).saturating_add(a.t + extra_a);
+        let next_b = tats[1].max(now).saturating_add(b.t + extra_b);
+        let (left_a, left_b) = (a.remaining(next_a, now), b.remaining(next_b, now));
+        let (reset_a, reset_b) = (next_a - now, next_b - now);
+        let second = (left_b, std::cmp::Reverse(reset_b)) < (left_a, std::cmp::Reverse(reset_a));
+        let pick = |x: u64, y: u64| if second { y } else { x };
+        let decision = Decision::allow(
+            pick(a.burst, b.burst),
+            pick(left_a, left_b),
+            pick(reset_a, reset_b),
+        )
+        .for_policy(usize::from(second));
+        Some((decision, [next_a, next_b]))
+    }
+
     #[inline(always)]
     pub(crate) fn evaluate(&self, tat: u64, now: u64, cost: u64) -> Outcome {
         if cost == 0 {

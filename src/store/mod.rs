@@ -29,6 +29,7 @@ mod epoch_table;
 mod hash;
 mod key_quotas;
 mod locked;
+mod rule;
 mod shard;
 pub(crate) mod state;
 pub(crate) mod table;
@@ -95,7 +96,7 @@ impl Room {
 /// the table last filled. A key that comes back at any point of a table's span, or
 /// within a second, stays, so keys in use are not dropped and re-inserted over and over,
 /// whatever their period; a flood of keys that go idle is dropped after about one span.
-struct Sweep {
+pub(crate) struct Sweep {
     now: u64,
     grace: Option<u64>,
     dropped: usize,

@@ -35,15 +35,13 @@ use parking_lot::Mutex;
 use super::counts::Counts;
 use super::deny_cache::Denies;
 use super::epoch_table::{
-    Carry, EpochTable, Guard, Located, STATE_MAX, STEP_PER_INSERT, Slot, Table, Word, Writer,
-    reclaim,
+    Carry, EpochTable, Guard, Located, STEP_PER_INSERT, Slot, Table, Word, Writer, reclaim,
 };
 use super::hash::Sharding;
 use super::key_quotas::KeyQuotas;
-use super::{
-    Limits, Room, SAMPLES, SCAN_WHEN_FULL, StoreStats, Sweep, WhenFull, fits, least_costly,
-};
-use crate::algorithm::{Outcome, Policy, Settle, UNTOUCHED, WordPolicy};
+use super::rule::{Op, Rule, StateOf};
+use super::{Limits, Room, SAMPLES, SCAN_WHEN_FULL, StoreStats, Sweep, WhenFull, least_costly};
+use crate::algorithm::{Outcome, Policy, Settle, WordPolicy};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
@@ -119,14 +117,14 @@ fn grown(capacity: usize) -> usize {
 }
 
 /// The policies a shard's checks read with its table.
-struct Policies<K> {
-    default: WordPolicy,
+struct Policies<K, R = WordPolicy> {
+    default: R,
     /// The keys with their own policy (each key shared by the copies that successive
     /// tables carry); `None` while there are none.
-    key_quotas: Option<Arc<KeyQuotas<Arc<K>, WordPolicy>>>,
+    key_quotas: Option<Arc<KeyQuotas<Arc<K>, R>>>,
 }
 
-impl<K> Clone for Policies<K> {
+impl<K, R: Rule> Clone for Policies<K, R> {
     fn clone(&self) -> Self {
         Self {
             default: self.default,
@@ -135,11 +133,11 @@ impl<K> Clone for Policies<K> {
     }
 }
 
-impl<K: Hash + Eq> Policies<K> {
+impl<K: Hash + Eq, R: Rule> Policies<K, R> {
     /// The policy of `key`: its key quota, or the default. Costs a branch while no key of
     /// the shard has a key quota.
     #[inline]
-    fn policy_for<Q>(&self, hash: u64, key: &Q) -> &WordPolicy
+    fn policy_for<Q>(&self, hash: u64, key: &Q) -> &R
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -153,9 +151,9 @@ impl<K: Hash + Eq> Policies<K> {
     }
 }
 
-impl<K: Hash + Eq> Carry<K> for Policies<K> {
+impl<K: Hash + Eq, R: Rule> Carry<K, StateOf<R>> for Policies<K, R> {
     /// A key whose policy changes has its state converted; the others keep theirs.
-    fn carry(&self, from: &Self, key: &K, hash: u64, state: u64, now: u64) -> u64 {
+    fn carry(&self, from: &Self, key: &K, hash: u64, state: StateOf<R>, now: u64) -> StateOf<R> {
         let (old, new) = (from.policy_for(hash, key), self.policy_for(hash, key));
         if old == new {
             state
@@ -178,7 +176,7 @@ struct Hand {
     growing: bool,
     /// No key of the shard can be dropped by a rebuild's sweep before this instant
     /// (clock ns): a lower bound, lowered by each insert and set by each full sweep (see
-    /// [`droppable_from`]), so that a table growing with keys all in use skips a sweep
+    /// [`Rule::droppable_from`]), so that a table growing with keys all in use skips a sweep
     /// that would drop nothing (it read the whole table under the writer mutex: 1.8 ms
     /// at 250,000 keys).
     drop_from: u64,
@@ -197,43 +195,27 @@ struct Hand {
     rng: XorShift,
 }
 
-type WordShard<K> = EpochTable<K, Policies<K>, Hand>;
+type WordShard<K, R> = EpochTable<K, Policies<K, R>, Hand, <R as Rule>::Atom>;
+
+/// A shard's writer.
+type ShardWriter<'a, K, R> = Writer<'a, K, Policies<K, R>, Hand, <R as Rule>::Atom>;
 
 /// What a [`WordStore::sweep`] did.
 struct Swept {
     dropped: usize,
     /// ns from now until a survivor is droppable by a sweep of the same grace.
     soonest: u64,
-    /// The soonest instant a rebuild's sweep could drop a survivor ([`droppable_from`]).
+    /// The soonest instant a rebuild's sweep could drop a survivor ([`Rule::droppable_from`]).
     drop_from: u64,
 }
 
 /// A live key as a sweep judges it ([`WordStore::judge`]).
-struct Judged {
-    state: u64,
-    /// Its quota's period, ns.
-    period: u64,
-    /// The instant it must have been untouched since to go ([`Sweep::since`]).
-    since: u64,
-    /// ns from `since` until it is untouched for good: 0 when it can go now.
+struct Judged<S> {
+    state: S,
+    /// ns from the sweep's `since` until it is untouched for good: 0 when it can go now.
     wait: u64,
-}
-
-/// The soonest instant (clock ns) at which a rebuild's sweep could drop a key whose state
-/// is `state` at `now`: 0 if it is untouched already, else the instant `u` from which it
-/// is untouched plus its quota's period. A rebuild's sweep at `t` drops only keys
-/// untouched since an instant at most `t − period` ([`Sweep`]), and a key's `u` only
-/// moves later as checks and charges write it, so the bound holds until the key's quota
-/// changes (which resets it). A refund can move `u` back to its own instant: the key is
-/// then kept until a sweep runs for another reason, which changes no decision (a kept
-/// key is exact) and costs only its slot meanwhile.
-fn droppable_from(policy: &WordPolicy, state: u64, now: u64) -> u64 {
-    match policy.untouched_wait(state, now, now) {
-        0 => 0,
-        wait => now
-            .saturating_add(wait)
-            .saturating_add(policy.quota().period_ns()),
-    }
+    /// The soonest instant a rebuild's sweep could drop it, if it stays.
+    droppable_at: u64,
 }
 
 /// What became of a check on a slot.
@@ -253,14 +235,20 @@ enum Applied {
 /// probe to the CAS (an enum returned by the probe made the compiler pass it through the
 /// stack); the word is classified here, in registers.
 #[inline(always)]
-fn apply<K>(slot: &Slot<K>, mut raw: u64, policy: &WordPolicy, now: u64, op: Op) -> Applied {
+fn apply<K, R: Rule>(
+    slot: &Slot<K, R::Atom>,
+    mut raw: StateOf<R>,
+    policy: &R,
+    now: u64,
+    op: Op,
+) -> Applied {
     loop {
-        let state = match Word::from_raw(raw) {
+        let state = match Word::from_raw::<R::Atom>(raw) {
             Word::Live(state) => state,
             Word::Frozen => return Applied::Frozen,
             Word::Removed => return Applied::Removed,
         };
-        match op.outcome(policy, state, now) {
+        match policy.outcome(op, state, now) {
             Outcome::Deny(decision) => return Applied::Done(decision),
             Outcome::Allow {
                 decision,
@@ -278,60 +266,29 @@ fn apply<K>(slot: &Slot<K>, mut raw: u64, policy: &WordPolicy, now: u64, op: Op)
     }
 }
 
-/// What a write does to a key's state word.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Op {
-    /// A check of `cost`; an admission delayed more than `max_delay` ns is refused, as a
-    /// deny whose `retry_after` is the excess.
-    Check { cost: u64, max_delay: u64 },
-    /// A charge or refund after the fact: always written; the decision is what a unit
-    /// request would get right after it.
-    Settle(Settle),
+/// The parts of a write that depend on its kind, for a store of any rule.
+trait OpExt {
+    fn fits<R: Rule>(self, policy: &R) -> Result<(), InsufficientCapacity>;
+    fn on_absent<R: Rule>(self, policy: &R, now: u64) -> Option<Decision>;
 }
 
-impl Op {
-    /// What `op` makes of `state` at `now`. Inlined with a constant `op` on the check
-    /// path, so a check pays nothing for the other kinds.
-    #[inline(always)]
-    fn outcome(self, policy: &WordPolicy, state: u64, now: u64) -> Outcome {
-        match self {
-            Op::Check { cost, max_delay } => match policy.evaluate(state, now, cost) {
-                Outcome::Allow { decision, .. } if decision.delay_ns() > max_delay => {
-                    Outcome::Deny(Decision::deny(
-                        decision.limit(),
-                        decision.remaining(),
-                        decision.reset_after_ns(),
-                        decision.delay_ns() - max_delay,
-                    ))
-                }
-                outcome => outcome,
-            },
-            Op::Settle(settle) => {
-                let state = policy.settle(state, now, settle).min(STATE_MAX);
-                Outcome::Allow {
-                    decision: policy.unit_view(state, now),
-                    state,
-                }
-            }
-        }
-    }
-
+impl OpExt for Op {
     /// `Err` for a check whose cost exceeds what `policy` can ever admit; settlements
     /// take any amount.
-    fn fits(self, policy: &WordPolicy) -> Result<(), InsufficientCapacity> {
+    fn fits<R: Rule>(self, policy: &R) -> Result<(), InsufficientCapacity> {
         match self {
-            Op::Check { cost, .. } => fits(policy, cost),
+            Op::Check { cost, .. } => policy.fits(cost),
             Op::Settle(_) => Ok(()),
         }
     }
 
     /// The decision for a key that is absent, when the op stores nothing for it: a check
     /// of cost 0 (admitted) and a refund (nothing to give back: the key is full).
-    fn on_absent(self, policy: &WordPolicy, now: u64) -> Option<Decision> {
+    fn on_absent<R: Rule>(self, policy: &R, now: u64) -> Option<Decision> {
         match self {
-            Op::Check { cost: 0, .. } => Some(policy.peek(UNTOUCHED, now, 0)),
+            Op::Check { cost: 0, .. } => Some(policy.peek(R::UNTOUCHED, now, 0)),
             Op::Settle(Settle::Refund(_) | Settle::Charge(0)) => {
-                Some(policy.peek(UNTOUCHED, now, 1))
+                Some(policy.peek(R::UNTOUCHED, now, 1))
             }
             _ => None,
         }
@@ -369,8 +326,8 @@ fn with_guard_writing<R>(f: impl FnOnce(&Guard<'_>, &mut bool) -> R) -> R {
 }
 
 /// A sharded, capped map from keys to word states whose checks take no lock.
-pub(crate) struct WordStore<K> {
-    shards: Box<[CachePadded<WordShard<K>>]>,
+pub(crate) struct WordStore<K, R: Rule = WordPolicy> {
+    shards: Box<[CachePadded<WordShard<K, R>>]>,
     sharding: Sharding,
     denies: Denies,
     limits: Limits,
@@ -399,9 +356,9 @@ impl Drop for Driving<'_> {
     }
 }
 
-impl<K: crate::Key> WordStore<K> {
+impl<K: crate::Key, R: Rule> WordStore<K, R> {
     /// A store with `limits.shards` shards (a power of two), all under `policy`.
-    pub(crate) fn new(limits: Limits, policy: WordPolicy) -> Self {
+    pub(crate) fn new(limits: Limits, policy: R) -> Self {
         let sharding = Sharding::new(limits.shards);
         let policies = || Policies {
             default: policy,
@@ -444,7 +401,7 @@ impl<K: crate::Key> WordStore<K> {
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> &WordShard<K> {
+    fn shard(&self, hash: u64) -> &WordShard<K, R> {
         &self.shards[Sharding::shard(hash, self.shards.len())]
     }
 
@@ -490,10 +447,16 @@ impl<K: crate::Key> WordStore<K> {
         let fast = self.fast(shard, hash, key, now, op, |policy| {
             cost <= 1 || cost <= policy.capacity()
         });
-        let decision = match fast {
-            Some(decision) => decision,
-            None => self.decide_slow(hash, key, now, op)?,
-        };
+        // Each path returns its own decision, so the lock-free one's stays in registers
+        // (merged, the decision went through the stack for the two-quota rule, and the
+        // caller's copy stalled on store forwarding).
+        if let Some(decision) = fast {
+            if cacheable {
+                self.denies.remember(generation, hash, key, now, &decision);
+            }
+            return Ok(decision);
+        }
+        let decision = self.decide_slow(hash, key, now, op)?;
         if cacheable {
             self.denies.remember(generation, hash, key, now, &decision);
         }
@@ -547,12 +510,12 @@ impl<K: crate::Key> WordStore<K> {
     #[inline(always)]
     fn fast<Q>(
         &self,
-        shard: &WordShard<K>,
+        shard: &WordShard<K, R>,
         hash: u64,
         key: &Q,
         now: u64,
         op: Op,
-        eligible: impl FnOnce(&WordPolicy) -> bool,
+        eligible: impl FnOnce(&R) -> bool,
     ) -> Option<Decision>
     where
         K: Borrow<Q>,
@@ -703,7 +666,7 @@ impl<K: crate::Key> WordStore<K> {
     /// A check met a migration under way (on its key's table, moved or not): one such
     /// check in [`HELP_EVERY`] per thread helps it along.
     #[cold]
-    fn met_migration(&self, shard: &WordShard<K>, guard: &Guard<'_>, now: u64) {
+    fn met_migration(&self, shard: &WordShard<K, R>, guard: &Guard<'_>, now: u64) {
         let driven = self.driving.load(Ordering::Relaxed) > 0;
         if !driven && helps_this_time() {
             self.help(shard, guard, now);
@@ -713,7 +676,7 @@ impl<K: crate::Key> WordStore<K> {
     /// Moves a batch of a migration's slots if no writer is busy (a check that met the
     /// migration helps it end). Allocates nothing: a table it unlinks is retired by the
     /// next writer.
-    fn help(&self, shard: &WordShard<K>, guard: &Guard<'_>, now: u64) {
+    fn help(&self, shard: &WordShard<K, R>, guard: &Guard<'_>, now: u64) {
         if let Some(mut writer) = shard.try_write() {
             if writer.help(guard, STEP_PER_INSERT, self.rehash(), now) {
                 self.published(&mut writer);
@@ -725,7 +688,7 @@ impl<K: crate::Key> WordStore<K> {
     /// the migration ended.
     fn step(
         &self,
-        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        writer: &mut ShardWriter<'_, K, R>,
         guard: &Guard<'_>,
         budget: usize,
         now: u64,
@@ -738,14 +701,14 @@ impl<K: crate::Key> WordStore<K> {
     }
 
     /// Runs a migration under way to its end, under this hold of the writer mutex.
-    fn finish(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>, guard: &Guard<'_>, now: u64) {
+    fn finish(&self, writer: &mut ShardWriter<'_, K, R>, guard: &Guard<'_>, now: u64) {
         self.step(writer, guard, usize::MAX, now);
     }
 
     /// Runs the shard's migration to its end, a batch at a time, taking the writer mutex
     /// for each batch only (for the paths that start one for an operator: quota changes,
     /// removals): checks and inserts go on between batches.
-    fn drive(&self, shard: &WordShard<K>, now: impl Fn() -> u64) {
+    fn drive(&self, shard: &WordShard<K, R>, now: impl Fn() -> u64) {
         loop {
             let running = with_guard(|guard| {
                 let mut writer = shard.write();
@@ -764,7 +727,7 @@ impl<K: crate::Key> WordStore<K> {
     #[cold]
     fn insert<Q>(
         &self,
-        shard: &WordShard<K>,
+        shard: &WordShard<K, R>,
         guard: &Guard<'_>,
         hash: u64,
         key: &Q,
@@ -807,12 +770,12 @@ impl<K: crate::Key> WordStore<K> {
         if !writer.has_room(guard) {
             self.rebuild_full(&mut writer, guard, now);
         }
-        match writer.insert(guard, hash, key.to_owned(), UNTOUCHED) {
+        match writer.insert(guard, hash, key.to_owned(), R::UNTOUCHED) {
             Ok(slot) => {
                 writer.state().live += 1;
                 let applied = apply(slot, slot.load_raw(), &policy, now, op);
                 if let Word::Live(state) = slot.load() {
-                    let from = droppable_from(&policy, state, now);
+                    let from = policy.droppable_from(state, now);
                     let hand = writer.state();
                     hand.drop_from = hand.drop_from.min(from);
                 }
@@ -824,17 +787,17 @@ impl<K: crate::Key> WordStore<K> {
             Err(_) => {
                 // The shard is at its largest table (2³² slots).
                 self.counts.give_back();
-                Ok(Some(self.counts.refusal(
-                    policy.capacity(),
-                    policy.quota().emission_interval_ns(),
-                )))
+                Ok(Some(
+                    self.counts
+                        .refusal(policy.capacity(), policy.fallback_retry_ns()),
+                ))
             }
         }
     }
 
     /// Writes a few pages of the table a growing shard will move to next, once it is
     /// near full (see [`PREPARE_AHEAD`]).
-    fn prepare_growth(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>, guard: &Guard<'_>) {
+    fn prepare_growth(&self, writer: &mut ShardWriter<'_, K, R>, guard: &Guard<'_>) {
         if !writer.state().growing || writer.migrating(guard) {
             return;
         }
@@ -867,12 +830,7 @@ impl<K: crate::Key> WordStore<K> {
     /// droppable ([`Hand::drop_from`]): a table growing with its keys all in use skips it.
     /// The rebuild itself is a migration: this call only starts it, and inserts and
     /// checks move its slots a batch at a time.
-    fn rebuild_full(
-        &self,
-        writer: &mut Writer<'_, K, Policies<K>, Hand>,
-        guard: &Guard<'_>,
-        now: u64,
-    ) {
+    fn rebuild_full(&self, writer: &mut ShardWriter<'_, K, R>, guard: &Guard<'_>, now: u64) {
         // A migration under way ends first: then the current table is the full one.
         self.finish(writer, guard, now);
         let capacity = writer.table(guard).capacity();
@@ -917,13 +875,7 @@ impl<K: crate::Key> WordStore<K> {
     }
 
     /// Starts migrating the shard to a table sized for `live` keys at the target load.
-    fn resize(
-        &self,
-        writer: &mut Writer<'_, K, Policies<K>, Hand>,
-        guard: &Guard<'_>,
-        live: usize,
-        now: u64,
-    ) {
+    fn resize(&self, writer: &mut ShardWriter<'_, K, R>, guard: &Guard<'_>, live: usize, now: u64) {
         let capacity = (live * TARGET_LOAD_DEN / TARGET_LOAD_NUM).max(MIN_CAPACITY);
         self.resize_to(writer, guard, capacity, now);
     }
@@ -932,7 +884,7 @@ impl<K: crate::Key> WordStore<K> {
     /// them), with the same policies, leaving removed slots behind.
     fn resize_to(
         &self,
-        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        writer: &mut ShardWriter<'_, K, R>,
         guard: &Guard<'_>,
         capacity: usize,
         now: u64,
@@ -945,10 +897,10 @@ impl<K: crate::Key> WordStore<K> {
     /// under way first).
     fn begin(
         &self,
-        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        writer: &mut ShardWriter<'_, K, R>,
         guard: &Guard<'_>,
         capacity: usize,
-        meta: Policies<K>,
+        meta: Policies<K, R>,
         now: u64,
     ) {
         self.finish(writer, guard, now);
@@ -958,18 +910,13 @@ impl<K: crate::Key> WordStore<K> {
     }
 
     /// Bookkeeping after a migration published its table: the hand starts over.
-    fn published(&self, writer: &mut Writer<'_, K, Policies<K>, Hand>) {
+    fn published(&self, writer: &mut ShardWriter<'_, K, R>) {
         writer.state().at = 0;
     }
 
     /// Shrinks the shard's table once it is under a quarter full, so memory taken by a
     /// flood is given back.
-    fn shrink_if_sparse(
-        &self,
-        writer: &mut Writer<'_, K, Policies<K>, Hand>,
-        guard: &Guard<'_>,
-        now: u64,
-    ) {
+    fn shrink_if_sparse(&self, writer: &mut ShardWriter<'_, K, R>, guard: &Guard<'_>, now: u64) {
         let live = writer.state().live;
         let capacity = writer.target(guard).capacity();
         if capacity > MIN_CAPACITY && live * 4 < capacity {
@@ -983,7 +930,11 @@ impl<K: crate::Key> WordStore<K> {
     }
 
     /// The policy of the key in `slot` (which must hold one).
-    fn slot_policy<'t>(&self, table: &'t Table<K, Policies<K>>, slot: &Slot<K>) -> &'t WordPolicy {
+    fn slot_policy<'t>(
+        &self,
+        table: &'t Table<K, Policies<K, R>, R::Atom>,
+        slot: &Slot<K, R::Atom>,
+    ) -> &'t R {
         if table.meta.key_quotas.is_none() {
             return &table.meta.default;
         }
@@ -998,7 +949,7 @@ impl<K: crate::Key> WordStore<K> {
     /// this one, and the soonest instant at which a rebuild's sweep could drop one.
     fn sweep(
         &self,
-        writer: &mut Writer<'_, K, Policies<K>, Hand>,
+        writer: &mut ShardWriter<'_, K, R>,
         guard: &Guard<'_>,
         now: u64,
         slots: usize,
@@ -1019,9 +970,8 @@ impl<K: crate::Key> WordStore<K> {
             if sweep.visit(judged.wait, || writer.remove_unchanged(slot, judged.state)) {
                 writer.state().live -= 1;
             } else if judged.wait > 0 {
-                // Untouched from `since + wait` on (see `droppable_from`).
-                let untouched = judged.since.saturating_add(judged.wait);
-                drop_from = drop_from.min(untouched.saturating_add(judged.period));
+                // Untouched from `since + wait` on (see `Rule::droppable_from`).
+                drop_from = drop_from.min(judged.droppable_at);
             } else {
                 drop_from = 0;
             }
@@ -1037,34 +987,26 @@ impl<K: crate::Key> WordStore<K> {
     /// How `sweep` judges the key in `slot` at `now`: `None` if the slot holds no live key.
     fn judge(
         &self,
-        table: &Table<K, Policies<K>>,
-        slot: &Slot<K>,
+        table: &Table<K, Policies<K, R>, R::Atom>,
+        slot: &Slot<K, R::Atom>,
         sweep: &Sweep,
         now: u64,
-    ) -> Option<Judged> {
+    ) -> Option<Judged<StateOf<R>>> {
         let Word::Live(state) = slot.load() else {
             return None;
         };
-        let policy = self.slot_policy(table, slot);
-        let period = policy.quota().period_ns();
-        let since = sweep.since(period);
+        let verdict = self.slot_policy(table, slot).judge(state, now, sweep);
         Some(Judged {
             state,
-            period,
-            since,
-            wait: policy.untouched_wait(state, now, since),
+            wait: verdict.wait,
+            droppable_at: verdict.droppable_at,
         })
     }
 
     /// How many keys of the current table a rebuild's sweep at `now` would drop, dropping
     /// none.
     #[cfg(test)]
-    fn droppable(
-        &self,
-        writer: &mut Writer<'_, K, Policies<K>, Hand>,
-        guard: &Guard<'_>,
-        now: u64,
-    ) -> usize {
+    fn droppable(&self, writer: &mut ShardWriter<'_, K, R>, guard: &Guard<'_>, now: u64) -> usize {
         let table = writer.table(guard);
         let sweep = Sweep::new(now, Some(writer.state().built));
         (0..table.capacity())
@@ -1076,12 +1018,7 @@ impl<K: crate::Key> WordStore<K> {
     /// Makes room for one key in a full store: an untouched key near the hand if there is
     /// one, else, under [`WhenFull::EvictLeastActive`], of a few sampled keys the one
     /// whose eviction loses the least: the fewest units consumed, then the soonest reset.
-    fn make_room(
-        &self,
-        writer: &mut Writer<'_, K, Policies<K>, Hand>,
-        guard: &Guard<'_>,
-        now: u64,
-    ) -> Room {
+    fn make_room(&self, writer: &mut ShardWriter<'_, K, R>, guard: &Guard<'_>, now: u64) -> Room {
         let Swept {
             dropped, soonest, ..
         } = self.sweep(writer, guard, now, SCAN_WHEN_FULL * 8, None);
@@ -1090,7 +1027,7 @@ impl<K: crate::Key> WordStore<K> {
             return Room::Untouched;
         }
         let table = writer.table(guard);
-        let fallback = table.meta.default.quota().emission_interval_ns().max(1);
+        let fallback = table.meta.default.fallback_retry_ns().max(1);
         if self.limits.when_full == WhenFull::DenyNewKeys || writer.state().live == 0 {
             return Room::none_until(soonest, fallback);
         }
@@ -1119,11 +1056,7 @@ impl<K: crate::Key> WordStore<K> {
             let Word::Live(state) = slot.load() else {
                 return None;
             };
-            let snapshot = self.slot_policy(table, slot).peek(state, now, 0);
-            Some((
-                snapshot.limit() - snapshot.remaining(),
-                snapshot.reset_after_ns(),
-            ))
+            Some(self.slot_policy(table, slot).eviction_cost(state, now))
         });
         // The draws can all miss in tables of mostly removed slots (a flood evicts a key
         // per insert): then the first live key from a random position.
@@ -1153,11 +1086,11 @@ impl<K: crate::Key> WordStore<K> {
     /// writer mutex no move is half done, so there it is found or absent).
     fn locate<'g, Q>(
         &self,
-        shard: &'g WordShard<K>,
+        shard: &'g WordShard<K, R>,
         guard: &'g Guard<'_>,
         hash: u64,
         key: &Q,
-    ) -> Located<'g, K, Policies<K>>
+    ) -> Located<'g, K, Policies<K, R>, R::Atom>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -1195,15 +1128,15 @@ impl<K: crate::Key> WordStore<K> {
                 match self.locate(shard, guard, hash, key) {
                     Located::Found { table, raw, .. } => {
                         let policy = table.meta.policy_for(hash, key);
-                        fits(policy, cost)?;
-                        if let Word::Live(state) = Word::from_raw(raw) {
+                        policy.fits(cost)?;
+                        if let Word::Live(state) = Word::from_raw::<R::Atom>(raw) {
                             return Ok(policy.peek(state, now, cost));
                         }
                     }
                     Located::Absent { table } => {
                         let policy = table.meta.policy_for(hash, key);
-                        fits(policy, cost)?;
-                        return Ok(policy.peek(UNTOUCHED, now, cost));
+                        policy.fits(cost)?;
+                        return Ok(policy.peek(R::UNTOUCHED, now, cost));
                     }
                     Located::Moving => {}
                 }
@@ -1268,7 +1201,7 @@ impl<K: crate::Key> WordStore<K> {
             key_quotas.set(
                 hash,
                 Arc::new(key),
-                policy,
+                policy.map(|first| table.meta.default.with_first(first)),
                 |a, b| **a == **b,
                 |k: &Arc<K>| rehash(k),
             );
@@ -1286,8 +1219,17 @@ impl<K: crate::Key> WordStore<K> {
         self.denies.invalidate();
     }
 
-    /// The policy `key` is limited by. Takes no lock.
+    /// The policy of the limiter's own quota that `key` is limited by. Takes no lock.
     pub(crate) fn policy_of<Q>(&self, key: &Q) -> WordPolicy
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.rule_of(key).first()
+    }
+
+    /// The rule `key` is limited by. Takes no lock.
+    pub(crate) fn rule_of<Q>(&self, key: &Q) -> R
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -1310,6 +1252,11 @@ impl<K: crate::Key> WordStore<K> {
 
     /// The default policy. Takes no lock.
     pub(crate) fn default_policy(&self) -> WordPolicy {
+        self.default_rule().first()
+    }
+
+    /// The default rule (every quota's policy). Takes no lock.
+    pub(crate) fn default_rule(&self) -> R {
         with_guard(|guard| self.shards[0].read(guard).newest().meta.default)
     }
 
@@ -1327,7 +1274,8 @@ impl<K: crate::Key> WordStore<K> {
         now: impl Fn() -> u64,
     ) -> Result<(), ConfigError> {
         let _serial = self.reconfigure.lock();
-        let policy = self.default_policy().with_quota(quota)?;
+        let rule = self.default_rule();
+        let policy = rule.with_first(rule.first().with_quota(quota)?);
         let _driving = Driving::new(&self.driving);
         for shard in self.shards.iter() {
             with_guard(|guard| {

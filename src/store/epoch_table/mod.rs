@@ -11,7 +11,9 @@
 //!
 //! A check loads the current table, probes for its key and changes the key's state word
 //! by CAS. For `u64` keys a slot is 16 bytes, so the key and its state share one cache
-//! line. Everything else — inserting, removing, resizing, changing the table's `meta` —
+//! line. A key held to two quotas has a 16-byte word of two states instead, changed by
+//! one 16-byte CAS (32-byte slots; see [`atom`]): the protocol below reads only its
+//! first state, the head, and moves the second with it. Everything else — inserting, removing, resizing, changing the table's `meta` —
 //! happens under the writer mutex.
 //!
 //! # The invariant
@@ -68,12 +70,14 @@
 //! retired tables; `tests/stress.rs` checks every decision against a reference model while
 //! tiny tables resize, also under valgrind.
 
+mod atom;
 pub(crate) mod reclaim;
 
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
+pub(crate) use atom::{Atom, AtomicPair, Two};
 pub(crate) use reclaim::Guard;
 use sync::{AtomicU8, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, UnsafeCell};
 
@@ -146,14 +150,6 @@ const FROZEN: u64 = u64::MAX - 2;
 const REMOVED: u64 = u64::MAX - 1;
 const EMPTY: u64 = u64::MAX;
 
-/// A slot stores its word inverted, so that an all-zero slot is `EMPTY` and a table's
-/// slots come from a zeroed allocation: a new table costs no pass over its slots, which
-/// for a large table would be the one step of a migration that is not incremental.
-#[inline(always)]
-const fn stored(word: u64) -> u64 {
-    !word
-}
-
 /// The capacity of a migration's new table asked for `capacity` slots, from a table of
 /// `old` slots holding `live` keys: at least 2 and at most 2³², and enough for the keys
 /// and for every insert that can come before the last slot has moved (inserts move
@@ -176,29 +172,33 @@ const MAX_CAPACITY: usize = u32::MAX as usize;
 
 /// What a slot's word says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Word {
+pub(crate) enum Word<V = u64> {
     /// The key's state.
-    Live(u64),
+    Live(V),
     /// The key was removed: look it up again.
     Removed,
     /// The key is being moved to a new table: wait for the writer, then look again.
     Frozen,
 }
 
-impl Word {
+impl<V: Copy> Word<V> {
+    /// What the raw value of a word of type `A` says (see [`Atom::head`]).
     #[inline]
-    pub(crate) fn from_raw(raw: u64) -> Self {
-        match raw {
+    pub(crate) fn from_raw<A: Atom<Value = V>>(raw: V) -> Self {
+        match A::head(raw) {
             FROZEN => Self::Frozen,
             REMOVED | EMPTY => Self::Removed,
-            state => Self::Live(state),
+            _ => Self::Live(raw),
         }
     }
 }
 
-/// One key and its state word.
-pub(crate) struct Slot<K> {
-    word: AtomicU64,
+/// One key and its state word (a `u64`, or a pair of them: see [`atom`]). A slot stores
+/// its word's head inverted, so that an all-zero slot is `EMPTY` and a table's slots come
+/// from a zeroed allocation: a new table costs no pass over its slots, which for a large
+/// table would be the one step of a migration that is not incremental.
+pub(crate) struct Slot<K, A = AtomicU64> {
+    word: A,
     key: UnsafeCell<MaybeUninit<K>>,
 }
 
@@ -206,47 +206,41 @@ pub(crate) struct Slot<K> {
 // and a migration or a table's destruction may move or drop the key on any thread (so
 // `K: Send`). Its key bytes are written only under the module invariant (by the writer,
 // into an `EMPTY` slot, before a `Release` store), so shared access never races a write.
-unsafe impl<K: Send + Sync> Sync for Slot<K> {}
+unsafe impl<K: Send + Sync, A: Atom> Sync for Slot<K, A> {}
 
-impl<K> Slot<K> {
+impl<K, A: Atom> Slot<K, A> {
     fn empty() -> Self {
         Self {
-            word: AtomicU64::new(stored(EMPTY)),
+            word: A::empty(),
             key: UnsafeCell::new(MaybeUninit::uninit()),
         }
     }
 
     /// The slot's word.
     #[inline]
-    pub(crate) fn load(&self) -> Word {
-        Word::from_raw(self.load_raw())
+    pub(crate) fn load(&self) -> Word<A::Value> {
+        Word::from_raw::<A>(self.load_raw())
     }
 
-    /// The slot's word, raw: a live state is at most [`STATE_MAX`].
+    /// The slot's word, raw: a live state is at most [`STATE_MAX`] in each part.
     #[inline(always)]
-    pub(crate) fn load_raw(&self) -> u64 {
-        stored(self.word.load(Ordering::Acquire))
+    pub(crate) fn load_raw(&self) -> A::Value {
+        self.word.load(Ordering::Acquire)
     }
 
     /// Replaces the live state `current` with `next` (clamped to [`STATE_MAX`]); on
     /// failure, returns the raw word it holds instead (see [`Word::from_raw`]).
     #[inline(always)]
-    pub(crate) fn update(&self, current: u64, next: u64) -> Result<(), u64> {
+    pub(crate) fn update(&self, current: A::Value, next: A::Value) -> Result<(), A::Value> {
         self.word
-            .compare_exchange_weak(
-                stored(current),
-                stored(next.min(STATE_MAX)),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
+            .compare_exchange_weak(current, A::clamp(next), Ordering::AcqRel, Ordering::Acquire)
             .map(|_| ())
-            .map_err(stored)
     }
 
     /// Runs `f` on the slot's key; `None` if the slot never held one.
     #[inline]
     pub(crate) fn with_key<R>(&self, f: impl FnOnce(&K) -> R) -> Option<R> {
-        if self.load_raw() == EMPTY {
+        if A::head(self.load_raw()) == EMPTY {
             return None;
         }
         // SAFETY: the word was not EMPTY when loaded with Acquire, so the key bytes were
@@ -258,31 +252,31 @@ impl<K> Slot<K> {
 
     /// Marks a live slot removed and returns the state it had. The key stays in place
     /// (readers may be comparing it) until the table is destroyed.
-    fn remove(&self) -> Option<u64> {
+    fn remove(&self) -> Option<A::Value> {
         self.end(REMOVED)
     }
 
     /// Freezes a live slot and returns the state it had; `None` if it was not live.
-    fn freeze(&self) -> Option<u64> {
+    fn freeze(&self) -> Option<A::Value> {
         self.end(FROZEN)
     }
 
     /// Replaces a live state, whatever it is, with the final word `to` (REMOVED or
     /// FROZEN); returns the state it replaced, or `None` if the slot was not live.
-    fn end(&self, to: u64) -> Option<u64> {
+    fn end(&self, to: u64) -> Option<A::Value> {
         let mut raw = self.load_raw();
         loop {
-            if raw > STATE_MAX {
+            if A::head(raw) > STATE_MAX {
                 return None;
             }
             match self.word.compare_exchange_weak(
-                stored(raw),
-                stored(to),
+                raw,
+                A::marker(to),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
                 Ok(_) => return Some(raw),
-                Err(actual) => raw = stored(actual),
+                Err(actual) => raw = actual,
             }
         }
     }
@@ -308,8 +302,8 @@ fn fits(used: usize, capacity: usize) -> bool {
 }
 
 /// Slots of one fixed capacity, with the `meta` checks read alongside them.
-pub(crate) struct Table<K, M> {
-    slots: Box<[Slot<K>]>,
+pub(crate) struct Table<K, M, A: Atom = AtomicU64> {
+    slots: Box<[Slot<K, A>]>,
     /// For keys whose comparison reads the heap (`String`, `Arc<str>`: types that need
     /// drop), a tag of each slot's hash, so that a probe reads a key only when its tag
     /// matches (1 in 256 false candidates). Empty for the others (`u64`, `IpAddr`), whose
@@ -321,7 +315,7 @@ pub(crate) struct Table<K, M> {
     pub(crate) meta: M,
     /// While a migration moves this table's keys: the table they move to (null
     /// otherwise). Set before the first slot is frozen, never changed after.
-    next: sync::AtomicPtr<Table<K, M>>,
+    next: sync::AtomicPtr<Table<K, M, A>>,
     /// The tables of this table's shard not yet destroyed (this one among them).
     alive: Arc<std::sync::atomic::AtomicUsize>,
     /// Read by every probe and written by the destructor, so that loom reports a table
@@ -330,7 +324,7 @@ pub(crate) struct Table<K, M> {
     canary: UnsafeCell<()>,
 }
 
-impl<K, M> Table<K, M> {
+impl<K, M, A: Atom> Table<K, M, A> {
     /// Whether this key type keeps tags.
     const TAGGED: bool = tagged::<K>();
 
@@ -342,7 +336,7 @@ impl<K, M> Table<K, M> {
     /// A table of empty `slots` (and `tags`, one per slot for keys that keep them),
     /// counted among the shard's tables by `alive`.
     fn with(
-        slots: Box<[Slot<K>]>,
+        slots: Box<[Slot<K, A>]>,
         tags: Box<[AtomicU8]>,
         meta: M,
         alive: &Arc<std::sync::atomic::AtomicUsize>,
@@ -363,7 +357,7 @@ impl<K, M> Table<K, M> {
     /// Destroys a table made by `Box::into_raw` (the retired tables' destructor).
     ///
     /// # Safety
-    /// `ptr` came from `Box::<Table<K, M>>::into_raw`, and nothing uses the table any more.
+    /// `ptr` came from `Box::<Table<K, M, A>>::into_raw`, and nothing uses the table any more.
     unsafe fn destroy(ptr: *mut ()) {
         // SAFETY: by this function's contract.
         drop(unsafe { Box::from_raw(ptr.cast::<Self>()) });
@@ -376,7 +370,7 @@ impl<K, M> Table<K, M> {
 
     /// The table this one's keys are moving to, while a migration runs.
     #[inline]
-    pub(crate) fn next(&self) -> Option<&Table<K, M>> {
+    pub(crate) fn next(&self) -> Option<&Table<K, M, A>> {
         let next = self.next.load(Ordering::Acquire);
         // SAFETY: a non-null `next` was made by `Box::into_raw` and set before any slot
         // of `self` froze. It is the current table of the shard or becomes it, and it is
@@ -388,7 +382,7 @@ impl<K, M> Table<K, M> {
     }
 
     /// The last table of the chain from this one: where new keys go.
-    pub(crate) fn newest(&self) -> &Table<K, M> {
+    pub(crate) fn newest(&self) -> &Table<K, M, A> {
         let mut table = self;
         while let Some(next) = table.next() {
             table = next;
@@ -402,12 +396,12 @@ impl<K, M> Table<K, M> {
     /// [`Located::Moving`] says so, and the writer mutex tells which (under it, no move is
     /// half done).
     #[inline]
-    pub(crate) fn locate(&self, hash: u64, mut eq: impl FnMut(&K) -> bool) -> Located<'_, K, M> {
+    pub(crate) fn locate(&self, hash: u64, mut eq: impl FnMut(&K) -> bool) -> Located<'_, K, M, A> {
         let mut table = self;
         let mut moving = false;
         loop {
             match table.find_raw(hash, &mut eq) {
-                Some((slot, raw)) if raw != FROZEN => {
+                Some((slot, raw)) if A::head(raw) != FROZEN => {
                     return Located::Found { table, slot, raw };
                 }
                 found => {
@@ -423,7 +417,7 @@ impl<K, M> Table<K, M> {
     }
 
     /// The slot at `index` (`< capacity`), for the eviction hand and sampling.
-    pub(crate) fn slot(&self, index: usize) -> &Slot<K> {
+    pub(crate) fn slot(&self, index: usize) -> &Slot<K, A> {
         &self.slots[index]
     }
 
@@ -431,9 +425,9 @@ impl<K, M> Table<K, M> {
     /// Skips removed slots; stops at the first empty one. (The store uses
     /// [`locate`](Self::locate), which follows a migration.)
     #[cfg(test)]
-    pub(crate) fn find(&self, hash: u64, eq: impl FnMut(&K) -> bool) -> Option<(&Slot<K>, Word)> {
+    pub(crate) fn find(&self, hash: u64, eq: impl FnMut(&K) -> bool) -> Option<Found<'_, K, A>> {
         self.find_raw(hash, eq)
-            .map(|(slot, raw)| (slot, Word::from_raw(raw)))
+            .map(|(slot, raw)| (slot, Word::from_raw::<A>(raw)))
     }
 
     /// [`find`](Self::find), with the slot's word raw (a live state is at most
@@ -444,7 +438,7 @@ impl<K, M> Table<K, M> {
         &self,
         hash: u64,
         mut eq: impl FnMut(&K) -> bool,
-    ) -> Option<(&Slot<K>, u64)> {
+    ) -> Option<(&Slot<K, A>, A::Value)> {
         #[cfg(tollgate_loom)]
         self.canary.with(|_| ());
         let capacity = self.slots.len();
@@ -453,10 +447,11 @@ impl<K, M> Table<K, M> {
         loop {
             let slot = &self.slots[index];
             let raw = slot.load_raw();
-            if raw == EMPTY {
+            let head = A::head(raw);
+            if head == EMPTY {
                 return None;
             }
-            if raw != REMOVED && (!Self::TAGGED || self.tags[index].load(Ordering::Relaxed) == tag)
+            if head != REMOVED && (!Self::TAGGED || self.tags[index].load(Ordering::Relaxed) == tag)
             {
                 // SAFETY: as in `Slot::with_key`: the word was not EMPTY when loaded with
                 // Acquire, so the key was written before and is alive while `&self` is.
@@ -478,10 +473,10 @@ impl<K, M> Table<K, M> {
     /// The caller has exclusive write access to the table's empty slots: it holds the
     /// writer mutex and the table is current, or the table is not yet published. The
     /// table has an empty slot.
-    unsafe fn place(&self, hash: u64, key: K, state: u64) -> &Slot<K> {
+    unsafe fn place(&self, hash: u64, key: K, state: A::Value) -> &Slot<K, A> {
         let capacity = self.slots.len();
         let mut index = home(hash, capacity);
-        while stored(self.slots[index].word.load(Ordering::Relaxed)) != EMPTY {
+        while A::head(self.slots[index].word.load(Ordering::Relaxed)) != EMPTY {
             index += 1;
             if index == capacity {
                 index = 0;
@@ -496,25 +491,28 @@ impl<K, M> Table<K, M> {
             self.tags[index].store(tag(hash), Ordering::Relaxed);
         }
         self.used.fetch_add(1, Ordering::Relaxed);
-        slot.word
-            .store(stored(state.min(STATE_MAX)), Ordering::Release);
+        slot.word.store(A::clamp(state), Ordering::Release);
         slot
     }
 }
 
+/// A slot [`Table::find`] found, with its word.
+#[cfg(test)]
+pub(crate) type Found<'a, K, A> = (&'a Slot<K, A>, Word<<A as Atom>::Value>);
+
 /// Where [`Table::locate`] found a key.
-pub(crate) enum Located<'a, K, M> {
+pub(crate) enum Located<'a, K, M, A: Atom = AtomicU64> {
     /// In `table`'s `slot`, whose raw word was `raw` (live when loaded).
     Found {
-        table: &'a Table<K, M>,
-        slot: &'a Slot<K>,
-        raw: u64,
+        table: &'a Table<K, M, A>,
+        slot: &'a Slot<K, A>,
+        raw: A::Value,
     },
     /// Frozen in one table and absent from the next: being moved by the writer right
     /// now, or removed after its move. Under the writer mutex, absent.
     Moving,
     /// Nowhere; `table` is the newest of the chain, where it would be inserted.
-    Absent { table: &'a Table<K, M> },
+    Absent { table: &'a Table<K, M, A> },
 }
 
 /// `len` values of `T` whose all-zero bytes are a valid value, from a zeroed allocation
@@ -553,9 +551,9 @@ unsafe trait Zeroable {
     fn zero() -> Self;
 }
 
-// SAFETY: a slot is an `AtomicU64` (0 is valid, and `stored(EMPTY)`) and key bytes that
-// are `MaybeUninit` (any bytes are valid).
-unsafe impl<K> Zeroable for Slot<K> {
+// SAFETY: a slot is an `Atom` (all-zero bytes are valid and `EMPTY`, by its contract) and
+// key bytes that are `MaybeUninit` (any bytes are valid).
+unsafe impl<K, A: Atom> Zeroable for Slot<K, A> {
     fn zero() -> Self {
         Slot::empty()
     }
@@ -568,12 +566,12 @@ unsafe impl Zeroable for AtomicU8 {
     }
 }
 
-impl<K, M> Drop for Table<K, M> {
+impl<K, M, A: Atom> Drop for Table<K, M, A> {
     fn drop(&mut self) {
         // Keys that need no drop need no pass over the slots either.
         for slot in self.slots.iter().filter(|_| std::mem::needs_drop::<K>()) {
-            let raw = stored(slot.word.load(Ordering::Relaxed));
-            if raw != EMPTY && raw != FROZEN {
+            let head = A::head(slot.word.load(Ordering::Relaxed));
+            if head != EMPTY && head != FROZEN {
                 // SAFETY: `&mut self`: no reader is left. A live or REMOVED word means the
                 // key was written and is still owned by this table (a FROZEN one was moved
                 // out, an EMPTY one never written), so it is dropped exactly once.
@@ -588,18 +586,19 @@ impl<K, M> Drop for Table<K, M> {
     }
 }
 
-/// What a migration does with each key it moves to a table of new `meta`.
-pub(crate) trait Carry<K> {
+/// What a migration does with each key it moves to a table of new `meta`, whose states
+/// are `V`.
+pub(crate) trait Carry<K, V = u64> {
     /// The state for `self`'s table of a key (of `hash`) whose state was `state` under
     /// `from`'s, at `now`.
-    fn carry(&self, from: &Self, key: &K, hash: u64, state: u64, now: u64) -> u64;
+    fn carry(&self, from: &Self, key: &K, hash: u64, state: V, now: u64) -> V;
 }
 
 /// The current table of one shard, and the mutex its writers take.
-pub(crate) struct EpochTable<K, M, W> {
+pub(crate) struct EpochTable<K, M, W, A: Atom = AtomicU64> {
     /// Never null: a table made by `Box::into_raw`.
-    current: sync::AtomicPtr<Table<K, M>>,
-    writer: Mutex<Locked<K, W>>,
+    current: sync::AtomicPtr<Table<K, M, A>>,
+    writer: Mutex<Locked<K, W, A>>,
     /// This shard's tables not yet destroyed: the current one, the one a migration
     /// moves to, and the retired ones.
     alive: Arc<std::sync::atomic::AtomicUsize>,
@@ -608,13 +607,13 @@ pub(crate) struct EpochTable<K, M, W> {
     /// A table a check's help unlinked but did not retire (retiring may allocate, and a
     /// check on an existing key does not): the next writer retires it. Null otherwise.
     /// Changed only under the writer mutex.
-    unretired: sync::AtomicPtr<Table<K, M>>,
-    _owns: PhantomData<Table<K, M>>,
+    unretired: sync::AtomicPtr<Table<K, M, A>>,
+    _owns: PhantomData<Table<K, M, A>>,
 }
 
 /// What the writer mutex guards: the writers' own state, how far the migration in
 /// progress (if any) has come, and the slots made ready for the next one.
-struct Locked<K, W> {
+struct Locked<K, W, A: Atom> {
     user: W,
     /// The next slot of the current table to move.
     cursor: usize,
@@ -623,16 +622,16 @@ struct Locked<K, W> {
     faulted: usize,
     /// The slots of the next migration's table, written ahead of it a batch at a time
     /// (see [`Writer::prepare`]); no reader can reach them yet.
-    spare: Option<Spare<K>>,
+    spare: Option<Spare<K, A>>,
 }
 
 /// A table's slots (and tags), written a batch at a time before the table is made.
-struct Spare<K> {
-    slots: Partial<Slot<K>>,
+struct Spare<K, A: Atom> {
+    slots: Partial<Slot<K, A>>,
     tags: Partial<AtomicU8>,
 }
 
-impl<K> Spare<K> {
+impl<K, A: Atom> Spare<K, A> {
     fn new(capacity: usize) -> Self {
         Self {
             slots: Partial::new(capacity),
@@ -647,14 +646,14 @@ impl<K> Spare<K> {
     /// Writes up to `pages` more pages' worth of slots (and their tags); true once all
     /// are written.
     fn fill(&mut self, pages: usize) -> bool {
-        let count = pages.saturating_mul(slots_per_page::<K>());
+        let count = pages.saturating_mul(slots_per_page::<K, A>());
         let slots = self.slots.fill(count);
         let tags = self.tags.fill(count);
         slots && tags
     }
 
     /// The table of these slots, the rest of them written now.
-    fn into_table<M>(self, meta: M, alive: &Arc<std::sync::atomic::AtomicUsize>) -> Table<K, M> {
+    fn into_table<M>(self, meta: M, alive: &Arc<std::sync::atomic::AtomicUsize>) -> Table<K, M, A> {
         Table::with(self.slots.finish(), self.tags.finish(), meta, alive)
     }
 }
@@ -696,8 +695,8 @@ impl<T: Zeroable> Partial<T> {
 }
 
 /// Slots per 4 KiB page.
-fn slots_per_page<K>() -> usize {
-    (4096 / std::mem::size_of::<Slot<K>>()).max(1)
+fn slots_per_page<K, A>() -> usize {
+    (4096 / std::mem::size_of::<Slot<K, A>>()).max(1)
 }
 
 /// Whether a table of keys `K` keeps tags (see [`Table`]'s `tags`).
@@ -709,14 +708,13 @@ const fn tagged<K>() -> bool {
 /// writing. An atomic add of a constant 0 would not do: the compiler may turn an add of
 /// 0 into a fenced load (LLVM does, on x86), which maps the shared zero page instead, and
 /// the first real write then takes a second fault, a copy, and a TLB shootdown of the
-/// other threads. The opaque 0 keeps it a write.
+/// other threads. [`Atom::touch`] adds an opaque 0, which keeps it a write.
 #[inline]
-fn touch<K>(slot: &Slot<K>) {
-    slot.word
-        .fetch_add(std::hint::black_box(0), Ordering::Relaxed);
+fn touch<K, A: Atom>(slot: &Slot<K, A>) {
+    slot.word.touch();
 }
 
-impl<K, M, W> EpochTable<K, M, W>
+impl<K, M, W, A: Atom> EpochTable<K, M, W, A>
 where
     K: Send + Sync + 'static,
     M: Send + Sync + 'static,
@@ -743,7 +741,7 @@ where
 
     /// The current table, for as long as both `self` and `guard` are borrowed.
     #[inline(always)]
-    pub(crate) fn read<'a>(&'a self, _guard: &'a Guard<'_>) -> &'a Table<K, M> {
+    pub(crate) fn read<'a>(&'a self, _guard: &'a Guard<'_>) -> &'a Table<K, M, A> {
         let table = self.current.load(Ordering::Acquire);
         // SAFETY: `current` is never null (set in `new`, replaced only by non-null tables
         // in `step`). A table it pointed to while `guard` was in force is destroyed
@@ -768,7 +766,7 @@ where
     }
 
     /// Takes the writer mutex.
-    pub(crate) fn write(&self) -> Writer<'_, K, M, W> {
+    pub(crate) fn write(&self) -> Writer<'_, K, M, W, A> {
         Writer {
             owner: self,
             state: sync::lock(&self.writer),
@@ -776,12 +774,12 @@ where
     }
 
     /// Takes the writer mutex if no one holds it.
-    pub(crate) fn try_write(&self) -> Option<Writer<'_, K, M, W>> {
+    pub(crate) fn try_write(&self) -> Option<Writer<'_, K, M, W, A>> {
         sync::try_lock(&self.writer).map(|state| Writer { owner: self, state })
     }
 }
 
-impl<K, M, W> Drop for EpochTable<K, M, W> {
+impl<K, M, W, A: Atom> Drop for EpochTable<K, M, W, A> {
     fn drop(&mut self) {
         let current = self.current.load(Ordering::Relaxed);
         // SAFETY: `&mut self`: no borrow of the current table is left (`read` ties it to
@@ -808,12 +806,12 @@ impl<K, M, W> Drop for EpochTable<K, M, W> {
 
 /// The writer mutex of one [`EpochTable`], held: the only way to insert, remove or
 /// migrate.
-pub(crate) struct Writer<'a, K, M, W> {
-    owner: &'a EpochTable<K, M, W>,
-    state: MutexGuard<'a, Locked<K, W>>,
+pub(crate) struct Writer<'a, K, M, W, A: Atom = AtomicU64> {
+    owner: &'a EpochTable<K, M, W, A>,
+    state: MutexGuard<'a, Locked<K, W, A>>,
 }
 
-impl<'a, K, M, W> Writer<'a, K, M, W>
+impl<'a, K, M, W, A: Atom> Writer<'a, K, M, W, A>
 where
     K: Send + Sync + 'static,
     M: Send + Sync + 'static,
@@ -824,7 +822,7 @@ where
     }
 
     /// The current table. While this writer lives, no one else publishes another.
-    pub(crate) fn table<'g>(&self, guard: &'g Guard<'_>) -> &'g Table<K, M>
+    pub(crate) fn table<'g>(&self, guard: &'g Guard<'_>) -> &'g Table<K, M, A>
     where
         'a: 'g,
     {
@@ -832,7 +830,7 @@ where
     }
 
     /// Where new keys go: the table a migration moves to, else the current one.
-    pub(crate) fn target<'g>(&self, guard: &'g Guard<'_>) -> &'g Table<K, M>
+    pub(crate) fn target<'g>(&self, guard: &'g Guard<'_>) -> &'g Table<K, M, A>
     where
         'a: 'g,
     {
@@ -853,8 +851,8 @@ where
         guard: &'g Guard<'_>,
         hash: u64,
         key: K,
-        state: u64,
-    ) -> Result<&'g Slot<K>, K>
+        state: A::Value,
+    ) -> Result<&'g Slot<K, A>, K>
     where
         'a: 'g,
     {
@@ -870,19 +868,19 @@ where
 
     /// Marks `slot` (of any table) removed; returns the state it had, or `None` if it was
     /// not live.
-    pub(crate) fn remove(&mut self, slot: &Slot<K>) -> Option<u64> {
+    pub(crate) fn remove(&mut self, slot: &Slot<K, A>) -> Option<A::Value> {
         slot.remove()
     }
 
     /// Marks `slot` removed if its word is still the live state `state`; false if a check
     /// changed it meanwhile (or it was not live).
-    pub(crate) fn remove_unchanged(&mut self, slot: &Slot<K>, state: u64) -> bool {
-        state <= STATE_MAX
+    pub(crate) fn remove_unchanged(&mut self, slot: &Slot<K, A>, state: A::Value) -> bool {
+        A::head(state) <= STATE_MAX
             && slot
                 .word
                 .compare_exchange(
-                    stored(state),
-                    stored(REMOVED),
+                    state,
+                    A::marker(REMOVED),
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 )
@@ -910,7 +908,7 @@ where
         now: u64,
     ) -> usize
     where
-        M: Carry<K>,
+        M: Carry<K, A::Value>,
     {
         self.step(guard, usize::MAX, &rehash, now);
         self.retire_unretired(guard);
@@ -994,7 +992,7 @@ where
         now: u64,
     ) -> bool
     where
-        M: Carry<K>,
+        M: Carry<K, A::Value>,
     {
         self.step_inner(guard, budget, rehash, now, false)
     }
@@ -1009,7 +1007,7 @@ where
         now: u64,
     ) -> bool
     where
-        M: Carry<K>,
+        M: Carry<K, A::Value>,
     {
         self.step_inner(guard, budget, rehash, now, true)
     }
@@ -1028,7 +1026,7 @@ where
             // SAFETY: as in `step_inner`: unlinked from `current` before this writer took
             // the mutex (so only guards in force now can hold it), made by `Box::into_raw`,
             // and retired once, here (the swap took the only pointer to it).
-            unsafe { guard.retire(old.cast(), Table::<K, M>::destroy) };
+            unsafe { guard.retire(old.cast(), Table::<K, M, A>::destroy) };
         }
     }
 
@@ -1041,7 +1039,7 @@ where
         defer_retire: bool,
     ) -> bool
     where
-        M: Carry<K>,
+        M: Carry<K, A::Value>,
     {
         if !defer_retire {
             self.retire_unretired(guard);
@@ -1094,7 +1092,7 @@ where
         // the domain destroys it after they have all dropped; it is retired once, here.
         // Its keys and meta are `Send + 'static`, so destroying it later on another thread
         // is sound. (Its `next`, the new current table, is not its to drop.)
-        unsafe { guard.retire(old.cast(), Table::<K, M>::destroy) };
+        unsafe { guard.retire(old.cast(), Table::<K, M, A>::destroy) };
         true
     }
 }
@@ -1114,11 +1112,18 @@ impl<K> Carry<K> for u64 {
     }
 }
 
+#[cfg(test)]
+impl<K> Carry<K, Two> for u64 {
+    fn carry(&self, _: &Self, _: &K, _: u64, state: Two, _: u64) -> Two {
+        state
+    }
+}
+
 /// How many slots an insert moves while a migration is under way: enough for the
 /// migration to end long before the new table fills, few enough to take microseconds.
 pub(crate) const STEP_PER_INSERT: usize = 16;
 
-impl<K, M, W> Writer<'_, K, M, W> {
+impl<K, M, W, A: Atom> Writer<'_, K, M, W, A> {
     /// Touches the pages of the migration's new table ahead of the keys moving in: its
     /// slots come from a zeroed allocation whose pages the kernel maps on first write,
     /// and keys land at random, so without this each move of the first steps would take
@@ -1128,11 +1133,11 @@ impl<K, M, W> Writer<'_, K, M, W> {
     /// and readers see the same word). A migration that took a [`prepare`](Self::prepare)d
     /// table has nothing left to touch; readers may have mapped the pages of any other
     /// before they are touched (see `prepare`).
-    fn prefault(&mut self, new: &Table<K, M>, moved: usize, of: usize) {
+    fn prefault(&mut self, new: &Table<K, M, A>, moved: usize, of: usize) {
         if cfg!(tollgate_loom) {
             return;
         }
-        let per_page = slots_per_page::<K>();
+        let per_page = slots_per_page::<K, A>();
         let capacity = new.capacity();
         let target = (moved.saturating_mul(4).saturating_mul(capacity) / of.max(1))
             .saturating_add(per_page)
@@ -1193,7 +1198,7 @@ mod tests {
             let mut writer = table.write();
             writer.step(&guard, 3, h, 0);
             let found = match writer.table(&guard).locate(h(&key), |k| *k == key) {
-                Located::Found { slot, raw, .. } => Some((slot, Word::from_raw(raw))),
+                Located::Found { slot, raw, .. } => Some((slot, Word::from_raw::<AtomicU64>(raw))),
                 Located::Absent { .. } => None,
                 Located::Moving => panic!("a key half moved under the writer"),
             };
@@ -1387,11 +1392,21 @@ mod loom_models {
     /// writer if it is in the middle of its move; `false` if the key is absent or was
     /// removed.
     fn add(shard: &Shard, domain: &Domain, key: u64, by: u64) -> bool {
+        change(shard, domain, key, |state| state + by)
+    }
+
+    /// [`add`], of any change to a word of any width.
+    fn change<A: Atom>(
+        shard: &EpochTable<u64, u64, (), A>,
+        domain: &Domain,
+        key: u64,
+        by: impl Fn(A::Value) -> A::Value,
+    ) -> bool {
         let handle = domain.register();
         loop {
             let guard = handle.pin();
             let (slot, mut word) = match shard.read(&guard).locate(key, |k| *k == key) {
-                Located::Found { slot, raw, .. } => (slot, Word::from_raw(raw)),
+                Located::Found { slot, raw, .. } => (slot, Word::from_raw::<A>(raw)),
                 Located::Absent { .. } => return false,
                 Located::Moving => {
                     drop(guard);
@@ -1401,9 +1416,9 @@ mod loom_models {
             };
             loop {
                 match word {
-                    Word::Live(state) => match slot.update(state, state + by) {
+                    Word::Live(state) => match slot.update(state, by(state)) {
                         Ok(()) => return true,
-                        Err(actual) => word = Word::from_raw(actual),
+                        Err(actual) => word = Word::from_raw::<A>(actual),
                     },
                     Word::Removed => return false,
                     Word::Frozen => break,
@@ -1412,7 +1427,11 @@ mod loom_models {
         }
     }
 
-    fn state_of(shard: &Shard, domain: &Domain, key: u64) -> Option<u64> {
+    fn state_of<A: Atom>(
+        shard: &EpochTable<u64, u64, (), A>,
+        domain: &Domain,
+        key: u64,
+    ) -> Option<A::Value> {
         let handle = domain.register();
         let guard = handle.pin();
         match shard.read(&guard).locate(key, |k| *k == key) {
@@ -1423,15 +1442,31 @@ mod loom_models {
     }
 
     fn insert(shard: &Shard, domain: &Domain, key: u64) {
+        insert_with(shard, domain, key, 0);
+    }
+
+    fn insert_with<A: Atom>(
+        shard: &EpochTable<u64, u64, (), A>,
+        domain: &Domain,
+        key: u64,
+        state: A::Value,
+    ) {
         let handle = domain.register();
         let guard = handle.pin();
-        shard.write().insert(&guard, key, key, 0).ok().unwrap();
+        shard.write().insert(&guard, key, key, state).ok().unwrap();
     }
 
     /// A whole migration, as an operator's path runs it: begun, then moved a slot at a
     /// time, each under its own hold of the writer mutex and its own guard, with a
     /// collect after the last.
-    fn migrate(shard: &Shard, domain: &Domain, capacity: usize, meta: u64) {
+    fn migrate<A: Atom>(
+        shard: &EpochTable<u64, u64, (), A>,
+        domain: &Domain,
+        capacity: usize,
+        meta: u64,
+    ) where
+        u64: Carry<u64, A::Value>,
+    {
         let handle = domain.register();
         {
             let guard = handle.pin();
@@ -1467,6 +1502,29 @@ mod loom_models {
             assert_eq!(state_of(&shard, &domain, 1), Some(11));
             let handle = domain.register();
             assert_eq!(shard.read(&handle.pin()).meta, 1);
+        });
+    }
+
+    /// A check of a key held to two quotas (both states in one 16-byte word) races a
+    /// migration and another check: both halves of each check land together and once,
+    /// and the migration freezes and moves them together.
+    #[test]
+    fn loom_a_pair_check_racing_a_migration_lands_both_halves_once() {
+        model(|| {
+            let shard: Arc<EpochTable<u64, u64, (), AtomicPair>> =
+                Arc::new(EpochTable::new(4, 0, ()));
+            let domain = Arc::new(Domain::new());
+            insert_with(&shard, &domain, 1, [0, 0]);
+            let check = {
+                let (shard, domain) = (Arc::clone(&shard), Arc::clone(&domain));
+                thread::spawn(move || {
+                    assert!(change(&shard, &domain, 1, |[a, b]| [a + 10, b + 20]));
+                })
+            };
+            migrate(&shard, &domain, 8, 1);
+            assert!(change(&shard, &domain, 1, |[a, b]| [a + 1, b + 2]));
+            check.join().unwrap();
+            assert_eq!(state_of(&shard, &domain, 1), Some([11, 22]));
         });
     }
 
