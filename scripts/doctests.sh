@@ -17,7 +17,12 @@ fail() {
 lines=$(wc -l <README.md)
 [ "$lines" -le 160 ] || fail "README.md has $lines lines; keep it to 160 and move detail to src/guide/"
 
-list=$(cargo test -p tollgate --all-features --doc -- --list 2>/dev/null | grep ': test$' || true)
+# The whole listing is kept for the checks below: a run of this script at 9bf5d7f missed
+# `config::LimiterConfig`, whose doctest had just passed, when only lines ending in
+# ': test' were kept (the listing is printed by the merged doctests' runner; a line it
+# wrote run together with another would be dropped). The count still takes whole lines.
+raw=$(cargo test -p tollgate --all-features --doc -- --list 2>/dev/null || true)
+list=$(printf '%s\n' "$raw" | grep ': test$' || true)
 count=$(printf '%s\n' "$list" | grep -c . || true)
 [ "$count" -ge 60 ] || fail "the library has $count doctests; the docs promise at least 60"
 
@@ -35,7 +40,7 @@ for item in \
     'config::LimiterConfig ' 'wait::RateLimiter<K,C>::until_ready ' \
     'guide::algorithms ' 'guide::configuration ' 'guide::waiting ' 'guide::http ' \
     'guide::grpc ' 'guide::redis ' 'guide::sync ' 'guide::observability ' 'guide::testing '; do
-    printf '%s\n' "$list" | grep -qF -- "- $item(line" || fail "no doctest on the page of $item"
+    printf '%s\n' "$raw" | grep -qF -- "- $item(line" || fail "no doctest on the page of $item"
 done
 
 [ "$failed" -eq 0 ] || exit 1

@@ -636,10 +636,10 @@ mod tests {
     }
 
     /// Two quotas in one slot decide as the chain of two stores does: every check,
-    /// check of several units, delayed admission, charge, refund, peek, removal, default
-    /// and per-key quota change, over random timelines, for every word algorithm and quotas from 1 per
-    /// hour to 100,000 per second. The decisions are equal field by field (the quota a
-    /// decision names among them).
+    /// check of several units, delayed admission, charge, refund, peek, removal, and
+    /// default and per-key quota change, over random timelines, for every word algorithm
+    /// and quotas from 1 per hour to 100,000 per second. The decisions are equal field by
+    /// field (the quota a decision names among them).
     #[test]
     fn a_pair_decides_as_the_chain_of_its_two_stores() {
         use crate::algorithm::{Algorithm, Plan};

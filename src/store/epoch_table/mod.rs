@@ -13,8 +13,8 @@
 //! by CAS. For `u64` keys a slot is 16 bytes, so the key and its state share one cache
 //! line. A key held to two quotas has a 16-byte word of two states instead, changed by
 //! one 16-byte CAS (32-byte slots; see [`atom`]): the protocol below reads only its
-//! first state, the head, and moves the second with it. Everything else — inserting, removing, resizing, changing the table's `meta` —
-//! happens under the writer mutex.
+//! first state, the head, and moves the second with it. Everything else — inserting,
+//! removing, resizing, changing the table's `meta` — happens under the writer mutex.
 //!
 //! # The invariant
 //!
