@@ -447,16 +447,10 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
         let fast = self.fast(shard, hash, key, now, op, |policy| {
             cost <= 1 || cost <= policy.capacity()
         });
-        // Each path returns its own decision, so the lock-free one's stays in registers
-        // (merged, the decision went through the stack for the two-quota rule, and the
-        // caller's copy stalled on store forwarding).
-        if let Some(decision) = fast {
-            if cacheable {
-                self.denies.remember(generation, hash, key, now, &decision);
-            }
-            return Ok(decision);
-        }
-        let decision = self.decide_slow(hash, key, now, op)?;
+        let decision = match fast {
+            Some(decision) => decision,
+            None => self.decide_slow(hash, key, now, op)?,
+        };
         if cacheable {
             self.denies.remember(generation, hash, key, now, &decision);
         }
