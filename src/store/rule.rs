@@ -30,6 +30,17 @@ pub(crate) enum Op {
     Settle(Settle),
 }
 
+impl Op {
+    /// A check's cost; `None` for a settlement.
+    #[inline(always)]
+    pub(crate) fn check_cost(self) -> Option<u64> {
+        match self {
+            Op::Check { cost, .. } => Some(cost),
+            Op::Settle(_) => None,
+        }
+    }
+}
+
 /// A sweep's verdict on a live key ([`Rule::judge`]).
 pub(crate) struct Verdict {
     /// ns from the sweep's `since` until the key is untouched for good: 0 when it can go.
@@ -242,9 +253,21 @@ impl Rule for PairPolicy {
                         state: [s0, s1],
                     }
                 }
-                Outcome::Deny(d1) => Outcome::Deny(second_denied(first, op, s0, now, d1)),
+                Outcome::Deny(d1) => Outcome::Deny(second_denied(
+                    first,
+                    op.check_cost().unwrap_or(0),
+                    s0,
+                    now,
+                    d1,
+                )),
             },
-            Outcome::Deny(d0) => Outcome::Deny(first_denied(second, op, state[1], now, d0)),
+            Outcome::Deny(d0) => Outcome::Deny(first_denied(
+                second,
+                op.check_cost().unwrap_or(1),
+                state[1],
+                now,
+                d0,
+            )),
         }
     }
 
@@ -322,13 +345,13 @@ impl Rule for PairPolicy {
 }
 
 /// The deny of a request the first quota denied (`deny`): the second quota is asked
-/// without consuming; the longer wait if it denies too, and the fewest units left.
+/// without consuming, for `cost` units (1 for a settlement's unit view); the longer wait
+/// if it denies too, and the fewest units left.
+///
+/// The cold helpers take the op's cost, not the op: an `Op` argument goes by pointer to a
+/// copy in the caller's frame, written on every check (see `WordStore::check_slow`).
 #[cold]
-fn first_denied(second: &WordPolicy, op: Op, state: u64, now: u64, deny: Decision) -> Decision {
-    let cost = match op {
-        Op::Check { cost, .. } => cost,
-        Op::Settle(_) => 1,
-    };
+fn first_denied(second: &WordPolicy, cost: u64, state: u64, now: u64, deny: Decision) -> Decision {
     let later = second.peek(state, now, cost);
     let mut decision = deny.for_policy(0);
     if !later.is_allowed() {
@@ -337,20 +360,19 @@ fn first_denied(second: &WordPolicy, op: Op, state: u64, now: u64, deny: Decisio
     decision.with_fewest(deny.remaining().min(later.remaining()))
 }
 
-/// The deny of a request the first quota admitted (its state `after` the admission) and
-/// the second denied (`deny`): the units the first has left once given back, as a
-/// chain's refund would leave them, count among the fewest.
+/// The deny of a check of `cost` units the first quota admitted (its state `after` the
+/// admission) and the second denied (`deny`): the units the first has left once given
+/// back, as a chain's refund would leave them, count among the fewest. A cost of 0 (also
+/// a settlement's) consumed nothing there.
 #[cold]
-fn second_denied(first: &WordPolicy, op: Op, after: u64, now: u64, deny: Decision) -> Decision {
-    let left = match op {
-        Op::Check { cost: 0, .. } => u64::MAX,
-        Op::Check { cost, .. } => {
-            let refunded = first
-                .settle(after, now, Settle::Refund(cost))
-                .min(STATE_MAX);
-            first.unit_view(refunded, now).remaining()
-        }
-        Op::Settle(_) => u64::MAX,
+fn second_denied(first: &WordPolicy, cost: u64, after: u64, now: u64, deny: Decision) -> Decision {
+    let left = if cost == 0 {
+        u64::MAX
+    } else {
+        let refunded = first
+            .settle(after, now, Settle::Refund(cost))
+            .min(STATE_MAX);
+        first.unit_view(refunded, now).remaining()
     };
     deny.for_policy(1).with_fewest(left.min(deny.remaining()))
 }

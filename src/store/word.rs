@@ -449,7 +449,7 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
         });
         let decision = match fast {
             Some(decision) => decision,
-            None => self.decide_slow(hash, key, now, op)?,
+            None => self.check_slow(hash, key, now, cost, max_delay)?,
         };
         if cacheable {
             self.denies.remember(generation, hash, key, now, &decision);
@@ -599,6 +599,29 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
             self.denies.invalidate();
         }
         decision
+    }
+
+    /// [`decide_slow`](Self::decide_slow) for a check, called with the check's cost and
+    /// delay bound as plain arguments. An `Op` passed by value is three words, so it goes
+    /// by pointer to a copy in the caller's frame; that copy's address escapes, and after
+    /// the pair word's `asm!` load (a compiler barrier) the fast path had to reload the
+    /// op from memory and test it at run time instead of folding the constant cost of a
+    /// unit check: 5–7 ns of a two-quota check (see benches/README).
+    #[cold]
+    #[inline(never)]
+    fn check_slow<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        max_delay: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide_slow(hash, key, now, Op::Check { cost, max_delay })
     }
 
     /// Every case the fast path leaves: a cost above capacity, an absent key (peeked or
