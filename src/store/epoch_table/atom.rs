@@ -135,16 +135,25 @@ pub(crate) type Two = [u64; 2];
 ///
 /// On x86-64, `lock cmpxchg16b` and `vmovdqa` (atomic for an aligned 16 bytes on every
 /// CPU with AVX, by Intel's and AMD's manuals), inline: a check makes no call for its
-/// word. Elsewhere, portable-atomic's `AtomicU128`. Usable only where
+/// word. Elsewhere, portable-atomic's `AtomicU128` (also on x86-64 under `--cfg
+/// tollgate_portable_pair`, which ./scripts/test.sh runs the store's and the engine's
+/// tests under, so that this path is tested here too). Usable only where
 /// [`lock_free`](Self::lock_free) says so; [`PairPolicy`](crate::store::rule::PairPolicy)s,
 /// the only users, are made only then.
 #[repr(C, align(16))]
 pub(crate) struct AtomicPair(Bits);
 
-#[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
+#[cfg(all(
+    target_arch = "x86_64",
+    not(tollgate_portable_pair),
+    not(tollgate_loom)
+))]
 type Bits = std::cell::UnsafeCell<u128>;
 
-#[cfg(all(not(target_arch = "x86_64"), not(tollgate_loom)))]
+#[cfg(all(
+    any(not(target_arch = "x86_64"), tollgate_portable_pair),
+    not(tollgate_loom)
+))]
 type Bits = portable_atomic::AtomicU128;
 
 /// Under loom, whose atomics stop at 64 bits: a loom mutex over the value, which loom
@@ -152,9 +161,13 @@ type Bits = portable_atomic::AtomicU128;
 #[cfg(tollgate_loom)]
 type Bits = super::sync::Mutex<u128>;
 
+#[cfg(all(
+    target_arch = "x86_64",
+    not(tollgate_portable_pair),
+    not(tollgate_loom)
+))]
 // SAFETY: every access to the bits is atomic (the instructions below, portable-atomic's
 // or loom's mutex), so sharing them between threads is sound.
-#[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
 unsafe impl Sync for AtomicPair {}
 
 impl AtomicPair {
@@ -171,7 +184,11 @@ impl AtomicPair {
     }
 }
 
-#[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
+#[cfg(all(
+    target_arch = "x86_64",
+    not(tollgate_portable_pair),
+    not(tollgate_loom)
+))]
 impl AtomicPair {
     /// Whether this CPU has `cmpxchg16b` and AVX (detected once, then a cached flag).
     pub(crate) fn lock_free() -> bool {
@@ -257,7 +274,10 @@ impl AtomicPair {
     }
 }
 
-#[cfg(all(not(target_arch = "x86_64"), not(tollgate_loom)))]
+#[cfg(all(
+    any(not(target_arch = "x86_64"), tollgate_portable_pair),
+    not(tollgate_loom)
+))]
 impl AtomicPair {
     /// Whether this machine has lock-free 16-byte atomics (portable-atomic detects it).
     pub(crate) fn lock_free() -> bool {
