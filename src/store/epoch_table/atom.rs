@@ -166,8 +166,9 @@ type Bits = super::sync::Mutex<u128>;
     not(tollgate_portable_pair),
     not(tollgate_loom)
 ))]
-// SAFETY: every access to the bits is atomic (the instructions below, portable-atomic's
-// or loom's mutex), so sharing them between threads is sound.
+// SAFETY: every access to the bits goes through the atomic instructions below (an
+// aligned `vmovdqa` load or store, `lock cmpxchg16b`), so sharing them between threads is
+// sound. (portable-atomic's `AtomicU128` and loom's mutex are `Sync` themselves.)
 unsafe impl Sync for AtomicPair {}
 
 impl AtomicPair {
