@@ -339,12 +339,13 @@ async fn tier(args: &Args) -> Result<Tier, String> {
         config = config.cold_keys(cold);
     }
     let (limiter, handle) = builder.build_synced(config).map_err(|e| e.to_string())?;
-    // An unreachable Redis is not fatal: the limiter serves by its fallback (its reserved
-    // share, then a one-time budget) until Redis answers.
-    let waited = std::time::Instant::now();
-    while handle.stats().syncs == 0 && waited.elapsed() < Duration::from_secs(1) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Serve once every quota's task has heard Redis (its first round answered, and the
+    // keys hot elsewhere read), so that the first requests are decided as all later ones
+    // are; until then a new key's check is denied. An unreachable Redis is not fatal:
+    // `ready` returns at the first failed round, and the limiter serves by its fallback
+    // (its reserved share, then a one-time budget) until Redis answers. The bound is for
+    // a Redis that accepts the connection and never answers.
+    let _ = tokio::time::timeout(Duration::from_secs(2), handle.ready()).await;
     let stats = handle.stats();
     if stats.syncs == 0 {
         let why = match stats.last_error {
