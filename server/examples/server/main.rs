@@ -346,8 +346,9 @@ async fn tier(args: &Args) -> Result<Tier, String> {
     // (its reserved share, then a one-time budget) until Redis answers. The bound is for
     // a Redis that accepts the connection and never answers.
     let _ = tokio::time::timeout(Duration::from_secs(2), handle.ready()).await;
-    let stats = handle.stats();
-    if stats.syncs == 0 {
+    // Each quota's task on its own: the summed `stats` would count one task's rounds
+    // for all of them.
+    if let Some(stats) = handle.quota_stats().into_iter().find(|s| s.syncs == 0) {
         let why = match stats.last_error {
             Some("authentication") => {
                 " (authentication failed: check the password or user in the URL)".to_owned()
