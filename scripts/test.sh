@@ -45,7 +45,8 @@ fi
 # - sim: the library's own tests, the sync's deterministic simulation among them;
 # - http: the tower layer, axum, hyper and tonic over real sockets, the example server,
 #   metrics and tracing;
-# - redis: every test against a real redis-server or cluster, and the Lua differential.
+# - redis: every test against a real redis-server or cluster (the test helpers' own among
+#   them), and the Lua differential.
 # Without it, every layer runs, then the loom models and the stress test under valgrind.
 layer=all
 if [ "${1:-}" = "--layer" ]; then
@@ -62,7 +63,7 @@ layer_of() {
     case "$1" in
         tollgate) echo sim ;;
         http_tier) echo http ;;
-        redis_tier | secrets | sync_flood) echo redis ;;
+        redis_tier | secrets | sync_flood | tollgate_testing) echo redis ;;
         *) echo engine ;;
     esac
 }

@@ -82,15 +82,9 @@ impl LocalCluster {
         }
         let mut nodes = Vec::with_capacity(count);
         for _ in 0..count {
-            // The bus port is reserved like the client port: the default (port + 10,000)
-            // may be another test's server.
-            let bus = std::net::TcpListener::bind("127.0.0.1:0")?
-                .local_addr()?
-                .port()
-                .to_string();
-            let mut node_args = args.clone();
-            node_args.extend(["--cluster-port", &bus]);
-            nodes.push(LocalRedis::start_with(&node_args)?);
+            // Each node's bus port is picked like its client port, on every attempt: the
+            // default (port + 10,000) may be another test's server.
+            nodes.push(LocalRedis::start_cluster_node(&args)?);
         }
         let cluster = Self {
             nodes,

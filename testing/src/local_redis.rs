@@ -10,6 +10,17 @@ use std::time::{Duration, Instant};
 /// How long [`LocalRedis::connection`] waits to connect and for each answer.
 pub const INSPECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How many times a server is started, on fresh ports, before its start is an error.
+const START_ATTEMPTS: usize = 5;
+
+/// How many of the server's last log lines an error of a failed start quotes.
+const LOG_TAIL_LINES: usize = 3;
+
+/// A port that was free a moment ago on `127.0.0.1`.
+fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
 /// A `redis-server` process on `127.0.0.1` that this value owns: started on a free port
 /// with persistence off, stopped (and its directory removed) on drop.
 ///
@@ -47,6 +58,18 @@ impl LocalRedis {
     /// As [`start`](Self::start).
     pub fn start_with(args: &[&str]) -> io::Result<Self> {
         Self::launch(args, false, None)
+    }
+
+    /// [`start_with`](Self::start_with) for a node of a Redis Cluster: `args` should
+    /// enable cluster mode, and the node gets a cluster bus port of its own
+    /// (`--cluster-port`), picked afresh, like the client port, on every attempt to start.
+    /// A bus port reserved once and kept would fail every retry the same way when
+    /// another process took it between the reservation and the start.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_cluster_node(args: &[&str]) -> io::Result<Self> {
+        Self::launch_as(args, false, None, Some(&mut free_port))
     }
 
     /// Starts a server that speaks TLS only, with the certificate, key and CA files
@@ -96,17 +119,34 @@ impl LocalRedis {
     }
 
     fn launch(args: &[&str], tls: bool, sentinel: Option<&str>) -> io::Result<Self> {
+        Self::launch_as(args, tls, sentinel, None)
+    }
+
+    /// Starts a server on a free port, trying again on fresh ports (and a fresh bus port
+    /// for a cluster node) when it exits at start: a port found free can be taken by
+    /// another process before the server binds it. The error of the last attempt says
+    /// what the server logged. A cluster node takes its bus port from `cluster_bus`.
+    fn launch_as(
+        args: &[&str],
+        tls: bool,
+        sentinel: Option<&str>,
+        mut cluster_bus: Option<&mut dyn FnMut() -> io::Result<u16>>,
+    ) -> io::Result<Self> {
         let mut last = None;
-        for _ in 0..3 {
-            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        for _ in 0..START_ATTEMPTS {
+            let port = free_port()?;
             let dir =
                 std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir)?;
+            let mut extra: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
+            if let Some(bus) = cluster_bus.as_mut() {
+                extra.extend(["--cluster-port".to_owned(), bus()?.to_string()]);
+            }
             let mut server = Self {
                 child: None,
                 port,
                 dir,
-                extra: args.iter().map(|&a| a.to_owned()).collect(),
+                extra,
                 tls,
                 sentinel: sentinel.map(str::to_owned),
             };
@@ -135,6 +175,12 @@ impl LocalRedis {
             }
             command.arg(&file).arg("--sentinel");
         }
+        // The server logs to its standard output, kept in a file of its directory (a
+        // restart appends), so that a server that exits says why.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_file())?;
         let child = command
             .args(ports)
             .args(["--bind", "127.0.0.1"])
@@ -142,7 +188,7 @@ impl LocalRedis {
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.extra)
-            .stdout(Stdio::null())
+            .stdout(log)
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| {
@@ -164,7 +210,10 @@ impl LocalRedis {
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 self.child = None;
-                return Err(io::Error::other(format!("redis-server exited: {status}")));
+                return Err(io::Error::other(format!(
+                    "redis-server exited: {status}; its log ends: {}",
+                    self.log_tail()
+                )));
             }
             // Waits for the real redis-server process to start listening.
             thread::sleep(Duration::from_millis(10));
@@ -174,6 +223,17 @@ impl LocalRedis {
             io::ErrorKind::TimedOut,
             "redis-server did not answer PING within 10s",
         ))
+    }
+
+    fn log_file(&self) -> PathBuf {
+        self.dir.join("server.log")
+    }
+
+    /// The last lines the server logged, on one line.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log_file()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join(" | ")
     }
 
     fn ping(&self) -> bool {
@@ -343,5 +403,61 @@ impl Drop for LocalRedis {
         let _ = self.resume();
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLUSTER: [&str; 2] = ["--cluster-enabled", "yes"];
+
+    #[test]
+    fn a_server_that_exits_at_start_says_why() {
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port().to_string();
+        let mut args = CLUSTER.to_vec();
+        args.extend(["--cluster-port", &port]);
+        let error = LocalRedis::start_with(&args).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("redis-server exited") && message.contains("already in use"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_cluster_node_whose_bus_port_was_taken_starts_on_a_fresh_one() {
+        // The first bus port is taken before the server binds it, as another test's
+        // server can; the second attempt gets a fresh one. A bus port reserved once and
+        // passed in `args` failed every attempt the same way.
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken_port = taken.local_addr().unwrap().port();
+        let mut picked = Vec::new();
+        let mut pick = || {
+            let port = if picked.is_empty() {
+                taken_port
+            } else {
+                free_port()?
+            };
+            picked.push(port);
+            Ok(port)
+        };
+        let node = LocalRedis::launch_as(&CLUSTER, false, None, Some(&mut pick)).unwrap();
+        assert_eq!(picked.len(), 2, "{picked:?}");
+        assert_eq!(picked[0], taken_port);
+        let bus = picked[1];
+        assert_ne!(bus, taken_port);
+        assert!(
+            node.extra
+                .ends_with(&["--cluster-port".to_owned(), bus.to_string()])
+        );
+        assert!(
+            TcpStream::connect(("127.0.0.1", bus)).is_ok(),
+            "the bus listens"
+        );
+        let info = redis_cli(node.port(), None, None, &["INFO", "cluster"]).unwrap();
+        assert!(info.contains("cluster_enabled:1"), "{info}");
+        drop(taken);
     }
 }
