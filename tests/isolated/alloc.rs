@@ -12,7 +12,7 @@ use tollgate_testing::CountingAllocator;
 /// Peeks at `keys` (uncounted, consuming nothing, retiring nothing): this thread claims
 /// its record (its first guard's one allocation) and frees anything the test's inserts
 /// retired, so that what is measured is the steady state.
-fn settle(limiter: &RateLimiter<String>, keys: &[String]) {
+fn settle(limiter: &RateLimiter<String, ManualClock>, keys: &[String]) {
     for key in keys {
         limiter.peek(key.as_str());
     }
@@ -27,8 +27,15 @@ fn allocations_in(f: impl FnOnce()) -> usize {
 fn checks_on_existing_keys_do_not_allocate() {
     let _alone = super::alone();
     for algorithm in Algorithm::ALL {
-        let limiter: RateLimiter<String> = RateLimiter::builder(Quota::per_second(50).unwrap())
+        // A manual clock, moved 1 ms a round: a real one lets a stalled test (a loaded
+        // machine, a paused VM) leave the keys untouched long enough for an insert's
+        // sweep to drop them (a second at 50/s), and the measured checks would then
+        // insert them again, as new keys, which allocate. The buckets refill a little
+        // each round, so both admits and denies are measured.
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::<String, _>::builder(Quota::per_second(50).unwrap())
             .algorithm(algorithm)
+            .clock(clock.clone())
             .build()
             .unwrap();
         let keys: Vec<String> = (0..1000).map(|i| format!("user-{i:019}")).collect();
@@ -48,11 +55,13 @@ fn checks_on_existing_keys_do_not_allocate() {
         );
 
         settle(&limiter, &keys);
-        let mut denied = 0;
+        let (mut allowed, mut denied) = (0, 0);
         let n = allocations_in(|| {
             for _ in 0..100 {
+                clock.advance(Duration::from_millis(1));
                 for key in &keys {
                     let d = limiter.check(key.as_str());
+                    allowed += usize::from(d.is_allowed());
                     denied += usize::from(!d.is_allowed());
                     let _ = d.retry_after();
                 }
@@ -71,7 +80,63 @@ fn checks_on_existing_keys_do_not_allocate() {
             "{algorithm:?}: {n} allocations in 102,000 checks and 2,000 settlements on existing keys"
         );
         assert!(denied > 0, "{algorithm:?}: the deny path was not exercised");
+        assert!(
+            allowed > keys.len(),
+            "{algorithm:?}: the admit path was not exercised"
+        );
+        assert_eq!(limiter.stats().evicted_untouched, 0, "{algorithm:?}");
     }
+}
+
+/// A migration in progress when the measuring starts does not make the checks and
+/// settlements that end it allocate. Checks that meet a migration help it along and may
+/// end it, leaving the old table for the next writer to retire; that writer may be a
+/// settlement on an existing key, and retiring (or freeing what was retired) must not
+/// allocate either. Each round inserts one key (uncounted), then checks the existing
+/// keys until any migration it started has ended, then settles: over thousands of
+/// inserts into one shard, the migrations of its growth are caught in progress.
+#[test]
+fn ending_a_migration_on_existing_keys_does_not_allocate() {
+    let _alone = super::alone();
+    let limiter = RateLimiter::<String, _>::builder(Quota::per_second(50).unwrap())
+        .algorithm(Algorithm::TokenBucket)
+        .clock(ManualClock::new())
+        .shards(1)
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..1500).map(|i| format!("user-{i:019}")).collect();
+    limiter.check(keys[0].as_str());
+    settle(&limiter, &keys[..1]);
+    let mut caught = 0;
+    for n in 1..keys.len() {
+        let before = limiter.stats().resizes;
+        limiter.check(keys[n].as_str());
+        // `resizes` counts migrations begun: this insert began one, which its checks
+        // then end by their help (a help every `HELP_EVERY` = 64 checks that meet it, 16
+        // slots each: about 7 rounds over the keys), and which a settlement, a writer,
+        // then retires.
+        let migrating = limiter.stats().resizes > before;
+        caught += usize::from(migrating);
+        let rounds = if migrating { 16 } else { 1 };
+        let allocations = allocations_in(|| {
+            for _ in 0..rounds {
+                for key in &keys[..n] {
+                    limiter.check(key.as_str());
+                }
+            }
+            let _ = limiter.charge(keys[0].as_str(), 1);
+            let _ = limiter.refund(keys[0].as_str(), 1);
+        });
+        assert_eq!(
+            allocations, 0,
+            "{allocations} allocations in checks and settlements on {n} existing keys \
+             (an insert had just begun a migration: {migrating})"
+        );
+    }
+    assert!(
+        caught >= 4,
+        "only {caught} migrations were in progress when a round began"
+    );
 }
 
 /// The HTTP layer adds no allocation to an admitted request: the same requests through
