@@ -5,17 +5,26 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::local_redis::LocalRedis;
+use crate::local_redis::{LocalRedis, redact};
 
 /// A Redis Cluster of `redis-server` processes on ephemeral loopback ports, which this
 /// value owns: created with `redis-cli --cluster create`, every process stopped (and its
 /// directory removed) on drop.
 ///
 /// Meant for tests and benchmarks; it needs `redis-server` and `redis-cli` on `PATH`.
-#[derive(Debug)]
+/// Its `Debug` output shows no password.
 pub struct LocalCluster {
     nodes: Vec<LocalRedis>,
     password: Option<String>,
+}
+
+impl std::fmt::Debug for LocalCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalCluster")
+            .field("nodes", &self.nodes)
+            .field("password", &redact(self.password.as_ref()))
+            .finish()
+    }
 }
 
 /// One line of `CLUSTER NODES`, as far as a test needs it.

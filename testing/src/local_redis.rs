@@ -25,7 +25,7 @@ fn free_port() -> io::Result<u16> {
 /// with persistence off, stopped (and its directory removed) on drop.
 ///
 /// Meant for tests and benchmarks of the Redis tier; it needs `redis-server` on `PATH`.
-#[derive(Debug)]
+/// Its `Debug` output shows no password.
 pub struct LocalRedis {
     child: Option<Child>,
     port: u16,
@@ -335,6 +335,42 @@ impl LocalRedis {
     }
 }
 
+/// `args` with the value after each password flag (`--requirepass`, `--masterauth`)
+/// replaced by `<redacted>`: what a `Debug` output of a server's arguments may show.
+pub(crate) fn redacted(args: &[String]) -> Vec<String> {
+    let mut shown = Vec::with_capacity(args.len());
+    let mut secret_next = false;
+    for arg in args {
+        shown.push(if secret_next {
+            "<redacted>".to_owned()
+        } else {
+            arg.clone()
+        });
+        secret_next = matches!(arg.as_str(), "--requirepass" | "--masterauth");
+    }
+    shown
+}
+
+/// `Some("<redacted>")` for a password that is set: a helper's `Debug` shows whether
+/// it has one, never which.
+pub(crate) fn redact(password: Option<&String>) -> Option<&'static str> {
+    password.map(|_| "<redacted>")
+}
+
+impl std::fmt::Debug for LocalRedis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalRedis")
+            .field("port", &self.port)
+            .field("running", &self.child.is_some())
+            .field("dir", &self.dir)
+            .field("args", &redacted(&self.extra))
+            .field("tls", &self.tls)
+            // A Sentinel's configuration may hold its masters' passwords.
+            .field("sentinel", &self.sentinel.is_some())
+            .finish()
+    }
+}
+
 /// The arguments that make a server speak TLS only with `files` (certificate, key, CA),
 /// clients not asked for certificates, replication over TLS too.
 fn tls_args(files: [&std::path::Path; 3]) -> Vec<String> {
@@ -411,6 +447,22 @@ mod tests {
     use super::*;
 
     const CLUSTER: [&str; 2] = ["--cluster-enabled", "yes"];
+
+    #[test]
+    fn debug_output_shows_no_password() {
+        let server = LocalRedis::start_with(&["--requirepass", "s3cret-pw"]).unwrap();
+        let shown = format!("{server:?}");
+        assert!(!shown.contains("s3cret-pw"), "{shown}");
+        assert!(
+            shown.contains("--requirepass") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+        let args = ["--masterauth", "pw-1", "--port", "1", "--requirepass"].map(str::to_owned);
+        assert_eq!(
+            redacted(&args),
+            ["--masterauth", "<redacted>", "--port", "1", "--requirepass"]
+        );
+    }
 
     #[test]
     fn a_server_that_exits_at_start_says_why() {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::local_redis::{LocalRedis, redis_cli};
+use crate::local_redis::{LocalRedis, redact, redis_cli};
 
 /// The name the sentinels know the primary by.
 pub const MASTER_NAME: &str = "tollgate-primary";
@@ -15,8 +15,8 @@ pub const MASTER_NAME: &str = "tollgate-primary";
 /// loopback port that this value owns (stopped, and its directory removed, on drop).
 ///
 /// Ready once every replica has synced and every sentinel knows every replica and
-/// every other sentinel, so that a failover can start at once.
-#[derive(Debug)]
+/// every other sentinel, so that a failover can start at once. Its `Debug` output shows
+/// no password.
 pub struct LocalSentinel {
     /// The data nodes: the first started as the primary, the rest as its replicas. After
     /// a failover any of them may be the primary (ask [`primary_port`](Self::primary_port)).
@@ -26,6 +26,21 @@ pub struct LocalSentinel {
     sentinel_password: Option<String>,
     /// With TLS: the CA that signed every process's certificate.
     tls_ca: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for LocalSentinel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalSentinel")
+            .field("nodes", &self.nodes)
+            .field("sentinels", &self.sentinels)
+            .field("password", &redact(self.password.as_ref()))
+            .field(
+                "sentinel_password",
+                &redact(self.sentinel_password.as_ref()),
+            )
+            .field("tls_ca", &self.tls_ca)
+            .finish()
+    }
 }
 
 /// A deployment's TLS files: the certificate (for 127.0.0.1), its key and the CA.
