@@ -139,6 +139,66 @@ fn ending_a_migration_on_existing_keys_does_not_allocate() {
     );
 }
 
+/// Checks on existing keys allocate nothing while another thread grows the table under
+/// them: their keys are frozen and moved, they read through migrations and help them,
+/// and they collect the old tables (off the fast path, while garbage is pending, which a
+/// check in flight on the other thread makes common). The inserting thread allocates
+/// its new keys; only the checking thread is counted. A first pass, not counted, grows
+/// the reclamation's lists to what such a run keeps pending; four passes are counted.
+/// (Before the reclamation kept its lists' capacity, about one pass in five allocated.)
+#[test]
+fn checks_allocate_nothing_while_another_thread_grows_the_table() {
+    let _alone = super::alone();
+    for pass in 0..5 {
+        let clock = ManualClock::new();
+        let limiter = RateLimiter::<String, _>::builder(Quota::per_second(50).unwrap())
+            .clock(clock.clone())
+            .shards(2)
+            .build()
+            .unwrap();
+        let keys: Vec<String> = (0..2_000).map(|i| format!("user-{i:019}")).collect();
+        for key in &keys {
+            limiter.check(key.as_str());
+        }
+        let before = limiter.stats().resizes;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (allocations, checks) = std::thread::scope(|s| {
+            let checker = s.spawn(|| {
+                // A thread's first check of a limiter claims its stripe of the decision
+                // counts (one allocation per thread and limiter, not per check).
+                limiter.check(keys[0].as_str());
+                settle(&limiter, &keys);
+                let mut checks = 0u64;
+                let allocations = allocations_in(|| {
+                    while !done.load(std::sync::atomic::Ordering::Acquire) {
+                        for key in &keys {
+                            limiter.check(key.as_str());
+                            limiter.peek(key.as_str());
+                        }
+                        checks += keys.len() as u64;
+                    }
+                });
+                (allocations, checks)
+            });
+            for i in 0..300_000 {
+                limiter.check(format!("new-{i}").as_str());
+            }
+            done.store(true, std::sync::atomic::Ordering::Release);
+            checker.join().unwrap()
+        });
+        let resizes = limiter.stats().resizes - before;
+        assert!(resizes >= 8, "pass {pass}: only {resizes} resizes");
+        assert!(checks > 0, "pass {pass}");
+        if pass > 0 {
+            assert_eq!(
+                allocations, 0,
+                "pass {pass}: {allocations} allocations in {checks} checks and peeks of \
+                 existing keys during {resizes} resizes on another thread"
+            );
+        }
+    }
+}
+
 /// The HTTP layer adds no allocation to an admitted request: the same requests through
 /// the bare service and through the layer allocate the same, whether keyed by a header
 /// (borrowed) or by the peer address (written on the stack), with both header styles.
