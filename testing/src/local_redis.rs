@@ -57,7 +57,7 @@ impl LocalRedis {
     /// # Errors
     /// As [`start`](Self::start).
     pub fn start_with(args: &[&str]) -> io::Result<Self> {
-        Self::launch(args, false, None)
+        Self::launch(args, false, None, None)
     }
 
     /// [`start_with`](Self::start_with) for a node of a Redis Cluster: `args` should
@@ -69,7 +69,7 @@ impl LocalRedis {
     /// # Errors
     /// As [`start`](Self::start).
     pub fn start_cluster_node(args: &[&str]) -> io::Result<Self> {
-        Self::launch_as(args, false, None, Some(&mut free_port))
+        Self::launch(args, false, None, Some(&mut free_port))
     }
 
     /// Starts a server that speaks TLS only, with the certificate, key and CA files
@@ -95,7 +95,7 @@ impl LocalRedis {
         let mut all = tls_args(files);
         all.extend(args.iter().map(|&a| a.to_owned()));
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        Self::launch(&all, true, None)
+        Self::launch(&all, true, None, None)
     }
 
     /// Starts a Redis Sentinel whose configuration file holds `config` (its `sentinel
@@ -104,7 +104,7 @@ impl LocalRedis {
     /// # Errors
     /// As [`start`](Self::start).
     pub fn start_sentinel(config: &str) -> io::Result<Self> {
-        Self::launch(&[], false, Some(config))
+        Self::launch(&[], false, Some(config), None)
     }
 
     /// [`start_sentinel`](Self::start_sentinel), speaking TLS only, to its clients and
@@ -115,18 +115,14 @@ impl LocalRedis {
     pub fn start_sentinel_tls(config: &str, files: [&std::path::Path; 3]) -> io::Result<Self> {
         let args = tls_args(files);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Self::launch(&args, true, Some(config))
-    }
-
-    fn launch(args: &[&str], tls: bool, sentinel: Option<&str>) -> io::Result<Self> {
-        Self::launch_as(args, tls, sentinel, None)
+        Self::launch(&args, true, Some(config), None)
     }
 
     /// Starts a server on a free port, trying again on fresh ports (and a fresh bus port
     /// for a cluster node) when it exits at start: a port found free can be taken by
     /// another process before the server binds it. The error of the last attempt says
     /// what the server logged. A cluster node takes its bus port from `cluster_bus`.
-    fn launch_as(
+    fn launch(
         args: &[&str],
         tls: bool,
         sentinel: Option<&str>,
@@ -495,7 +491,7 @@ mod tests {
             picked.push(port);
             Ok(port)
         };
-        let node = LocalRedis::launch_as(&CLUSTER, false, None, Some(&mut pick)).unwrap();
+        let node = LocalRedis::launch(&CLUSTER, false, None, Some(&mut pick)).unwrap();
         assert_eq!(picked.len(), 2, "{picked:?}");
         assert_eq!(picked[0], taken_port);
         let bus = picked[1];
