@@ -631,11 +631,20 @@ mod tests {
         unsafe { guard.retire(ptr, count_drop) };
     }
 
-    /// A thread that holds a guard of `domain` (a check in flight) until told to drop
-    /// it on the returned channel; returns once the guard is in force.
-    fn hold_a_guard(
-        domain: &'static Domain,
-    ) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    /// A thread holding a guard (a check in flight), from [`hold_a_guard`].
+    struct Held(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>);
+
+    impl Held {
+        /// Drops the guard and waits for its thread to end.
+        fn release(self) {
+            self.0.send(()).unwrap();
+            self.1.join().unwrap();
+        }
+    }
+
+    /// A thread that holds a guard of `domain` (a check in flight) until
+    /// [`Held::release`]; returns once the guard is in force.
+    fn hold_a_guard(domain: &'static Domain) -> Held {
         let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
         let (held_tx, held_rx) = std::sync::mpsc::channel();
         let holder = std::thread::spawn(move || {
@@ -647,7 +656,7 @@ mod tests {
             record.claimed.store(false, Ordering::Release);
         });
         held_rx.recv().unwrap();
-        (hold_tx, holder)
+        Held(hold_tx, holder)
     }
 
     /// A domain of its own (leaked: guards borrow it for `'static`).
@@ -685,12 +694,11 @@ mod tests {
 
             // A guard in force on another thread holds back what is retired meanwhile,
             // and only until it drops.
-            let (hold_tx, holder) = hold_a_guard(domain);
+            let held = hold_a_guard(domain);
             retire_one(&Guard::enter(domain, me, false));
             assert_eq!(domain.collect(), 0);
             assert_eq!(domain.unfreed(), 1);
-            hold_tx.send(()).unwrap();
-            holder.join().unwrap();
+            held.release();
             assert_eq!(domain.collect(), 1);
             idle_tx.send(()).unwrap();
             idle.join().unwrap();
@@ -705,7 +713,7 @@ mod tests {
         for asymmetric in [false, true] {
             let domain = domain(asymmetric);
             let me = domain.claim();
-            let (hold_tx, holder) = hold_a_guard(domain);
+            let held = hold_a_guard(domain);
             retire_one(&Guard::enter(domain, me, false));
             let before = domain.barriers.load(Ordering::Relaxed);
             for _ in 0..100 {
@@ -718,8 +726,7 @@ mod tests {
                 before,
                 "a collect passed the heavy barrier while a guard held the garbage"
             );
-            hold_tx.send(()).unwrap();
-            holder.join().unwrap();
+            held.release();
             assert_eq!(domain.collect_once(), 1);
             assert_eq!(domain.unfreed(), 0);
             assert_eq!(domain.barriers.load(Ordering::Relaxed), before + 1);
@@ -753,13 +760,12 @@ mod tests {
         let me = domain.claim();
         // Grown once: both lists have room for the 8 objects the rounds keep pending.
         for _ in 0..2 {
-            let (hold_tx, holder) = hold_a_guard(domain);
+            let held = hold_a_guard(domain);
             for _ in 0..8 {
                 retire_one(&Guard::enter(domain, me, false));
             }
             assert_eq!(domain.collect(), 0);
-            hold_tx.send(()).unwrap();
-            holder.join().unwrap();
+            held.release();
             assert_eq!(domain.collect(), 8);
         }
         // The spare gets a buffer only from a retire made while a collect runs (onto the
@@ -776,23 +782,21 @@ mod tests {
                 }
                 // Held back, then freed.
                 1 => {
-                    let (hold_tx, holder) = hold_a_guard(domain);
+                    let held = hold_a_guard(domain);
                     retire_one(&Guard::enter(domain, me, false));
                     assert_eq!(domain.collect(), 0);
-                    hold_tx.send(()).unwrap();
-                    holder.join().unwrap();
+                    held.release();
                     assert_eq!(domain.collect(), 1);
                 }
                 // A part freed: what was retired before a guard was taken goes, what
                 // came after stays until it drops.
                 _ => {
                     retire_one(&Guard::enter(domain, me, false));
-                    let (hold_tx, holder) = hold_a_guard(domain);
+                    let held = hold_a_guard(domain);
                     retire_one(&Guard::enter(domain, me, false));
                     assert_eq!(domain.collect(), 1);
                     assert_eq!(domain.unfreed(), 1);
-                    hold_tx.send(()).unwrap();
-                    holder.join().unwrap();
+                    held.release();
                     assert_eq!(domain.collect(), 1);
                 }
             }
