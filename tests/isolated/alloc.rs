@@ -18,6 +18,11 @@ fn settle(limiter: &RateLimiter<String, ManualClock>, keys: &[String]) {
     }
 }
 
+/// `n` keys of 24 bytes, the same for every test here.
+fn user_keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("user-{i:019}")).collect()
+}
+
 /// How many allocations `f` made on this thread.
 fn allocations_in(f: impl FnOnce()) -> usize {
     CountingAllocator::count_allocations(f)
@@ -29,16 +34,16 @@ fn checks_on_existing_keys_do_not_allocate() {
     for algorithm in Algorithm::ALL {
         // A manual clock, moved 1 ms a round: a real one lets a stalled test (a loaded
         // machine, a paused VM) leave the keys untouched long enough for an insert's
-        // sweep to drop them (a second at 50/s), and the measured checks would then
-        // insert them again, as new keys, which allocate. The buckets refill a little
-        // each round, so both admits and denies are measured.
+        // sweep to drop them (four periods and a second: 5 s at 50/s, measured), and the
+        // measured checks would then insert them again, as new keys, which allocate. The
+        // buckets refill a little each round, so both admits and denies are measured.
         let clock = ManualClock::new();
         let limiter = RateLimiter::<String, _>::builder(Quota::per_second(50).unwrap())
             .algorithm(algorithm)
             .clock(clock.clone())
             .build()
             .unwrap();
-        let keys: Vec<String> = (0..1000).map(|i| format!("user-{i:019}")).collect();
+        let keys = user_keys(1000);
         for key in &keys {
             limiter.check(key.as_str());
         }
@@ -104,7 +109,7 @@ fn ending_a_migration_on_existing_keys_does_not_allocate() {
         .shards(1)
         .build()
         .unwrap();
-    let keys: Vec<String> = (0..1500).map(|i| format!("user-{i:019}")).collect();
+    let keys = user_keys(1500);
     limiter.check(keys[0].as_str());
     settle(&limiter, &keys[..1]);
     let mut caught = 0;
@@ -150,13 +155,12 @@ fn ending_a_migration_on_existing_keys_does_not_allocate() {
 fn checks_allocate_nothing_while_another_thread_grows_the_table() {
     let _alone = super::alone();
     for pass in 0..5 {
-        let clock = ManualClock::new();
         let limiter = RateLimiter::<String, _>::builder(Quota::per_second(50).unwrap())
-            .clock(clock.clone())
+            .clock(ManualClock::new())
             .shards(2)
             .build()
             .unwrap();
-        let keys: Vec<String> = (0..2_000).map(|i| format!("user-{i:019}")).collect();
+        let keys = user_keys(2_000);
         for key in &keys {
             limiter.check(key.as_str());
         }
