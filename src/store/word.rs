@@ -746,9 +746,12 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
         }
     }
 
-    /// The write path of a check on a key that was absent: under the writer mutex, moves
-    /// a batch of a migration under way, finds the key again (another thread may have
-    /// inserted it), makes room, inserts it and decides. `None`: look again.
+    /// The write path of a check on a key that was absent or in the middle of its move:
+    /// under the writer mutex, finds the key again (another thread may have inserted it,
+    /// or the writer that moved it has placed it) and decides on it, doing none of an
+    /// insert's work, which may allocate. Otherwise moves a batch of a migration under
+    /// way, writes ahead a growing table's next one, makes room, inserts the key and
+    /// decides. `None`: look again.
     #[cold]
     fn insert<Q>(
         &self,
@@ -764,24 +767,23 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut writer = shard.write();
+        if let Located::Found { table, slot, raw } =
+            writer.table(guard).locate(hash, |k| k.borrow() == key)
+        {
+            let policy = table.meta.policy_for(hash, key);
+            op.fits(policy)?;
+            return Ok(match apply(slot, raw, policy, now, op) {
+                Applied::Done(decision) => Some(decision),
+                Applied::Frozen | Applied::Removed => None,
+            });
+        }
+        // Absent. (Under the writer mutex no key is half moved: frozen and absent from the
+        // next table means removed after its move.) Moving slots cannot bring it back.
         self.step(&mut writer, guard, STEP_PER_INSERT, now);
         self.prepare_growth(&mut writer, guard);
-        let newest = match writer.table(guard).locate(hash, |k| k.borrow() == key) {
-            Located::Found { table, slot, raw } => {
-                let policy = table.meta.policy_for(hash, key);
-                op.fits(policy)?;
-                return Ok(match apply(slot, raw, policy, now, op) {
-                    Applied::Done(decision) => Some(decision),
-                    Applied::Frozen | Applied::Removed => None,
-                });
-            }
-            // Under the writer mutex no key is half moved: frozen and absent from the
-            // next table means removed after its move.
-            Located::Absent { table } => table,
-            Located::Moving => writer.target(guard),
-        };
-        // The policy may have changed since the lock-free read.
-        let policy = *newest.meta.policy_for(hash, key);
+        // The policy may have changed since the lock-free read; the step may have ended
+        // the migration (then its table is the current one).
+        let policy = *writer.target(guard).meta.policy_for(hash, key);
         op.fits(&policy)?;
         if let Some(decision) = op.on_absent(&policy, now) {
             return Ok(Some(decision));
@@ -1656,6 +1658,66 @@ mod tests {
             "{prepared} made, {taken} taken"
         );
         assert!(taken + 1 >= prepared, "{prepared} made, {taken} taken");
+    }
+
+    /// A check that takes the writer path for a key that exists (it met the key in the
+    /// middle of its move, or another thread inserted it first) decides on it and does
+    /// none of an insert's work: it does not write ahead the growth's next table (that
+    /// allocates megabytes, and a check on an existing key allocates nothing), nor move
+    /// a migration's slots.
+    #[test]
+    fn an_existing_key_on_the_writer_path_does_no_inserts_work() {
+        let quota = Quota::new(1, Duration::from_secs(3600)).unwrap();
+        let store: WordStore<u64> =
+            WordStore::new(limits(1, usize::MAX), WordPolicy::token_bucket(quota));
+        let shard = &store.shards[0];
+        let unit = Op::Check {
+            cost: 1,
+            max_delay: u64::MAX,
+        };
+        // Keys until the next insert would write ahead the growth's table, and not fill
+        // the table too.
+        let mut keys = 0u64;
+        while !with_guard(|g| {
+            let mut writer = shard.write();
+            let ahead = writer.table(g).capacity() / PREPARE_AHEAD;
+            ahead > 1
+                && writer.state().growing
+                && !writer.migrating(g)
+                && !writer.has_spare()
+                && writer.nearly_full(g, ahead)
+        }) {
+            assert!(store.check(&keys, || 0, 1, u64::MAX).unwrap().is_allowed());
+            keys += 1;
+            assert!(keys < 1_000_000, "no growth came near");
+        }
+        let existing = keys / 2;
+        let hash = store.hash(&existing);
+        let decision = with_guard(|g| store.insert(shard, g, hash, &existing, 0, unit));
+        // Admitted once at 0 with a burst of 1: denied, by its own state.
+        assert!(!decision.unwrap().unwrap().is_allowed());
+        assert!(
+            !shard.write().has_spare(),
+            "a check wrote the next table ahead"
+        );
+        // An insert there writes it ahead.
+        assert!(store.check(&keys, || 0, 1, u64::MAX).unwrap().is_allowed());
+        assert!(shard.write().has_spare());
+
+        // While a migration is under way, more such checks than it has slots in steps
+        // of an insert leave it under way.
+        let (store, keys, capacity) = store_migrating_after_inserts();
+        let shard = &store.shards[0];
+        let existing = keys / 2;
+        let hash = store.hash(&existing);
+        for _ in 0..capacity / STEP_PER_INSERT as u64 + 1 {
+            let decision = with_guard(|g| store.insert(shard, g, hash, &existing, 0, unit));
+            assert!(!decision.unwrap().unwrap().is_allowed());
+        }
+        assert!(
+            migrating(&store),
+            "checks on an existing key moved the migration's slots"
+        );
     }
 
     /// A one-shard store (1 an hour, burst 1) given at least 20,000 keys, each admitted
