@@ -84,12 +84,15 @@ const HELP_EVERY: u32 = 64;
 /// a whole table: a fault costs microseconds (two, and a TLB shootdown of the other
 /// threads, where a reader mapped the zero page first), and a table of 2M keys'
 /// growth is megabytes. A growth of 1.25× has `1.25·capacity / 256` pages for `u64`
-/// keys: written in the first sixth of the inserts ahead, and resident ahead of the
+/// keys: written in the first third of the inserts ahead, and resident ahead of the
 /// growth for about 2% of its span.
 const PREPARE_AHEAD: usize = 256;
-/// Pages an insert writes of the next table (8–16 µs where each page faults, in a
-/// scratch run), in about 1 insert of 300 while a table grows, so the p99 pays none.
-const PREPARE_PAGES: usize = 8;
+/// Pages an insert writes of the next table: about 1 insert in 180 while a table grows
+/// (`1.25 / 256 / 4` pages a slot over the 0.215 inserts a slot of a growth's span),
+/// under the 1 in 100 that would reach the p99. Each pays 4–8 µs where the pages fault;
+/// 8 pages an insert, half as often, set the new key's p99.99 (30% higher at 2M keys,
+/// benches/README "Fewer pages written ahead per insert").
+const PREPARE_PAGES: usize = 4;
 
 thread_local! {
     /// This thread's checks that met a migration under way, counted for [`HELP_EVERY`].
