@@ -407,14 +407,45 @@ pub(crate) fn redis_cli(
     let output = command
         .args(args)
         .stdin(Stdio::null())
-        .stderr(Stdio::null())
         .output()
         .map_err(cli_missing)?;
     if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(io::Error::other(format!("redis-cli -p {port} failed")))
+        return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
     }
+    Err(io::Error::other(cli_failure(port, args, &output, password)))
+}
+
+/// Why a `redis-cli` call failed: its command's name, its exit (`timeout` exits with 124
+/// when the call took its second), and the last line it wrote, with any password in it
+/// redacted.
+fn cli_failure(
+    port: u16,
+    args: &[&str],
+    output: &std::process::Output,
+    password: Option<&str>,
+) -> String {
+    let command = args.first().copied().unwrap_or("");
+    let exit = match output.status.code() {
+        Some(124) => "timed out after 1 s".to_owned(),
+        Some(code) => format!("exit status {code}"),
+        None => "killed by a signal".to_owned(),
+    };
+    let said = [&output.stderr, &output.stdout]
+        .into_iter()
+        .filter_map(|bytes| {
+            let text = String::from_utf8_lossy(bytes);
+            text.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(str::to_owned)
+        })
+        .next()
+        .unwrap_or_default();
+    let said = match password {
+        Some(password) if !password.is_empty() => said.replace(password, "<redacted>"),
+        _ => said,
+    };
+    format!("redis-cli -p {port} {command} failed: {exit}; it said: {said:?}")
 }
 
 /// A failure to run `redis-cli`, saying how to install it when it is missing.
@@ -472,6 +503,33 @@ mod tests {
             message.contains("redis-server exited") && message.contains("already in use"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_failed_cli_call_says_why_and_shows_no_password() {
+        // A server that takes the connection and never answers: the call times out.
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let secret = "hunter2-secret";
+        let error = redis_cli(port, Some(secret), None, &["PING"]).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains(&format!(
+                "redis-cli -p {port} PING failed: timed out after 1 s"
+            )),
+            "{message}"
+        );
+        assert!(!message.contains(secret), "{message}");
+        // Nothing listening: redis-cli's own words.
+        drop(silent);
+        let message = redis_cli(port, Some(secret), None, &["PING"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("exit status") && message.contains("Connection refused"),
+            "{message}"
+        );
+        assert!(!message.contains(secret), "{message}");
     }
 
     #[test]
