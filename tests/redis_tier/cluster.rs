@@ -30,6 +30,27 @@ fn refs(urls: &[String]) -> Vec<&str> {
     urls.iter().map(String::as_str).collect()
 }
 
+/// A plain connection to the node at `url`, for questions about the cluster's hashing
+/// (one connection: each run of redis-cli is a process with a 1 s timeout, and a loop of
+/// them on a loaded CI machine timed out once).
+async fn connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// The cluster's own hash slot of a key's name (`CLUSTER KEYSLOT`).
+async fn key_slot(con: &mut redis::aio::MultiplexedConnection, name: Vec<u8>) -> u16 {
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(name)
+        .query_async(con)
+        .await
+        .unwrap()
+}
+
 /// How many keys matching `pattern` each master holds.
 fn keys_per_master(cluster: &LocalCluster, pattern: &str) -> Vec<(u16, usize)> {
     cluster
@@ -74,16 +95,12 @@ async fn every_key_works_and_decides_as_in_memory() {
         .build()
         .await
         .unwrap();
-    let port = cluster.masters().unwrap()[0];
+    let mut con = connection(&one_seed[0]).await;
     for k in 0..20 {
-        let slots: Vec<String> = two
-            .redis_keys(&format!("key-{k}"))
-            .iter()
-            .map(|key| {
-                let key = String::from_utf8(key.clone()).unwrap();
-                cluster.cli(port, &["CLUSTER", "KEYSLOT", &key]).unwrap()
-            })
-            .collect();
+        let mut slots = Vec::new();
+        for key in two.redis_keys(&format!("key-{k}")) {
+            slots.push(key_slot(&mut con, key).await);
+        }
         assert_eq!(slots.len(), 2);
         assert_eq!(slots[0], slots[1], "key-{k}");
     }
@@ -270,23 +287,10 @@ async fn sync_state_spreads_over_the_masters() {
         .build()
         .await
         .unwrap();
-    // The cluster's own hash slot of each key's name, over one connection (200 runs of
-    // redis-cli took long enough on a loaded CI machine for one to time out).
-    let mut con = redis::Client::open(urls[0].as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut con = connection(&urls[0]).await;
     let mut slots = std::collections::HashSet::new();
     for k in 0..200 {
-        let name = limiter.redis_key(&format!("x}}{k}"));
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(name)
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        slots.insert(slot);
+        slots.insert(key_slot(&mut con, limiter.redis_key(&format!("x}}{k}"))).await);
     }
     // 200 keys hashed at random into 16,384 slots: about 199 distinct; before, 1.
     assert!(slots.len() >= 190, "{} slots for 200 keys", slots.len());
