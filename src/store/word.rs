@@ -1623,14 +1623,19 @@ mod tests {
         );
     }
 
+    /// A store of one shard and no key cap, at 1 an hour with a burst of 1: a key
+    /// admitted once is denied for the rest of the test.
+    fn one_shard_hourly() -> WordStore<u64> {
+        let quota = Quota::new(1, Duration::from_secs(3600)).unwrap();
+        WordStore::new(limits(1, usize::MAX), WordPolicy::token_bucket(quota))
+    }
+
     /// A growing shard prepares its next table in the last inserts before it is full,
     /// and the growth takes it: after the growth no spare is left, and while the table
     /// fills far from full none is made.
     #[test]
     fn a_growing_table_prepares_its_next_one_ahead() {
-        let quota = Quota::new(1, Duration::from_secs(3600)).unwrap();
-        let store: WordStore<u64> =
-            WordStore::new(limits(1, usize::MAX), WordPolicy::token_bucket(quota));
+        let store = one_shard_hourly();
         let shard = &store.shards[0];
         let (mut prepared, mut taken) = (0, 0);
         let mut had_spare = false;
@@ -1670,9 +1675,7 @@ mod tests {
     /// a migration's slots.
     #[test]
     fn an_existing_key_on_the_writer_path_does_no_inserts_work() {
-        let quota = Quota::new(1, Duration::from_secs(3600)).unwrap();
-        let store: WordStore<u64> =
-            WordStore::new(limits(1, usize::MAX), WordPolicy::token_bucket(quota));
+        let store = one_shard_hourly();
         let shard = &store.shards[0];
         let unit = Op::Check {
             cost: 1,
@@ -1727,9 +1730,7 @@ mod tests {
     /// once, and then until a migration is under way; with its number of keys and its
     /// table's capacity.
     fn store_migrating_after_inserts() -> (WordStore<u64>, u64, u64) {
-        let quota = Quota::new(1, Duration::from_secs(3600)).unwrap();
-        let store: WordStore<u64> =
-            WordStore::new(limits(1, usize::MAX), WordPolicy::token_bucket(quota));
+        let store = one_shard_hourly();
         let mut keys = 0u64;
         while keys < 20_000 || !migrating(&store) {
             assert!(store.check(&keys, || 0, 1, u64::MAX).unwrap().is_allowed());
