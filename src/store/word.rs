@@ -88,10 +88,11 @@ const HELP_EVERY: u32 = 64;
 /// growth for about 2% of its span.
 const PREPARE_AHEAD: usize = 256;
 /// Pages an insert writes of the next table: about 1 insert in 180 while a table grows
-/// (`1.25 / 256 / 4` pages a slot over the 0.215 inserts a slot of a growth's span),
-/// under the 1 in 100 that would reach the p99. Each pays 4–8 µs where the pages fault;
-/// 8 pages an insert, half as often, set the new key's p99.99 (30% higher at 2M keys,
-/// benches/README "Fewer pages written ahead per insert").
+/// (a 1.25× growth's `1.25·capacity / 256` pages, 4 an insert, over the
+/// `0.215·capacity` inserts of its span), under the 1 in 100 that would reach the p99.
+/// Each pays 4–8 µs where the pages fault. With 8 pages an insert, half as often, the
+/// new key's p99.99 at 2M keys was half as high again (benches/README, "Fewer pages
+/// written ahead per insert").
 const PREPARE_PAGES: usize = 4;
 
 thread_local! {
@@ -1674,7 +1675,7 @@ mod tests {
     /// allocates megabytes, and a check on an existing key allocates nothing), nor move
     /// a migration's slots.
     #[test]
-    fn an_existing_key_on_the_writer_path_does_no_inserts_work() {
+    fn an_existing_key_on_the_writer_path_does_none_of_an_inserts_work() {
         let store = one_shard_hourly();
         let shard = &store.shards[0];
         let unit = Op::Check {
@@ -1710,8 +1711,8 @@ mod tests {
         assert!(store.check(&keys, || 0, 1, u64::MAX).unwrap().is_allowed());
         assert!(shard.write().has_spare());
 
-        // While a migration is under way, more such checks than it has slots in steps
-        // of an insert leave it under way.
+        // While a migration is under way, enough such checks to move all its slots at an
+        // insert's step each leave it under way.
         let (store, keys, capacity) = store_migrating_after_inserts();
         let shard = &store.shards[0];
         let existing = keys / 2;

@@ -416,7 +416,7 @@ pub(crate) fn redis_cli(
 }
 
 /// Why a `redis-cli` call failed: its command's name, its exit (`timeout` exits with 124
-/// when the call took its second), and the last line it wrote, with any password in it
+/// when the call ran past its 1 s), and the last line it wrote, with any password in it
 /// redacted.
 fn cli_failure(
     port: u16,
