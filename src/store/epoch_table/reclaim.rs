@@ -659,6 +659,17 @@ mod tests {
         Held(hold_tx, holder)
     }
 
+    /// Retires one object while a guard on another thread is in force: no collect frees
+    /// it until that guard drops, and then one does.
+    fn retire_while_held(domain: &'static Domain, me: &Record) {
+        let held = hold_a_guard(domain);
+        retire_one(&Guard::enter(domain, me, false));
+        assert_eq!(domain.collect(), 0);
+        assert_eq!(domain.unfreed(), 1);
+        held.release();
+        assert_eq!(domain.collect(), 1);
+    }
+
     /// A domain of its own (leaked: guards borrow it for `'static`).
     fn domain(membarrier: bool) -> &'static Domain {
         Box::leak(Box::new(Domain::with_barrier(membarrier)))
@@ -694,12 +705,7 @@ mod tests {
 
             // A guard in force on another thread holds back what is retired meanwhile,
             // and only until it drops.
-            let held = hold_a_guard(domain);
-            retire_one(&Guard::enter(domain, me, false));
-            assert_eq!(domain.collect(), 0);
-            assert_eq!(domain.unfreed(), 1);
-            held.release();
-            assert_eq!(domain.collect(), 1);
+            retire_while_held(domain, me);
             idle_tx.send(()).unwrap();
             idle.join().unwrap();
         }
@@ -781,13 +787,7 @@ mod tests {
                     assert_eq!(domain.collect_once(), 1);
                 }
                 // Held back, then freed.
-                1 => {
-                    let held = hold_a_guard(domain);
-                    retire_one(&Guard::enter(domain, me, false));
-                    assert_eq!(domain.collect(), 0);
-                    held.release();
-                    assert_eq!(domain.collect(), 1);
-                }
+                1 => retire_while_held(domain, me),
                 // A part freed: what was retired before a guard was taken goes, what
                 // came after stays until it drops.
                 _ => {
