@@ -521,6 +521,12 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
     {
         let guard = reclaim::pin();
         let table = shard.read(&guard);
+        // During a migration the key may be in the next table (moved, or new): its home
+        // there starts loading now, so that its miss overlaps this table's.
+        let next = table.next();
+        if let Some(next) = next {
+            next.prefetch(hash);
+        }
         let policy = table.meta.policy_for(hash, key);
         let fast = if eligible(policy) {
             match table.find_raw(hash, |k| k.borrow() == key) {
@@ -533,7 +539,7 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
         } else {
             None
         };
-        let migrating = fast.is_some() && table.next().is_some();
+        let migrating = fast.is_some() && next.is_some();
         // The guard drops first, and a help pins its own: passing this guard by reference
         // kept it in the stack frame, and a `String` key's probe then reloaded the table
         // from the stack (callgrind: 272 instructions a check against 263).

@@ -416,6 +416,38 @@ impl<K, M, A: Atom> Table<K, M, A> {
         }
     }
 
+    /// Asks the processor to start loading the home slot of `hash` (and its tag) into the
+    /// cache, and returns at once. A lookup that will probe this table after another
+    /// one (the table a migration moves to, after the current one) issues this first, so
+    /// that the two tables' cache misses overlap instead of following each other.
+    ///
+    /// Out of line and cold: only a check that meets a migration calls it, and inlined
+    /// into the check's fast path it cost every check 9 instructions (callgrind), against
+    /// 3 for the call behind its branch.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn prefetch(&self, hash: u64) {
+        #[cfg(all(target_arch = "x86_64", not(tollgate_loom)))]
+        {
+            use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            let index = home(hash, self.slots.len());
+            if let Some(slot) = self.slots.get(index) {
+                let slot: *const Slot<K, A> = slot;
+                // SAFETY: a prefetch is a hint: it reads no value the program sees, writes
+                // nothing and never faults, whatever its address. (This one is a slot of a
+                // table the caller borrows, so it is mapped anyway.)
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(slot.cast()) };
+            }
+            if let Some(tag) = self.tags.get(index) {
+                let tag: *const AtomicU8 = tag;
+                // SAFETY: as above.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(tag.cast()) };
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(tollgate_loom))))]
+        let _ = hash;
+    }
+
     /// The slot at `index` (`< capacity`), for the eviction hand and sampling.
     pub(crate) fn slot(&self, index: usize) -> &Slot<K, A> {
         &self.slots[index]
@@ -1245,6 +1277,29 @@ mod tests {
         assert_eq!(slot.load(), Word::Live(STATE_MAX));
         slot.update(STATE_MAX, u64::MAX - 1).unwrap();
         assert_eq!(slot.load(), Word::Live(STATE_MAX));
+    }
+
+    #[test]
+    fn a_prefetch_takes_any_hash_and_changes_nothing() {
+        let guard = reclaim::pin();
+        for capacity in [1, 8, 1000] {
+            let numbers: EpochTable<u64, (), ()> = EpochTable::new(capacity, (), ());
+            let words: EpochTable<String, (), ()> = EpochTable::new(capacity, (), ());
+            numbers.write().insert(&guard, h(&7), 7, 70).ok().unwrap();
+            words
+                .write()
+                .insert(&guard, 9, "seven".into(), 80)
+                .ok()
+                .unwrap();
+            for hash in [0, 1, h(&7), 9, u64::MAX / 2, u64::MAX] {
+                numbers.read(&guard).prefetch(hash);
+                words.read(&guard).prefetch(hash);
+            }
+            let number = numbers.read(&guard).find(h(&7), |k| *k == 7);
+            assert_eq!(number.map(|(_, word)| word), Some(Word::Live(70)));
+            let word = words.read(&guard).find(9, |k| k == "seven");
+            assert_eq!(word.map(|(_, word)| word), Some(Word::Live(80)));
+        }
     }
 
     #[test]
