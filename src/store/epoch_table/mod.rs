@@ -55,7 +55,9 @@
 //! lands either before the freeze (and is in the copy) or in the new table. A check that
 //! meets `FROZEN`, or misses its key, looks in the next table ([`Table::locate`]); a key
 //! frozen and not there yet is in the middle of its move (nanoseconds, under the writer
-//! mutex): the check waits for the mutex. New keys go to the new table. Once the last
+//! mutex): the check waits for the mutex. (A check that sees a migration under way asks
+//! for its key's home in the next table first, [`Table::prefetch`], so that a probe of
+//! both tables waits for about one miss, not two.) New keys go to the new table. Once the last
 //! slot has moved, the new table is published and the old one retired (by a writer: a
 //! check that ends a migration leaves the retire, which may allocate, to the next one).
 //!
