@@ -1582,15 +1582,15 @@ fn growth_contender(name: &str) -> Box<dyn Check> {
     }
 }
 
-/// One growth run on `limiter`: 2 threads, each inserting a new key every 4 operations
-/// and otherwise checking a key it inserted before, until `keys` keys exist, every
-/// operation timed alone. Returns p50, p99, p99.99 and max, for new keys' first checks
-/// and existing keys' checks.
-fn growth_once(limiter: &dyn Check, keys: u64) -> String {
-    let per_thread = keys / 2;
-    let start = Barrier::new(2);
+/// One growth run on `limiter`: `threads` threads, each inserting a new key every 4
+/// operations and otherwise checking a key it inserted before, until `keys` keys exist,
+/// every operation timed alone. Returns p50, p99, p99.99 and max, for new keys' first
+/// checks and existing keys' checks.
+fn growth_once(limiter: &dyn Check, keys: u64, threads: u64) -> String {
+    let per_thread = keys / threads;
+    let start = Barrier::new(threads as usize);
     let (mut new, mut old): (Vec<u32>, Vec<u32>) = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..2u64)
+        let handles: Vec<_> = (0..threads)
             .map(|thread| {
                 let start = &start;
                 s.spawn(move || {
@@ -1599,7 +1599,7 @@ fn growth_once(limiter: &dyn Check, keys: u64) -> String {
                     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ thread;
                     start.wait();
                     for i in 0..per_thread {
-                        let key = (i << 1) | thread;
+                        let key = i * threads + thread;
                         let t0 = Instant::now();
                         black_box(limiter.check(key));
                         new.push(t0.elapsed().as_nanos() as u32);
@@ -1607,7 +1607,7 @@ fn growth_once(limiter: &dyn Check, keys: u64) -> String {
                             x ^= x << 13;
                             x ^= x >> 7;
                             x ^= x << 17;
-                            let key = ((x % (i + 1)) << 1) | thread;
+                            let key = (x % (i + 1)) * threads + thread;
                             let t0 = Instant::now();
                             black_box(limiter.check(key));
                             old.push(t0.elapsed().as_nanos() as u32);
@@ -1651,7 +1651,7 @@ fn growth_tail(quick: bool) {
             names.reverse();
         }
         for name in names {
-            let line = growth_once(&*growth_contender(name), keys);
+            let line = growth_once(&*growth_contender(name), keys, 2);
             println!("growth_tail/{name}/round {round}: {line}");
         }
     }
@@ -1663,11 +1663,20 @@ fn growth_tail(quick: bool) {
     }
 }
 
-/// In a fresh process: one growth run of the contender `spec` names (`name:keys`).
+/// In a fresh process: one growth run of the contender `spec` names (`name:keys`, or
+/// `name:keys:threads`; 2 threads unless it says).
 fn growth_probe(spec: &str) {
-    let (name, keys) = spec.split_once(':').expect("GROWTH_PROBE is name:keys");
-    let keys: u64 = keys.parse().expect("key count");
-    println!("{}", growth_once(&*growth_contender(name), keys));
+    let mut fields = spec.split(':');
+    let name = fields.next().expect("GROWTH_PROBE is name:keys[:threads]");
+    let keys: u64 = fields
+        .next()
+        .and_then(|k| k.parse().ok())
+        .expect("GROWTH_PROBE is name:keys[:threads], with a key count");
+    let threads: u64 = fields
+        .next()
+        .map_or(Some(2), |t| t.parse().ok().filter(|&t| t > 0))
+        .expect("GROWTH_PROBE's threads is a positive number");
+    println!("{}", growth_once(&*growth_contender(name), keys, threads));
 }
 
 /// Checks while the default quota changes: 2 threads check `keys` existing keys (each
