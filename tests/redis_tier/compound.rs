@@ -11,7 +11,7 @@ use tollgate::clock::ManualClock;
 use tollgate::redis::{FailMode, RedisError, RedisLimiter, scripts};
 use tollgate::{Algorithm, RateLimiter};
 
-use crate::redis::{Keeper, assert_same, server};
+use crate::redis::{Keeper, assert_reach, assert_same, server};
 
 const ALGORITHMS: [Algorithm; 3] = [
     Algorithm::TokenBucket,
@@ -55,9 +55,10 @@ async fn several_quotas_decide_as_in_memory() {
         &["20/min burst 5", "5/s burst 3"],
     ];
     let mut x = 0x51_7cc1_b727_220au64;
-    let (mut expired, mut steps, mut denied_later, mut refused) = (0, 0, 0, 0);
+    let (mut denied_later, mut refused) = (0, 0);
     for algorithm in ALGORITHMS {
         for (set, quotas) in sets.iter().enumerate() {
+            let (mut expired, mut steps) = (0, 0);
             let clock = ManualClock::new();
             let (remote, local) = pair(&server.url(), algorithm, quotas, &clock).await;
             let prefix = format!("{}-{set}", algorithm.name());
@@ -100,6 +101,9 @@ async fn several_quotas_decide_as_in_memory() {
                 steps += 1;
                 expired += keeper.persist_for(&remote, &local, &keys).await;
             }
+            // Steps whose key Redis expired in real time are not compared; a loaded
+            // machine makes more of them (59 of 4,347 in one CI run).
+            assert_reach(expired, steps, quotas, &format!("{algorithm:?} {quotas:?}"));
         }
     }
     // The timelines reach the later quotas' denies, not only the first's.
@@ -110,12 +114,6 @@ async fn several_quotas_decide_as_in_memory() {
     assert!(
         refused >= 50,
         "{refused} costs beyond the 1/s quota's burst"
-    );
-    // Steps whose key Redis expired in real time are not compared; a loaded machine
-    // makes more of them (59 of 4,347 in one CI run).
-    assert!(
-        expired <= steps / 25,
-        "{expired} of {steps} steps lost a key to real time"
     );
 }
 

@@ -142,6 +142,29 @@ impl Keeper {
     }
 }
 
+/// Asserts that a differential's timeline kept its keys, so that it compared the states
+/// it built rather than full keys: at most 2% of its `steps` lost one to real time where
+/// every quota's interval is a millisecond or longer (a TTL that short then needs a
+/// state within a millisecond of full; 1 of 400 steps with 8 busy loops beside the
+/// test), and at most a quarter where one quota's is shorter (at 100,000/s every state's
+/// TTL is about a millisecond; 26 to 30 of 400 steps with the same load).
+pub(crate) fn assert_reach(expired: usize, steps: usize, quotas: &[&str], context: &str) {
+    let shortest = quotas
+        .iter()
+        .map(|q| q.parse::<tollgate::Quota>().unwrap().emission_interval())
+        .min()
+        .unwrap();
+    let allowed = if shortest >= Duration::from_millis(1) {
+        steps / 50
+    } else {
+        steps / 4
+    };
+    assert!(
+        expired <= allowed,
+        "{context}: {expired} of {steps} steps lost a key to real time (at most {allowed})"
+    );
+}
+
 /// A clock that can be moved backwards, as a skewed node's can.
 #[derive(Clone, Default)]
 struct SettableClock(Arc<AtomicU64>);
@@ -812,20 +835,26 @@ async fn a_failures_cause_is_typed_and_its_source_is_the_clients_error() {
 
 /// Charges and refunds through Redis equal the in-memory limiter's, interleaved with
 /// checks on random timelines: every decision the same, retry and reset once rounded
-/// up to microseconds. At 1/s and between; 100,000/s has its own test below, because a
-/// state a few 10 µs units from full gets a TTL of a millisecond, which Redis counts in
-/// real time and a loaded machine can let pass before the test persists the key (the
-/// CI run of 3ae6b6c did).
+/// up to microseconds. From 1/s to 100,000/s.
+///
+/// At 100,000/s (T = 10 µs, burst 50) every state is at most about a millisecond from
+/// full, and so is its TTL, which Redis counts in real time: a loaded machine lets some
+/// pass before the `Keeper` persists the key (44 Redis keys in one CI run, all of them
+/// the token bucket's at 100,000/s). Both sides then forget the key, so the comparison
+/// stays exact; what a lost key costs is the test's reach, which `assert_reach` holds
+/// each timeline to on its own. `settlements_are_exact_at_100k_per_second` compares
+/// debts of a second or more at 100,000/s with no key lost.
 #[tokio::test]
 async fn settlements_equal_the_in_memory_limiter() {
     let server = server();
     let quotas = ["1/s", "5/s burst 3", "20/min burst 5", "100000/s burst 50"];
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let (mut expired, mut steps, mut refunds) = (0, 0, 0);
+    let mut refunds = 0;
     for (algorithm, quota) in ALGORITHMS
         .into_iter()
         .flat_map(|a| quotas.map(move |q| (a, q)))
     {
+        let (mut expired, mut steps) = (0, 0);
         let clock = ManualClock::new();
         let remote = limiter(&server, algorithm, quota, clock.clone()).await;
         let local: RateLimiter<String, ManualClock> = RateLimiter::builder(quota.parse().unwrap())
@@ -878,12 +907,9 @@ async fn settlements_equal_the_in_memory_limiter() {
             steps += 1;
             expired += keeper.persist_for(&remote, &local, &keys).await;
         }
+        assert_reach(expired, steps, &[quota], &format!("{algorithm:?} {quota}"));
     }
     assert!(refunds >= 1_000, "{refunds} refunds");
-    assert!(
-        expired <= steps / 100,
-        "{expired} of {steps} steps lost a key to real time"
-    );
 }
 
 /// At 100,000/s (T = 10 µs, burst 50), charges and refunds through Redis are exact to
