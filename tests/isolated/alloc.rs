@@ -28,6 +28,44 @@ fn allocations_in(f: impl FnOnce()) -> usize {
     CountingAllocator::count_allocations(f)
 }
 
+/// Set in the child process of [`a_built_limiter_leaves_parking_nothing_to_allocate`].
+const CHILD: &str = "TOLLGATE_ALLOC_CHILD";
+
+/// Once a limiter is built, a first wait on a parking_lot lock allocates nothing.
+/// parking_lot allocates its table of parked threads at the first wait or wake in the
+/// process; on a check that helped a migration and woke an insert waiting for the writer
+/// mutex, that was 2 allocations on the check's path (a loaded CI run). Building a shard
+/// creates the table. The test runs in a child process of its own, where nothing has
+/// waited on a parking_lot lock before the limiter is built.
+#[test]
+fn a_built_limiter_leaves_parking_nothing_to_allocate() {
+    let _alone = super::alone();
+    let name = "alloc::a_built_limiter_leaves_parking_nothing_to_allocate";
+    if std::env::var_os(CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads", "1", "--nocapture"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "the child failed: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    // The counter sees a first wait's allocations: this process has not parked yet.
+    let _limiter = RateLimiter::<u64>::builder(Quota::per_second(50).unwrap())
+        .build()
+        .unwrap();
+    let mutex = parking_lot::Mutex::new(());
+    let allocations = allocations_in(|| {
+        let _ = parking_lot::Condvar::new().wait_for(&mut mutex.lock(), Duration::ZERO);
+    });
+    assert_eq!(allocations, 0, "a first wait after building a limiter");
+}
+
 #[test]
 fn checks_on_existing_keys_do_not_allocate() {
     let _alone = super::alone();
@@ -150,7 +188,10 @@ fn ending_a_migration_on_existing_keys_does_not_allocate() {
 /// check in flight on the other thread makes common). The inserting thread allocates
 /// its new keys; only the checking thread is counted. A first pass, not counted, grows
 /// the reclamation's lists to what such a run keeps pending; four passes are counted.
-/// (Before the reclamation kept its lists' capacity, about one pass in five allocated.)
+/// (Before the reclamation kept its lists' capacity, about one pass in five allocated.
+/// Before building a limiter created parking_lot's table of parked threads, a loaded
+/// run allocated it on the checking thread at the first contention of the writer mutex,
+/// in a counted pass: see `a_built_limiter_leaves_parking_nothing_to_allocate`.)
 #[test]
 fn checks_allocate_nothing_while_another_thread_grows_the_table() {
     let _alone = super::alone();

@@ -118,6 +118,25 @@ mod sync {
     pub(super) fn try_lock<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
         mutex.try_lock()
     }
+
+    /// Makes parking_lot's table of parked threads exist, once per process. parking_lot
+    /// allocates it (about 1 KiB) at the first wait on any of its locks, or at the first
+    /// unlock that wakes a waiter, whichever comes first. That can be a check on an
+    /// existing key: one that helps a migration unlocks the writer mutex an insert waits
+    /// on, and the first such contention in the process then allocated on the check's
+    /// path (a loaded CI run of the allocation tests caught it; the backtrace went
+    /// through `RawMutex::unlock_slow`). A wait of zero on a condition variable parks
+    /// this thread and times out at once, which creates the table here, where a shard is
+    /// built, instead. (parking_lot also grows the table when more threads than it was
+    /// sized for first park: on that thread, once.)
+    pub(super) fn prepare_parking() {
+        static PREPARED: std::sync::Once = std::sync::Once::new();
+        PREPARED.call_once(|| {
+            let mutex = Mutex::new(());
+            let _ =
+                parking_lot::Condvar::new().wait_for(&mut mutex.lock(), std::time::Duration::ZERO);
+        });
+    }
 }
 
 /// The std and parking_lot primitives, or loom's under `--cfg tollgate_loom`.
@@ -142,6 +161,9 @@ mod sync {
             Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
+
+    /// Nothing to prepare: loom's mutexes do not park.
+    pub(super) fn prepare_parking() {}
 }
 
 /// The largest state a slot holds. Larger values are clamped to it; the word
@@ -756,6 +778,7 @@ where
     /// An empty table of `capacity` slots (at least 2) with `meta`; `writer` is the state
     /// the writers keep.
     pub(crate) fn new(capacity: usize, meta: M, writer: W) -> Self {
+        sync::prepare_parking();
         let alive = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let table = Table::new(capacity.clamp(2, MAX_CAPACITY), meta, &alive);
         Self {
