@@ -839,11 +839,12 @@ async fn a_failures_cause_is_typed_and_its_source_is_the_clients_error() {
 ///
 /// At 100,000/s (T = 10 µs, burst 50) every state is at most about a millisecond from
 /// full, and so is its TTL, which Redis counts in real time: a loaded machine lets some
-/// pass before the `Keeper` persists the key (44 Redis keys in one CI run, all of them
-/// the token bucket's at 100,000/s). Both sides then forget the key, so the comparison
-/// stays exact; what a lost key costs is the test's reach, which `assert_reach` holds
-/// each timeline to on its own. `settlements_are_exact_at_100k_per_second` compares
-/// debts of a second or more at 100,000/s with no key lost.
+/// pass before the `Keeper` persists the key (44 Redis keys in one CI run; in loaded
+/// runs here, every lost key was the token bucket's at 100,000/s). Both sides then
+/// forget the key, so the comparison stays exact; what a lost key costs is the test's
+/// reach, which `assert_reach` holds each timeline to on its own.
+/// `settlements_are_exact_at_100k_per_second` compares debts of a second or more at
+/// 100,000/s with no key lost.
 #[tokio::test]
 async fn settlements_equal_the_in_memory_limiter() {
     let server = server();
