@@ -57,9 +57,10 @@
 //! frozen and not there yet is in the middle of its move (nanoseconds, under the writer
 //! mutex): the check waits for the mutex. (A check that sees a migration under way asks
 //! for its key's home in the next table first, [`Table::prefetch`], so that a probe of
-//! both tables waits for about one miss, not two.) New keys go to the new table. Once the last
-//! slot has moved, the new table is published and the old one retired (by a writer: a
-//! check that ends a migration leaves the retire, which may allocate, to the next one).
+//! both tables waits for about one miss, not two.) New keys go to the new table. Once
+//! the last slot has moved, the new table is published and the old one retired (by a
+//! writer: a check that ends a migration leaves the retire, which may allocate, to the
+//! next one).
 //!
 //! A growing shard's next table is written ahead, a few pages per insert in the last
 //! inserts before the growth ([`Writer::prepare`]), before any reader can reach it: the
