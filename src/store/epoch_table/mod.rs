@@ -1717,6 +1717,33 @@ mod loom_models {
         });
     }
 
+    /// A reader holds a table that a migration retires while checks' collects
+    /// (`collect_once`, which frees in place) run on both threads, beside the writer's
+    /// own: none frees the table while the reader's guard is in force (the canary and
+    /// the key cells tell loom), and once the reader is done a check's collect frees it.
+    #[test]
+    fn loom_a_checks_collect_frees_only_what_no_reader_holds() {
+        model(|| {
+            let (shard, domain) = setup();
+            insert(&shard, &domain, 3);
+            let reader = spawn(&shard, &domain, |shard, domain| {
+                let handle = domain.register();
+                let guard = handle.pin();
+                let table = shard.read(&guard);
+                let (slot, _) = table.find(3, |k| *k == 3).unwrap();
+                assert_eq!(slot.with_key(|k| *k), Some(3));
+                drop(guard);
+                drop(handle);
+                domain.collect_once();
+            });
+            migrate(&shard, &domain, 8, 1);
+            domain.collect_once();
+            reader.join().unwrap();
+            domain.collect_once();
+            assert_eq!(shard.retired_unfreed(), 0);
+        });
+    }
+
     /// A thread that took a guard once and then idles, holding its record, never holds
     /// back a table retired after its guard dropped: the collect right after the
     /// migration frees it, in every interleaving.

@@ -71,6 +71,9 @@ const QUIESCENT: u64 = 0;
 const RESCANS: u32 = 16;
 #[cfg(tollgate_loom)]
 const RESCANS: u32 = 2;
+/// How many objects a collect takes out of the garbage list per hold of its mutex (into
+/// an array on its stack, to destroy them outside it).
+const FREED_PER_LOCK: usize = 16;
 /// Spins between two reads of the records.
 #[cfg(not(tollgate_loom))]
 const SPINS: u32 = 64;
@@ -107,22 +110,16 @@ struct Retired {
 // object behind `ptr` to be safe to destroy on any thread (`Send + 'static`).
 unsafe impl Send for Retired {}
 
-/// The garbage waiting for readers, and a spare list with capacity: a collect takes the
-/// list and leaves the spare in its place, frees what it can in place, then puts back
-/// what is left and keeps its emptied list as the spare. So, once the lists have grown
-/// to the garbage a store keeps pending (a few tables), neither a retire's push nor a
-/// collect allocates: a check on an existing key that collects (off the fast path,
-/// while garbage is pending) allocates nothing either.
+/// The garbage waiting for readers. Collects free in place (see
+/// [`Domain::collect_within`]), so once the list has grown to the garbage the stores
+/// keep pending (a few tables) neither a retire's push nor a collect allocates, and a
+/// collect never allocates at all.
 struct Garbage {
     list: Vec<Retired>,
-    spare: Vec<Retired>,
 }
 
 impl Garbage {
-    const EMPTY: Self = Self {
-        list: Vec::new(),
-        spare: Vec::new(),
-    };
+    const EMPTY: Self = Self { list: Vec::new() };
 }
 
 /// The epoch, the registry of records, and the garbage waiting for readers.
@@ -302,38 +299,38 @@ impl Domain {
     /// garbage for a later collect, and freeing still needs the barrier and a read
     /// after it.
     ///
-    /// Allocates nothing once the garbage lists have grown (see [`Garbage`]): the list
-    /// is taken and put back whole, and freed in place.
+    /// Frees in place and **allocates nothing, whatever runs beside it**: it takes the
+    /// objects it frees out of the list [`FREED_PER_LOCK`] at a time, into an array on
+    /// its stack, and never takes the list out or puts one back. (It took the list out
+    /// and put back what it could not free, while a retire meanwhile filled the spare
+    /// list left in its place: the two together could outgrow that list, an allocation
+    /// on a check's path too.)
+    ///
+    /// Only objects retired before it first reads the list may go: those tagged at most
+    /// the newest tag it saw there, `last`. Each was unlinked before its tag was drawn,
+    /// and the tags are drawn in order by one read-modify-write, so every such unlink
+    /// happened before that read, and so before the heavy barrier, as the protocol needs
+    /// (module docs). One retired after the read (tagged above `last`) may pass the
+    /// records, read while no guard was in force, and still be held by a guard taken
+    /// since.
     fn collect_within(&self, reads: u32) -> usize {
-        let mut pending = {
-            let mut garbage = sync::lock(&self.garbage);
-            if garbage.list.is_empty() {
+        // The oldest and the newest tag the list holds now.
+        let (first, last) = {
+            let garbage = sync::lock(&self.garbage);
+            let mut tags = garbage.list.iter().map(|retired| retired.epoch);
+            let Some(tag) = tags.next() else {
                 return 0;
-            }
-            let spare = std::mem::take(&mut garbage.spare);
-            std::mem::replace(&mut garbage.list, spare)
+            };
+            tags.fold((tag, tag), |(first, last), tag| {
+                (first.min(tag), last.max(tag))
+            })
         };
         let mut freed = 0;
-        if self.worth_a_barrier(&pending, reads) && self.heavy_barrier() {
+        if self.worth_a_barrier(first, reads) && self.heavy_barrier() {
             for rescan in 0..reads {
-                let oldest = self.oldest_active();
-                let mut at = 0;
-                while at < pending.len() {
-                    if pending[at].epoch > oldest {
-                        at += 1;
-                        continue;
-                    }
-                    // Out of the list before it is destroyed: a destructor that panics
-                    // leaks what is left, never destroys anything twice.
-                    let retired = pending.swap_remove(at);
-                    freed += 1;
-                    // SAFETY: every record read quiescent or at an epoch at least the
-                    // object's after the heavy barrier, so no guard can still reach it
-                    // (module docs); it was retired once and has just left the list, so
-                    // it is destroyed once.
-                    unsafe { (retired.destroy)(retired.ptr) };
-                }
-                if pending.is_empty() || rescan + 1 == reads {
+                let (now_freed, held) = self.free_up_to(self.oldest_active().min(last), last);
+                freed += now_freed;
+                if !held || rescan + 1 == reads {
                     break;
                 }
                 for _ in 0..SPINS {
@@ -342,24 +339,53 @@ impl Domain {
             }
         }
         self.unfreed.fetch_sub(freed, Ordering::Relaxed);
-        let mut garbage = sync::lock(&self.garbage);
-        // What is left goes back (retires meanwhile pushed onto the spare put in its
-        // place), and the emptied list, with its capacity, is the next spare.
-        if garbage.list.is_empty() {
-            std::mem::swap(&mut garbage.list, &mut pending);
-        } else {
-            garbage.list.append(&mut pending);
-        }
-        if pending.capacity() > garbage.spare.capacity() {
-            garbage.spare = pending;
-        }
         freed
     }
 
-    /// Whether a guard in force may have dropped the hold on the oldest of `pending`:
-    /// read without the heavy barrier, up to `reads` times, [`SPINS`] apart.
-    fn worth_a_barrier(&self, pending: &[Retired], reads: u32) -> bool {
-        let first = pending.iter().map(|r| r.epoch).min().unwrap_or(u64::MAX);
+    /// Destroys every object of the list tagged at most `up_to` (at most `last`, read
+    /// after the heavy barrier as [`collect_within`](Self::collect_within) does): taken
+    /// out of the list under the mutex, [`FREED_PER_LOCK`] at a time, and destroyed
+    /// outside it. How many it destroyed, and whether the list still holds one tagged at
+    /// most `last`.
+    fn free_up_to(&self, up_to: u64, last: u64) -> (usize, bool) {
+        let mut freed = 0;
+        loop {
+            let mut batch = [const { None::<Retired> }; FREED_PER_LOCK];
+            let (mut taken, mut held) = (0, false);
+            {
+                let mut garbage = sync::lock(&self.garbage);
+                let mut at = 0;
+                while at < garbage.list.len() && taken < FREED_PER_LOCK {
+                    let tag = garbage.list[at].epoch;
+                    if tag <= up_to {
+                        batch[taken] = Some(garbage.list.swap_remove(at));
+                        taken += 1;
+                    } else {
+                        held |= tag <= last;
+                        at += 1;
+                    }
+                }
+            }
+            // Out of the list before they are destroyed: a destructor that panics leaks
+            // the rest of the batch, never destroys anything twice.
+            for retired in batch.into_iter().flatten() {
+                freed += 1;
+                // SAFETY: tagged at most `up_to` ≤ `last`, so unlinked before the heavy
+                // barrier (see `collect_within`), after which every record read quiescent
+                // or at an epoch at least `up_to`, so at least its tag: no guard can
+                // still reach it (module docs). It was retired once and has just left
+                // the list, under the mutex, so it is destroyed once.
+                unsafe { (retired.destroy)(retired.ptr) };
+            }
+            if taken < FREED_PER_LOCK {
+                return (freed, held);
+            }
+        }
+    }
+
+    /// Whether a guard in force may have dropped the hold on the oldest garbage, tagged
+    /// `first`: read without the heavy barrier, up to `reads` times, [`SPINS`] apart.
+    fn worth_a_barrier(&self, first: u64, reads: u32) -> bool {
         for read in 0..reads {
             if first <= self.oldest_active() {
                 return true;
@@ -743,41 +769,33 @@ mod tests {
         }
     }
 
-    /// The buffers of the garbage lists, as addresses in order (a list without one: 0).
-    fn buffers(domain: &Domain) -> [usize; 2] {
+    /// The garbage list's buffer, as an address (0 while it has none).
+    fn buffer(domain: &Domain) -> usize {
         let garbage = sync::lock(&domain.garbage);
-        let mut buffers = [&garbage.list, &garbage.spare].map(|list| {
-            if list.capacity() == 0 {
-                0
-            } else {
-                list.as_ptr() as usize
-            }
-        });
-        buffers.sort_unstable();
-        buffers
+        if garbage.list.capacity() == 0 {
+            0
+        } else {
+            garbage.list.as_ptr() as usize
+        }
     }
 
-    /// Once the garbage lists have grown, retiring and collecting reuse their buffers:
-    /// no collect allocates, whether it frees everything, nothing (a guard in force holds
-    /// the garbage) or a part. The same buffers, by address, over hundreds of rounds.
+    /// Once the garbage list has grown, retiring and collecting reuse its buffer: no
+    /// collect allocates, whether it frees everything, nothing (a guard in force holds
+    /// the garbage) or a part. The same buffer, by address, over hundreds of rounds.
     #[test]
-    fn retires_and_collects_reuse_the_garbage_lists() {
+    fn retires_and_collects_reuse_the_garbage_list() {
         let domain = domain(true);
         let me = domain.claim();
-        // Grown once: both lists have room for the 8 objects the rounds keep pending.
-        for _ in 0..2 {
-            let held = hold_a_guard(domain);
-            for _ in 0..8 {
-                retire_one(&Guard::enter(domain, me, false));
-            }
-            assert_eq!(domain.collect(), 0);
-            held.release();
-            assert_eq!(domain.collect(), 8);
+        // Grown once: room for the 8 objects the rounds keep pending.
+        let held = hold_a_guard(domain);
+        for _ in 0..8 {
+            retire_one(&Guard::enter(domain, me, false));
         }
-        // The spare gets a buffer only from a retire made while a collect runs (onto the
-        // spare it left in the list's place); on one thread the list keeps its own.
-        let grown = buffers(domain);
-        assert_ne!(grown[1], 0, "{grown:?}");
+        assert_eq!(domain.collect(), 0);
+        held.release();
+        assert_eq!(domain.collect(), 8);
+        let grown = buffer(domain);
+        assert_ne!(grown, 0);
         let before = DROPS.load(Ordering::Relaxed);
         for round in 0..300 {
             match round % 3 {
@@ -800,15 +818,70 @@ mod tests {
                     assert_eq!(domain.collect(), 1);
                 }
             }
-            let now = buffers(domain);
             assert_eq!(
-                now, grown,
-                "round {round}: the lists' buffers changed (an allocation)"
+                buffer(domain),
+                grown,
+                "round {round}: the list's buffer changed (an allocation)"
             );
         }
         assert_eq!(domain.unfreed(), 0);
         assert!(DROPS.load(Ordering::Relaxed) >= before + 400);
         me.claimed.store(false, Ordering::Release);
+    }
+
+    thread_local! {
+        /// Where [`retire_two_on_drop`] retires: a domain and this thread's record in it.
+        static NESTED: Cell<Option<(&'static Domain, &'static Record)>> =
+            const { Cell::new(None) };
+        /// The garbage list's buffer right after [`retire_two_on_drop`] retired.
+        static AFTER: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// A destructor that retires two more objects (what a retire on another thread
+    /// does while a collect runs), then notes the list's buffer.
+    unsafe fn retire_two_on_drop(ptr: *mut ()) {
+        // SAFETY: as for `count_drop`: made by `Box::into_raw` in the test.
+        unsafe { count_drop(ptr) };
+        let (domain, me) = NESTED.get().expect("set by the test");
+        let guard = Guard::enter(domain, me, false);
+        retire_one(&guard);
+        retire_one(&guard);
+        drop(guard);
+        AFTER.set(buffer(domain));
+    }
+
+    /// A retire while a collect runs never makes the collect allocate: after the collect
+    /// the list's buffer is the one the retire left. One object is free to go, and its
+    /// destructor retires two more; seven others are held by a guard in force, so the
+    /// collect keeps them. Collects that took the list out put those seven back onto
+    /// the list the retire had just started (4 slots), and that outgrew it: a new buffer,
+    /// allocated by the collect, on a check's path too (`collect_once`).
+    #[test]
+    fn a_retire_while_a_collect_runs_leaves_the_collect_nothing_to_allocate() {
+        for collect in [Domain::collect_once, Domain::collect] {
+            let domain = domain(true);
+            let me = domain.claim();
+            NESTED.set(Some((domain, me)));
+            let first = Box::into_raw(Box::new(7u64)).cast::<()>();
+            // SAFETY: never linked anywhere; `retire_two_on_drop` frees a `Box<u64>`.
+            unsafe { Guard::enter(domain, me, false).retire(first, retire_two_on_drop) };
+            let held = hold_a_guard(domain);
+            for _ in 0..7 {
+                retire_one(&Guard::enter(domain, me, false));
+            }
+            assert_eq!(collect(domain), 1);
+            assert_eq!(domain.unfreed(), 9);
+            assert_eq!(
+                buffer(domain),
+                AFTER.get(),
+                "the collect put a list back and allocated"
+            );
+            held.release();
+            assert_eq!(domain.collect(), 9);
+            assert_eq!(domain.unfreed(), 0);
+            NESTED.set(None);
+            me.claimed.store(false, Ordering::Release);
+        }
     }
 
     #[test]
