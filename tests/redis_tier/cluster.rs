@@ -567,11 +567,12 @@ async fn sixteen_nodes_at_the_largest_and_smallest_quotas() {
     let got = offer(&fast, &key, 12_500.0, Duration::from_secs(5)).await[0];
     let secs = wall_secs_since(start);
     // Reconcile mode's documented excess in any span is `2B + r·(5I + Δ) + 3N`. After 3 s
-    // at twice the rate the global state holds nothing when the span starts, so no node
-    // holds or overdrafts a burst and its `2B` is gone: `r·(5I + Δ) + 3N` = 45,048 (9%
-    // of the 5 s). The test held ±3% before; a CI run beside builds and benches of mine
-    // admitted 522,625 (+4.5%), within that bound; where in the span the excess came
-    // from was not measured.
+    // at twice the rate the global state holds nothing when the span starts, and leases
+    // and overdrafts come out of what it holds plus its refill, so neither holds a burst
+    // and the `2B` is gone: `r·(5I + Δ) + 3N` = 45,048 (9% of the 5 s). The test held
+    // ±3% before; a CI run beside builds and benches of mine admitted 522,625 in 5.015 s
+    // (+4.2% over r·t), within that bound; where in the span the excess came from was
+    // not measured.
     let excess = documented_bound(quota, SyncMode::Reconcile, 16) - 2.0 * quota.burst() as f64;
     eprintln!("cluster, 16 nodes at 100,000/s: {got} in {secs:.3} s (at most r·t + {excess:.0})");
     let expected = 100_000.0 * secs;
