@@ -678,15 +678,19 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
                         if let Some(decision) = op.on_absent(policy, now) {
                             return Ok(decision);
                         }
-                        *wrote = true;
-                        if let Some(decision) = self.insert(shard, guard, hash, key, now, op)? {
+                        if let Some(decision) =
+                            self.insert(shard, guard, hash, key, now, op, wrote)?
+                        {
                             return Ok(decision);
                         }
                     }
-                    // Being moved (the writer path tells where).
+                    // Being moved (the writer path tells where; a key it finds there, in
+                    // the middle of its move or inserted by another thread meanwhile, is
+                    // decided with no writer's work, so `wrote` stays as it was).
                     Located::Moving => {
-                        *wrote = true;
-                        if let Some(decision) = self.insert(shard, guard, hash, key, now, op)? {
+                        if let Some(decision) =
+                            self.insert(shard, guard, hash, key, now, op, wrote)?
+                        {
                             return Ok(decision);
                         }
                     }
@@ -761,8 +765,10 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
     /// or the writer that moved it has placed it) and decides on it, doing none of an
     /// insert's work, which may allocate. Otherwise moves a batch of a migration under
     /// way, writes ahead a growing table's next one, makes room, inserts the key and
-    /// decides. `None`: look again.
+    /// decides, and sets `wrote` (that work may retire a table: the caller's collect is
+    /// then a writer's). `None`: look again.
     #[cold]
+    #[allow(clippy::too_many_arguments)]
     fn insert<Q>(
         &self,
         shard: &WordShard<K, R>,
@@ -771,6 +777,7 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
         key: &Q,
         now: u64,
         op: Op,
+        wrote: &mut bool,
     ) -> Result<Option<Decision>, InsufficientCapacity>
     where
         K: Borrow<Q>,
@@ -789,6 +796,7 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
         }
         // Absent. (Under the writer mutex no key is half moved: frozen and absent from the
         // next table means removed after its move.) Moving slots cannot bring it back.
+        *wrote = true;
         self.step(&mut writer, guard, STEP_PER_INSERT, now);
         self.prepare_growth(&mut writer, guard);
         // The policy may have changed since the lock-free read; the step may have ended
@@ -1679,7 +1687,8 @@ mod tests {
     /// middle of its move, or another thread inserted it first) decides on it and does
     /// none of an insert's work: it does not write ahead the growth's next table (that
     /// allocates megabytes, and a check on an existing key allocates nothing), nor move
-    /// a migration's slots.
+    /// a migration's slots, and does not count as a writer (its collect is then a
+    /// check's, which never waits); a new key's insert does.
     #[test]
     fn an_existing_key_on_the_writer_path_does_none_of_an_inserts_work() {
         let store = one_shard_hourly();
@@ -1706,9 +1715,12 @@ mod tests {
         }
         let existing = keys / 2;
         let hash = store.hash(&existing);
-        let decision = with_guard(|g| store.insert(shard, g, hash, &existing, 0, unit));
+        let mut wrote = false;
+        let decision = with_guard(|g| store.insert(shard, g, hash, &existing, 0, unit, &mut wrote));
         // Admitted once at 0 with a burst of 1: denied, by its own state.
         assert!(!decision.unwrap().unwrap().is_allowed());
+        // No writer's work, so its collect is a check's.
+        assert!(!wrote, "a check of an existing key counted as a writer's");
         assert!(
             !shard.write().has_spare(),
             "a check wrote the next table ahead"
@@ -1724,13 +1736,22 @@ mod tests {
         let existing = keys / 2;
         let hash = store.hash(&existing);
         for _ in 0..capacity / STEP_PER_INSERT as u64 + 1 {
-            let decision = with_guard(|g| store.insert(shard, g, hash, &existing, 0, unit));
+            let mut wrote = false;
+            let decision =
+                with_guard(|g| store.insert(shard, g, hash, &existing, 0, unit, &mut wrote));
             assert!(!decision.unwrap().unwrap().is_allowed());
+            assert!(!wrote);
         }
         assert!(
             migrating(&store),
             "checks on an existing key moved the migration's slots"
         );
+        // A new key's insert does a writer's work (here a step of the migration).
+        let mut wrote = false;
+        let hash = store.hash(&keys);
+        let decision = with_guard(|g| store.insert(shard, g, hash, &keys, 0, unit, &mut wrote));
+        assert!(decision.unwrap().unwrap().is_allowed());
+        assert!(wrote, "an insert did not count as a writer's");
     }
 
     /// A one-shard store (1 an hour, burst 1) given at least 20,000 keys, each admitted
