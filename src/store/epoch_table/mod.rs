@@ -1688,6 +1688,16 @@ mod loom_models {
         });
     }
 
+    /// A reader's borrow of the current table: under a guard, finds `key` and reads it
+    /// in its slot, then drops the guard and gives its record back.
+    fn read_through_a_guard(shard: &Shard, domain: &Domain, key: u64) {
+        let handle = domain.register();
+        let guard = handle.pin();
+        let table = shard.read(&guard);
+        let (slot, _) = table.find(key, |k| *k == key).unwrap();
+        assert_eq!(slot.with_key(|k| *k), Some(key));
+    }
+
     /// Two migrations, each followed by a collect, while a reader holds the first table:
     /// the reader's borrowed table and keys stay valid until its guard drops (the
     /// canary and the key cells tell loom of any table freed early), and its check lands
@@ -1698,13 +1708,7 @@ mod loom_models {
             let (shard, domain) = setup();
             insert(&shard, &domain, 3);
             let reader = spawn(&shard, &domain, |shard, domain| {
-                let handle = domain.register();
-                let guard = handle.pin();
-                let table = shard.read(&guard);
-                let (slot, _) = table.find(3, |k| *k == 3).unwrap();
-                assert_eq!(slot.with_key(|k| *k), Some(3));
-                drop(guard);
-                drop(handle);
+                read_through_a_guard(shard, domain, 3);
                 assert!(add(shard, domain, 3, 4));
             });
             migrate(&shard, &domain, 4, 1);
@@ -1727,13 +1731,7 @@ mod loom_models {
             let (shard, domain) = setup();
             insert(&shard, &domain, 3);
             let reader = spawn(&shard, &domain, |shard, domain| {
-                let handle = domain.register();
-                let guard = handle.pin();
-                let table = shard.read(&guard);
-                let (slot, _) = table.find(3, |k| *k == 3).unwrap();
-                assert_eq!(slot.with_key(|k| *k), Some(3));
-                drop(guard);
-                drop(handle);
+                read_through_a_guard(shard, domain, 3);
                 domain.collect_once();
             });
             migrate(&shard, &domain, 8, 1);
