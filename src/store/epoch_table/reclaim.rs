@@ -110,10 +110,9 @@ struct Retired {
 // object behind `ptr` to be safe to destroy on any thread (`Send + 'static`).
 unsafe impl Send for Retired {}
 
-/// The garbage waiting for readers. Collects free in place (see
-/// [`Domain::collect_within`]), so once the list has grown to the garbage the stores
-/// keep pending (a few tables) neither a retire's push nor a collect allocates, and a
-/// collect never allocates at all.
+/// The garbage waiting for readers. A collect frees in place and never allocates (see
+/// [`Domain::collect_within`]); a retire's push allocates only while the list grows to
+/// the most garbage the stores have kept pending at once (a few tables).
 struct Garbage {
     list: Vec<Retired>,
 }
