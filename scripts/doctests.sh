@@ -40,10 +40,10 @@ for item in \
     'guide::grpc ' 'guide::redis ' 'guide::sync ' 'guide::observability ' 'guide::testing '; do
     # Not `printf | grep -q` under pipefail: grep quits at its first match, bash's printf
     # then writes the rest of the listing into a closed pipe and dies of SIGPIPE, and the
-    # pipeline fails although the item was found. That race missed `config::LimiterConfig`
-    # at 9bf5d7f and `guide::waiting` in the project's CI run of 3ee7755, both early in the
-    # listing, whose first 4 KiB printf writes at once (under strace, 24 of 50 runs failed
-    # so; a here-string, 0 of 50).
+    # pipeline fails although the item was found. That race missed `guide::waiting` in the
+    # project's CI run of 3ee7755, and most likely `config::LimiterConfig` at 9bf5d7f, both
+    # early in the listing, whose first 4 KiB printf writes at once (under strace, 24 of
+    # 50 runs failed so; a here-string, 0 of 50).
     grep -qF -- "- $item(line" <<<"$raw" || fail "no doctest on the page of $item"
 done
 
