@@ -1446,10 +1446,23 @@ mod loom_models {
     /// Runs `f` under loom with every interleaving of up to `LOOM_MAX_PREEMPTIONS` (default 2)
     /// preemptions per thread, as loom recommends for models of this size.
     fn model(f: impl Fn() + Sync + Send + 'static) {
+        check_with(|set| set.unwrap_or(2), f);
+    }
+
+    /// [`model`] with at most `preemptions` per thread whatever `LOOM_MAX_PREEMPTIONS`
+    /// says: for a model of three threads, whose interleavings grow much faster.
+    fn model_within(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+        check_with(|set| set.map_or(preemptions, |set| set.min(preemptions)), f);
+    }
+
+    /// Runs `f` under loom with the preemption bound `bound` makes of the one
+    /// `LOOM_MAX_PREEMPTIONS` sets, if any.
+    fn check_with(
+        bound: impl FnOnce(Option<usize>) -> usize,
+        f: impl Fn() + Sync + Send + 'static,
+    ) {
         let mut builder = loom::model::Builder::new();
-        if builder.preemption_bound.is_none() {
-            builder.preemption_bound = Some(2);
-        }
+        builder.preemption_bound = Some(bound(builder.preemption_bound));
         builder.check(f);
     }
 
@@ -1739,6 +1752,56 @@ mod loom_models {
             reader.join().unwrap();
             domain.collect_once();
             assert_eq!(shard.retired_unfreed(), 0);
+        });
+    }
+
+    /// Frees the `Box<u64>` that [`loom_a_collect_frees_nothing_retired_after_it_read_the_list`]
+    /// retires.
+    ///
+    /// # Safety
+    /// `ptr` is from `Box::into_raw` of a `Box<u64>`, freed once.
+    unsafe fn free_a_u64(ptr: *mut ()) {
+        // SAFETY: the caller's contract.
+        drop(unsafe { Box::from_raw(ptr.cast::<u64>()) });
+    }
+
+    /// A collect frees only what was retired before it read the garbage list, whatever
+    /// its later read of the records says: a check's collect reads the list (pending
+    /// garbage), passes the barrier and reads the records while a reader has not yet
+    /// taken its guard; the reader then borrows the table, which a migration unlinks and
+    /// retires. The records the collect read said no guard was in force, but the table
+    /// retired after its read of the list is held, and stays until a later collect (the
+    /// canary and the key cells tell loom of a table freed early). This is the collect's
+    /// cap at the newest tag it read: without it (`free_up_to(oldest_active, last)`)
+    /// this model fails and every other passes. Three threads, so at most 2 preemptions
+    /// each (14 s; 200 s with 3).
+    #[test]
+    fn loom_a_collect_frees_nothing_retired_after_it_read_the_list() {
+        model_within(2, || {
+            let (shard, domain) = setup();
+            insert(&shard, &domain, 3);
+            {
+                // Garbage pending before the threads start, so that the collect below
+                // reads a list that is not empty, and goes on to the records.
+                let handle = domain.register();
+                let guard = handle.pin();
+                let ptr = Box::into_raw(Box::new(7u64)).cast::<()>();
+                // SAFETY: never linked anywhere, retired once; `free_a_u64` frees a
+                // `Box<u64>`.
+                unsafe { guard.retire(ptr, free_a_u64) };
+            }
+            let collector = spawn(&shard, &domain, |_, domain| {
+                domain.collect_once();
+            });
+            let reader = spawn(&shard, &domain, |shard, domain| {
+                read_through_a_guard(shard, domain, 3);
+            });
+            migrate(&shard, &domain, 8, 1);
+            collector.join().unwrap();
+            reader.join().unwrap();
+            domain.collect();
+            assert_eq!(shard.retired_unfreed(), 0);
+            assert_eq!(domain.unfreed(), 0);
         });
     }
 
