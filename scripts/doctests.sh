@@ -18,8 +18,14 @@ lines=$(wc -l <README.md)
 [ "$lines" -le 160 ] || fail "README.md has $lines lines; keep it to 160 and move detail to src/guide/"
 
 # The count takes the listing's whole lines; the entry points below are looked for in all
-# of it.
-raw=$(cargo test -p tollgate --all-features --doc -- --list 2>/dev/null || true)
+# of it. A listing that fails says why (cargo's own words), not only that the count is 0.
+errors=$(mktemp)
+trap 'rm -f "$errors"' EXIT
+if ! raw=$(cargo test -p tollgate --all-features --doc -- --list 2>"$errors"); then
+    cat "$errors" >&2
+    echo "doctests.sh: could not list the doctests (cargo's output is above)" >&2
+    exit 1
+fi
 list=$(printf '%s\n' "$raw" | grep ': test$' || true)
 count=$(printf '%s\n' "$list" | grep -c . || true)
 [ "$count" -ge 60 ] || fail "the library has $count doctests; the docs promise at least 60"
