@@ -225,6 +225,30 @@ pub(crate) struct WordPolicy {
     kind: WordKind,
 }
 
+/// Two token buckets, a pair's first and second quota, kept apart from their policies
+/// so that a pair's check finds them without matching on two kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BucketPair([Gcra; 2]);
+
+impl BucketPair {
+    /// The admission of a request of `cost` (within both capacities) under both buckets
+    /// at once: the tighter decision (marked with its index) and both new states. `None`
+    /// if either denies, or for a cost of 0: then the caller evaluates each.
+    #[inline(always)]
+    pub(crate) fn admit(
+        &self,
+        states: [u64; 2],
+        now: u64,
+        cost: u64,
+    ) -> Option<(Decision, [u64; 2])> {
+        if cost == 0 {
+            return None;
+        }
+        let [a, b] = &self.0;
+        Gcra::admit_both([a, b], states, now, cost)
+    }
+}
+
 /// A policy for the sliding log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct LogPolicy {
@@ -278,21 +302,11 @@ impl WordPolicy {
         }
     }
 
-    /// The admission of a request of `cost` (at least 1, within both capacities) under
-    /// `pair` at once, for the token bucket: the tighter decision (marked with its
-    /// index) and both new states. `None` if either denies, or for the other algorithms:
-    /// then the caller evaluates each.
-    #[inline(always)]
-    pub(crate) fn admit_both(
-        pair: [&Self; 2],
-        states: [u64; 2],
-        now: u64,
-        cost: u64,
-    ) -> Option<(Decision, [u64; 2])> {
+    /// Both policies' buckets, if both are token buckets: what a pair's check of them
+    /// decides in one pass ([`BucketPair::admit`]).
+    pub(crate) fn bucket_pair(pair: [&Self; 2]) -> Option<BucketPair> {
         match (&pair[0].kind, &pair[1].kind) {
-            (WordKind::TokenBucket(a), WordKind::TokenBucket(b)) if cost > 0 => {
-                Gcra::admit_both([a, b], states, now, cost)
-            }
+            (WordKind::TokenBucket(a), WordKind::TokenBucket(b)) => Some(BucketPair([*a, *b])),
             _ => None,
         }
     }

@@ -9,7 +9,7 @@
 
 use super::epoch_table::{Atom, AtomicPair, STATE_MAX, Two};
 use super::{Sweep, fits};
-use crate::algorithm::{Outcome, Policy, Settle, UNTOUCHED, WordPolicy};
+use crate::algorithm::{BucketPair, Outcome, Policy, Settle, UNTOUCHED, WordPolicy};
 use crate::decision::Decision;
 use crate::error::InsufficientCapacity;
 
@@ -195,18 +195,31 @@ impl Rule for WordPolicy {
 /// Two quotas of one key, decided together over an [`AtomicPair`]: the limiter's own
 /// quota (index 0 in decisions) and its first `also` quota (index 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct PairPolicy([WordPolicy; 2]);
+pub(crate) struct PairPolicy {
+    policies: [WordPolicy; 2],
+    /// Both quotas' buckets when both are token buckets (the common case), decided in
+    /// one pass without a match on the two policies' kinds.
+    buckets: Option<BucketPair>,
+}
 
 impl PairPolicy {
     /// The pair of `policies`, if this machine has the lock-free 16-byte atomics a
     /// pair's word needs ([`AtomicPair::lock_free`]): no pair's table exists without.
     pub(crate) fn new(policies: [WordPolicy; 2]) -> Option<Self> {
-        AtomicPair::lock_free().then_some(Self(policies))
+        AtomicPair::lock_free().then(|| Self::of(policies))
+    }
+
+    fn of(policies: [WordPolicy; 2]) -> Self {
+        let [first, second] = &policies;
+        Self {
+            policies,
+            buckets: WordPolicy::bucket_pair([first, second]),
+        }
     }
 
     /// Both policies, the limiter's own first.
     pub(crate) fn policies(&self) -> [WordPolicy; 2] {
-        self.0
+        self.policies
     }
 }
 
@@ -220,16 +233,17 @@ impl Rule for PairPolicy {
     /// fewest units either has left (see `compound::denied`).
     #[inline(always)]
     fn outcome(&self, op: Op, state: Two, now: u64) -> Outcome<Two> {
-        let [first, second] = &self.0;
+        let [first, second] = &self.policies;
         // The common case (two token buckets admitting a check) in one pass.
-        if let Op::Check {
-            cost,
-            max_delay: u64::MAX,
-        } = op
+        if let (
+            Op::Check {
+                cost,
+                max_delay: u64::MAX,
+            },
+            Some(buckets),
+        ) = (op, &self.buckets)
         {
-            if let Some((decision, state)) =
-                WordPolicy::admit_both([first, second], state, now, cost)
-            {
+            if let Some((decision, state)) = buckets.admit(state, now, cost) {
                 return Outcome::Allow { decision, state };
             }
         }
@@ -273,17 +287,17 @@ impl Rule for PairPolicy {
 
     #[inline]
     fn fits(&self, cost: u64) -> Result<(), InsufficientCapacity> {
-        fits(&self.0[0], cost)?;
-        fits(&self.0[1], cost)
+        fits(&self.policies[0], cost)?;
+        fits(&self.policies[1], cost)
     }
 
     #[inline]
     fn capacity(&self) -> u64 {
-        Policy::capacity(&self.0[0]).min(Policy::capacity(&self.0[1]))
+        Policy::capacity(&self.policies[0]).min(Policy::capacity(&self.policies[1]))
     }
 
     fn peek(&self, state: Two, now: u64, cost: u64) -> Decision {
-        let [first, second] = &self.0;
+        let [first, second] = &self.policies;
         let decisions = [
             first.peek(state[0], now, cost).for_policy(0),
             second.peek(state[1], now, cost).for_policy(1),
@@ -294,8 +308,8 @@ impl Rule for PairPolicy {
 
     fn judge(&self, state: Two, now: u64, sweep: &Sweep) -> Verdict {
         let [a, b] = [
-            word_judge(&self.0[0], state[0], now, sweep),
-            word_judge(&self.0[1], state[1], now, sweep),
+            word_judge(&self.policies[0], state[0], now, sweep),
+            word_judge(&self.policies[1], state[1], now, sweep),
         ];
         Verdict {
             wait: a.wait.max(b.wait),
@@ -304,43 +318,43 @@ impl Rule for PairPolicy {
     }
 
     fn droppable_from(&self, state: Two, now: u64) -> u64 {
-        let a = Rule::droppable_from(&self.0[0], state[0], now);
-        let b = Rule::droppable_from(&self.0[1], state[1], now);
+        let a = Rule::droppable_from(&self.policies[0], state[0], now);
+        let b = Rule::droppable_from(&self.policies[1], state[1], now);
         // Droppable once both are (0: now).
         a.max(b)
     }
 
     fn eviction_cost(&self, state: Two, now: u64) -> (u64, u64) {
         let (a, b) = (
-            self.0[0].eviction_cost(state[0], now),
-            self.0[1].eviction_cost(state[1], now),
+            self.policies[0].eviction_cost(state[0], now),
+            self.policies[1].eviction_cost(state[1], now),
         );
         (a.0.max(b.0), a.1.max(b.1))
     }
 
     fn fallback_retry_ns(&self) -> u64 {
-        self.0[0].fallback_retry_ns()
+        self.policies[0].fallback_retry_ns()
     }
 
     /// Converts each quota whose policy changed (only the first ever does: key quotas
     /// and quota changes act on the limiter's own quota).
     fn convert(&self, state: Two, now: u64, from: &Self) -> Two {
         let convert = |i: usize| {
-            if self.0[i] == from.0[i] {
+            if self.policies[i] == from.policies[i] {
                 state[i]
             } else {
-                self.0[i].convert(state[i], now, &from.0[i])
+                self.policies[i].convert(state[i], now, &from.policies[i])
             }
         };
         [convert(0), convert(1)]
     }
 
     fn first(&self) -> WordPolicy {
-        self.0[0]
+        self.policies[0]
     }
 
     fn with_first(&self, first: WordPolicy) -> Self {
-        Self([first, self.0[1]])
+        Self::of([first, self.policies[1]])
     }
 }
 
