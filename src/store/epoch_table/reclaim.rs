@@ -226,7 +226,7 @@ impl Domain {
 
     /// A handle on a record of this domain for the calling thread (the tests' threads
     /// register explicitly; the store's threads through [`pin`]).
-    #[cfg(any(test, tollgate_loom))]
+    #[cfg(test)]
     pub(crate) fn register(&self) -> Handle<'_> {
         Handle {
             domain: self,
@@ -431,13 +431,13 @@ impl Drop for Domain {
 
 /// A thread's claim on a record (the tests' threads hold one each; the store's threads
 /// keep theirs in a thread-local). Gives the record back when dropped.
-#[cfg(any(test, tollgate_loom))]
+#[cfg(test)]
 pub(crate) struct Handle<'d> {
     domain: &'d Domain,
     record: &'d Record,
 }
 
-#[cfg(any(test, tollgate_loom))]
+#[cfg(test)]
 impl<'d> Handle<'d> {
     /// Takes a guard on this handle's record.
     pub(crate) fn pin(&self) -> Guard<'d> {
@@ -445,7 +445,7 @@ impl<'d> Handle<'d> {
     }
 }
 
-#[cfg(any(test, tollgate_loom))]
+#[cfg(test)]
 impl Drop for Handle<'_> {
     fn drop(&mut self) {
         self.record.claimed.store(false, Ordering::Release);
