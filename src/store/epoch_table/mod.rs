@@ -528,12 +528,22 @@ impl<K, M, A: Atom> Table<K, M, A> {
     ///
     /// # Safety
     /// The caller has exclusive write access to the table's empty slots: it holds the
-    /// writer mutex and the table is current, or the table is not yet published. The
-    /// table has an empty slot.
+    /// writer mutex and the table is current, or the table is not yet published.
+    ///
+    /// # Panics
+    /// If the table has no empty slot, which the load limit and the migrations' sizing
+    /// rule out: a bug, which fails here rather than probing forever with the writer
+    /// mutex held (a migration's move, which must not unwind, then aborts).
     unsafe fn place(&self, hash: u64, key: K, state: A::Value) -> &Slot<K, A> {
         let capacity = self.slots.len();
         let mut index = home(hash, capacity);
+        let mut probed = 1;
         while A::head(self.slots[index].word.load(Ordering::Relaxed)) != EMPTY {
+            assert!(
+                probed < capacity,
+                "tollgate: a table of {capacity} slots has no empty slot to place a key in"
+            );
+            probed += 1;
             index += 1;
             if index == capacity {
                 index = 0;
@@ -920,7 +930,7 @@ where
         }
         // SAFETY: this writer holds the mutex and `table` is the insert target (only
         // mutex holders publish or start migrations), so no one else writes its empty
-        // slots; the load limit is below 1, so an empty slot remains.
+        // slots. (The load limit is below 1, so an empty slot remains: `place` finds it.)
         Ok(unsafe { table.place(hash, key, state) })
     }
 
@@ -1121,9 +1131,10 @@ where
                 // stay valid: `new` keeps the value alive and outlives `old`).
                 let key = slot.key.with(|key| unsafe { (*key).assume_init_read() });
                 let state = new.meta.carry(&old.meta, &key, hash, state, now);
-                // SAFETY: this writer holds the mutex and `new` is the insert target; it was
-                // sized in `begin_migration` for every live key and every insert that can
-                // come before the last slot moves, within the load limit.
+                // SAFETY: this writer holds the mutex and `new` is the insert target. (It
+                // was sized in `begin_migration` for every live key and every insert that
+                // can come before the last slot moves, within the load limit, so `place`
+                // finds an empty slot.)
                 unsafe { new.place(hash, key, state) };
             }
             std::mem::forget(no_unwind);
@@ -1293,6 +1304,36 @@ mod tests {
             }
         }
         assert!(migrations > 10, "{migrations} migrations");
+    }
+
+    /// A table with no empty slot left (which the load limit and the migrations' sizing
+    /// rule out) fails `place` with a panic that says so, where it probed forever with
+    /// the writer mutex held; the keys already placed stay readable.
+    #[test]
+    fn placing_into_a_full_table_panics_instead_of_probing_forever() {
+        let table: EpochTable<String, (), ()> = EpochTable::new(2, (), ());
+        let guard = reclaim::pin();
+        let writer = table.write();
+        let target = writer.target(&guard);
+        let capacity = target.capacity() as u64;
+        for i in 0..capacity {
+            // SAFETY: this writer holds the mutex and `target` is the insert target.
+            unsafe { target.place(i, i.to_string(), i) };
+        }
+        let full = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: as above.
+            unsafe { target.place(99, "one too many".into(), 0) };
+        }));
+        let message = full.expect_err("a key placed in a full table");
+        let message = message
+            .downcast_ref::<String>()
+            .expect("a formatted panic message");
+        assert!(message.contains("no empty slot"), "{message}");
+        for i in 0..capacity {
+            let found = target.find(i, |k| *k == i.to_string());
+            assert_eq!(found.map(|(_, word)| word), Some(Word::Live(i)));
+        }
+        drop(writer);
     }
 
     #[test]
