@@ -361,8 +361,11 @@ impl Drop for Driving<'_> {
 }
 
 impl<K: crate::Key, R: Rule> WordStore<K, R> {
-    /// A store with `limits.shards` shards (a power of two), all under `policy`.
+    /// A store with `limits.shards` shards (a power of two), all under `policy`. Decides
+    /// the reclamation's barrier here, on the builder's thread, not on the first check
+    /// ([`Domain::decide_barrier`](super::epoch_table::reclaim::Domain::decide_barrier)).
     pub(crate) fn new(limits: Limits, policy: R) -> Self {
+        reclaim::global().decide_barrier();
         let sharding = Sharding::new(limits.shards);
         let policies = || Policies {
             default: policy,
@@ -746,7 +749,9 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
 
     /// Runs the shard's migration to its end, a batch at a time, taking the writer mutex
     /// for each batch only (for the paths that start one for an operator: quota changes,
-    /// removals): checks and inserts go on between batches.
+    /// removals): checks and inserts go on between batches. Then destroys to their end
+    /// the retired tables whose release went in pieces (the operator pays for those, not
+    /// the next writes).
     fn drive(&self, shard: &WordShard<K, R>, now: impl Fn() -> u64) {
         loop {
             let running = with_guard(|guard| {
@@ -755,6 +760,7 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
                 writer.migrating(guard)
             });
             if !running {
+                reclaim::global().release_parked();
                 return;
             }
         }

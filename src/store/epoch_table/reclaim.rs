@@ -74,6 +74,9 @@ const RESCANS: u32 = 2;
 /// How many objects a collect takes out of the garbage list per hold of its mutex (into
 /// an array on its stack, to destroy them outside it).
 const FREED_PER_LOCK: usize = 16;
+/// How many objects released in pieces a domain holds between collects (in an array:
+/// parking one allocates nothing); one more is destroyed whole where it is found.
+const PARKED: usize = 16;
 /// Spins between two reads of the records.
 #[cfg(not(tollgate_loom))]
 const SPINS: u32 = 64;
@@ -99,11 +102,16 @@ pub(crate) struct Record {
 // registry's head), and never after.
 unsafe impl Sync for Record {}
 
+/// Destroys a retired object, or the next piece of it: true once it is gone. An object
+/// destroyed in pieces (a large table: see `Table::destroy`) is called again at later
+/// collects, one piece each, so that no collect pays for all of it.
+pub(crate) type Destroy = unsafe fn(*mut ()) -> bool;
+
 /// A table (or anything) unlinked at `epoch`, and how to destroy it.
 struct Retired {
     epoch: u64,
     ptr: *mut (),
-    destroy: unsafe fn(*mut ()),
+    destroy: Destroy,
 }
 
 // SAFETY: a `Retired` is only ever created by `Guard::retire`, whose contract requires the
@@ -121,12 +129,30 @@ impl Garbage {
     const EMPTY: Self = Self { list: Vec::new() };
 }
 
+/// Objects that no guard can reach any more and that are destroyed a piece per collect.
+struct Parked {
+    list: [Option<(*mut (), Destroy)>; PARKED],
+}
+
+// SAFETY: as for `Retired`: each object was retired as safe to destroy on any thread.
+unsafe impl Send for Parked {}
+
+impl Parked {
+    const EMPTY: Self = Self {
+        list: [None; PARKED],
+    };
+}
+
 /// The epoch, the registry of records, and the garbage waiting for readers.
 pub(crate) struct Domain {
     epoch: CachePadded<AtomicU64>,
     head: AtomicPtr<Record>,
     garbage: Mutex<Garbage>,
-    /// Retired and not yet freed.
+    /// Objects out of `garbage`, destroyed in pieces.
+    parked: Mutex<Parked>,
+    /// How many `parked` holds.
+    parked_len: AtomicUsize,
+    /// Retired and not yet freed (whole: parked objects count until their last piece).
     unfreed: AtomicUsize,
     /// Whether the heavy barrier may be `membarrier`, and whether it is (decided when
     /// the first record is claimed: registering is a system call).
@@ -146,6 +172,8 @@ impl Domain {
             epoch: CachePadded::new(AtomicU64::new(1)),
             head: AtomicPtr::new(ptr::null_mut()),
             garbage: Mutex::new(Garbage::EMPTY),
+            parked: Mutex::new(Parked::EMPTY),
+            parked_len: AtomicUsize::new(0),
             unfreed: AtomicUsize::new(0),
         }
     }
@@ -158,6 +186,8 @@ impl Domain {
             epoch: CachePadded::new(AtomicU64::new(1)),
             head: AtomicPtr::new(ptr::null_mut()),
             garbage: Mutex::new(Garbage::EMPTY),
+            parked: Mutex::new(Parked::EMPTY),
+            parked_len: AtomicUsize::new(0),
             unfreed: AtomicUsize::new(0),
             membarrier: (membarrier, std::sync::OnceLock::new()),
             #[cfg(all(test, not(tollgate_loom)))]
@@ -182,6 +212,14 @@ impl Domain {
         }
         #[cfg(tollgate_loom)]
         false
+    }
+
+    /// Decides the heavy barrier now (see [`asymmetric`](Self::asymmetric)), if not
+    /// yet: for a store's construction. Registering for `membarrier` waits for an RCU
+    /// grace period in a process of several threads (20 ms measured on a 2-vCPU VM), and
+    /// the first guard of the process would otherwise pay it: a server's first request.
+    pub(crate) fn decide_barrier(&self) {
+        self.asymmetric();
     }
 
     /// Claims a record for the calling thread: a released one, else a new one.
@@ -252,7 +290,7 @@ impl Domain {
 
     /// Hands an unlinked object to the domain: it is destroyed once no guard can still
     /// hold it.
-    fn retire(&self, ptr: *mut (), destroy: unsafe fn(*mut ())) {
+    fn retire(&self, ptr: *mut (), destroy: Destroy) {
         let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
         self.unfreed.fetch_add(1, Ordering::Relaxed);
         sync::lock(&self.garbage).list.push(Retired {
@@ -312,19 +350,25 @@ impl Domain {
     /// (module docs). One retired after the read (tagged above `last`) may pass the
     /// records, read while no guard was in force, and still be held by a guard taken
     /// since.
+    ///
+    /// First, it destroys the next piece of an object destroyed in pieces, if any is
+    /// parked ([`release_piece`](Self::release_piece)).
     fn collect_within(&self, reads: u32) -> usize {
+        let mut freed = self.release_piece();
         // The oldest and the newest tag the list holds now.
-        let (first, last) = {
+        let tags = {
             let garbage = sync::lock(&self.garbage);
             let mut tags = garbage.list.iter().map(|retired| retired.epoch);
-            let Some(tag) = tags.next() else {
-                return 0;
-            };
-            tags.fold((tag, tag), |(first, last), tag| {
-                (first.min(tag), last.max(tag))
+            tags.next().map(|tag| {
+                tags.fold((tag, tag), |(first, last), tag| {
+                    (first.min(tag), last.max(tag))
+                })
             })
         };
-        let mut freed = 0;
+        let Some((first, last)) = tags else {
+            self.unfreed.fetch_sub(freed, Ordering::Relaxed);
+            return freed;
+        };
         if self.worth_a_barrier(first, reads) && self.heavy_barrier() {
             for rescan in 0..reads {
                 let (now_freed, held) = self.free_up_to(self.oldest_active().min(last), last);
@@ -368,17 +412,80 @@ impl Domain {
             // Out of the list before they are destroyed: a destructor that panics leaks
             // the rest of the batch, never destroys anything twice.
             for retired in batch.into_iter().flatten() {
-                freed += 1;
                 // SAFETY: tagged at most `up_to` ≤ `last`, so unlinked before the heavy
                 // barrier (see `collect_within`), after which every record read quiescent
                 // or at an epoch at least `up_to`, so at least its tag: no guard can
                 // still reach it (module docs). It was retired once and has just left
-                // the list, under the mutex, so it is destroyed once.
-                unsafe { (retired.destroy)(retired.ptr) };
+                // the list, under the mutex, so it is destroyed once (its later pieces
+                // by `release_piece`, which takes it out of `parked` first).
+                if unsafe { (retired.destroy)(retired.ptr) } {
+                    freed += 1;
+                } else {
+                    freed += self.park(retired.ptr, retired.destroy);
+                }
             }
             if taken < FREED_PER_LOCK {
                 return (freed, held);
             }
+        }
+    }
+
+    /// Keeps an object whose first piece was destroyed for the next collects; where
+    /// `parked` is full, destroys the rest of it now. Returns 1 if it did, else 0.
+    fn park(&self, ptr: *mut (), destroy: Destroy) -> usize {
+        let mut parked = sync::lock(&self.parked);
+        if let Some(free) = parked.list.iter_mut().find(|entry| entry.is_none()) {
+            *free = Some((ptr, destroy));
+            self.parked_len.fetch_add(1, Ordering::Relaxed);
+            return 0;
+        }
+        drop(parked);
+        // SAFETY: as for its first piece (`free_up_to`): no guard can reach it, and it is
+        // in no list, so this thread alone destroys it.
+        while !unsafe { destroy(ptr) } {}
+        1
+    }
+
+    /// Destroys the next piece of a parked object, out of `parked` meanwhile (a
+    /// concurrent collect takes another, and parking waits for no piece). Skips if
+    /// another collect holds `parked`'s mutex for a moment. Returns 1 if that was its
+    /// last piece (or the rest went whole: see [`park`](Self::park)), else 0.
+    fn release_piece(&self) -> usize {
+        if self.parked_len.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        let Some(taken) = sync::try_lock(&self.parked)
+            .and_then(|mut parked| parked.list.iter_mut().find_map(Option::take))
+        else {
+            return 0;
+        };
+        self.parked_len.fetch_sub(1, Ordering::Relaxed);
+        let (ptr, destroy) = taken;
+        // SAFETY: parked by `park` once no guard could reach it, and taken out of
+        // `parked` under its mutex: this thread alone destroys it, and a destructor that
+        // panics leaks it, never destroys a piece twice.
+        if unsafe { destroy(ptr) } {
+            return 1;
+        }
+        self.park(ptr, destroy)
+    }
+
+    /// Destroys every parked object to its end, one at a time out of `parked`: for an
+    /// operator's path (a quota change retires every shard's table at once, and would
+    /// otherwise leave their pieces to later writes), and for a domain's drop.
+    pub(crate) fn release_parked(&self) {
+        loop {
+            let taken = sync::lock(&self.parked)
+                .list
+                .iter_mut()
+                .find_map(Option::take);
+            let Some((ptr, destroy)) = taken else {
+                return;
+            };
+            self.parked_len.fetch_sub(1, Ordering::Relaxed);
+            // SAFETY: as in `release_piece`.
+            while !unsafe { destroy(ptr) } {}
+            self.unfreed.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -417,8 +524,9 @@ impl Drop for Domain {
     fn drop(&mut self) {
         for retired in std::mem::take(&mut sync::lock(&self.garbage).list) {
             // SAFETY: `&mut self`: no guard of this domain is left (guards borrow it).
-            unsafe { (retired.destroy)(retired.ptr) };
+            while !unsafe { (retired.destroy)(retired.ptr) } {}
         }
+        self.release_parked();
         let mut at = self.head.load(Ordering::Relaxed);
         while !at.is_null() {
             // SAFETY: every record was made by `Box::into_raw` in `claim` and is freed only
@@ -491,12 +599,14 @@ impl<'d> Guard<'d> {
     }
 
     /// Hands `ptr`, already unlinked from everything a reader could load from now on, to
-    /// the domain; `destroy(ptr)` runs once no guard can hold it.
+    /// the domain; `destroy(ptr)` runs once no guard can hold it, and again, one call per
+    /// collect, until it returns true (see [`Destroy`]).
     ///
     /// # Safety
-    /// `ptr` is unlinked and retired once; `destroy(ptr)` is sound to call once, on any
-    /// thread, at any later time (the object is `Send + 'static`).
-    pub(crate) unsafe fn retire(&self, ptr: *mut (), destroy: unsafe fn(*mut ())) {
+    /// `ptr` is unlinked and retired once; `destroy(ptr)` is sound to call, on any thread,
+    /// at any later time (the object is `Send + 'static`), until it returns true, and not
+    /// after.
+    pub(crate) unsafe fn retire(&self, ptr: *mut (), destroy: Destroy) {
         self.domain.retire(ptr, destroy);
     }
 }
@@ -640,14 +750,16 @@ mod membarrier {
 #[cfg(all(test, not(tollgate_loom)))]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use std::sync::atomic::AtomicUsize as Counter;
 
     static DROPS: Counter = Counter::new(0);
 
-    unsafe fn count_drop(ptr: *mut ()) {
+    unsafe fn count_drop(ptr: *mut ()) -> bool {
         // SAFETY: made by `Box::into_raw` in `retire_one`.
         drop(unsafe { Box::from_raw(ptr.cast::<u64>()) });
         DROPS.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     fn retire_one(guard: &Guard<'_>) {
@@ -698,6 +810,103 @@ mod tests {
     /// A domain of its own (leaked: guards borrow it for `'static`).
     fn domain(membarrier: bool) -> &'static Domain {
         Box::leak(Box::new(Domain::with_barrier(membarrier)))
+    }
+
+    /// An object destroyed in `left` pieces, each counted in `pieces`.
+    struct InPieces {
+        left: usize,
+        pieces: Arc<Counter>,
+    }
+
+    unsafe fn destroy_in_pieces(ptr: *mut ()) -> bool {
+        // SAFETY: made by `Box::into_raw` in `retire_in_pieces`; the domain calls this
+        // until it returns true, and no more.
+        let object = unsafe { &mut *ptr.cast::<InPieces>() };
+        object.pieces.fetch_add(1, Ordering::Relaxed);
+        object.left -= 1;
+        if object.left > 0 {
+            return false;
+        }
+        // SAFETY: as above; this was its last piece.
+        drop(unsafe { Box::from_raw(ptr.cast::<InPieces>()) });
+        true
+    }
+
+    /// Retires `count` objects of `pieces` pieces each, counting their pieces in the
+    /// returned counter (which they hold: one strong count each until destroyed).
+    fn retire_in_pieces(domain: &Domain, me: &Record, count: usize, pieces: usize) -> Arc<Counter> {
+        let counter = Arc::new(Counter::new(0));
+        let guard = Guard::enter(domain, me, false);
+        for _ in 0..count {
+            let object = Box::new(InPieces {
+                left: pieces,
+                pieces: Arc::clone(&counter),
+            });
+            // SAFETY: never linked anywhere; `destroy_in_pieces` frees an `InPieces`.
+            unsafe { guard.retire(Box::into_raw(object).cast(), destroy_in_pieces) };
+        }
+        counter
+    }
+
+    /// `decide_barrier` (a store's construction) makes the decision that the first claim
+    /// of a record would otherwise make (registering for `membarrier`: a wait for an
+    /// RCU grace period in a process of several threads), and a claim then keeps it.
+    #[test]
+    fn the_barrier_is_decided_before_the_first_guard() {
+        for allowed in [false, true] {
+            let domain = domain(allowed);
+            assert!(domain.membarrier.1.get().is_none());
+            domain.decide_barrier();
+            let decided = *domain.membarrier.1.get().expect("decided");
+            assert!(allowed || !decided);
+            let record = domain.claim();
+            assert_eq!(record.light, decided);
+            drop(Guard::enter(domain, record, false));
+            assert_eq!(domain.membarrier.1.get(), Some(&decided));
+            record.claimed.store(false, Ordering::Release);
+        }
+    }
+
+    /// An object destroyed in pieces takes one piece per collect, stays counted as
+    /// unfreed (so that collects keep coming) until its last, and is destroyed once.
+    #[test]
+    fn an_object_destroyed_in_pieces_takes_one_piece_per_collect() {
+        let domain = domain(true);
+        let me = domain.claim();
+        let pieces = retire_in_pieces(domain, me, 1, 3);
+        for done in 1..3 {
+            assert_eq!(domain.collect(), 0, "piece {done}");
+            assert_eq!(pieces.load(Ordering::Relaxed), done);
+            assert_eq!(domain.unfreed(), 1);
+        }
+        assert_eq!(domain.collect(), 1);
+        assert_eq!(pieces.load(Ordering::Relaxed), 3);
+        assert_eq!(domain.unfreed(), 0);
+        assert_eq!(Arc::strong_count(&pieces), 1, "destroyed");
+        // Nothing left: a collect calls no destructor.
+        assert_eq!(domain.collect_once(), 0);
+        assert_eq!(pieces.load(Ordering::Relaxed), 3);
+    }
+
+    /// Where the parking is full, the object beyond it is destroyed whole by the collect
+    /// that finds it; an operator's `release_parked` destroys the parked ones to their
+    /// end. Every object's pieces are all destroyed, each once.
+    #[test]
+    fn a_full_parking_destroys_the_rest_whole_and_release_parked_ends_them_all() {
+        let domain = domain(true);
+        let me = domain.claim();
+        let pieces = retire_in_pieces(domain, me, PARKED + 1, 3);
+        // One first piece each, and the whole of the one that found no room.
+        assert_eq!(domain.collect(), 1);
+        assert_eq!(pieces.load(Ordering::Relaxed), PARKED + 3);
+        assert_eq!(domain.unfreed(), PARKED);
+        // The next collect takes one more piece (of one parked object).
+        assert_eq!(domain.collect_once(), 0);
+        assert_eq!(pieces.load(Ordering::Relaxed), PARKED + 4);
+        domain.release_parked();
+        assert_eq!(domain.unfreed(), 0);
+        assert_eq!(pieces.load(Ordering::Relaxed), 3 * (PARKED + 1));
+        assert_eq!(Arc::strong_count(&pieces), 1, "all destroyed");
     }
 
     #[test]
@@ -838,7 +1047,7 @@ mod tests {
 
     /// A destructor that retires two more objects (what a retire on another thread
     /// does while a collect runs), then notes the list's buffer.
-    unsafe fn retire_two_on_drop(ptr: *mut ()) {
+    unsafe fn retire_two_on_drop(ptr: *mut ()) -> bool {
         // SAFETY: as for `count_drop`: made by `Box::into_raw` in the test.
         unsafe { count_drop(ptr) };
         let (domain, me) = NESTED.get().expect("set by the test");
@@ -847,6 +1056,7 @@ mod tests {
         retire_one(&guard);
         drop(guard);
         AFTER.set(buffer(domain));
+        true
     }
 
     /// A retire while a collect runs never makes the collect allocate: after the collect
