@@ -2054,11 +2054,11 @@ mod loom_models {
             let collectors: Vec<_> = (0..2)
                 .map(|_| {
                     spawn(&shard, &domain, |_, domain| {
-                        domain.collect_once();
+                        domain.collect();
                     })
                 })
                 .collect();
-            domain.collect_once();
+            domain.collect();
             for collector in collectors {
                 collector.join().unwrap();
             }
