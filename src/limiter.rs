@@ -187,7 +187,9 @@ impl<K: Key, C> fmt::Debug for RateLimiter<K, C> {
 }
 
 impl<K: Key> RateLimiter<K> {
-    /// A token-bucket limiter with the default clock, shard count and no key cap.
+    /// A token-bucket limiter with the default clock, shard count and no key cap. The
+    /// first one built in a process pays a one-time registration (see
+    /// [`Builder::build`]'s cost).
     pub fn new(quota: Quota) -> Self {
         let builder: Builder<K> = Builder::new(quota);
         let engine = Engine::Word(WordStore::new(
@@ -928,6 +930,14 @@ impl<K: Key, C: Clock> Builder<K, C> {
     }
 
     /// Validates the configuration and builds the limiter.
+    ///
+    /// # Cost
+    /// On Linux, the first limiter built in a process whose checks take no lock (every
+    /// algorithm but the sliding log) registers the process for `membarrier(2)`, which
+    /// its reclamation uses. This happens once, and takes up to about 20 ms in a process
+    /// that already runs several threads (the kernel waits for an RCU grace period).
+    /// Later builds and every check pay nothing for it, so build limiters at startup,
+    /// not on a request's path.
     ///
     /// # Errors
     /// [`ConfigError::InvalidShards`] for a shard count that is zero, not a power of two
