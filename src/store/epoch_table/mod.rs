@@ -1630,7 +1630,7 @@ mod tests {
 /// writes, so a table freed while a reader can still probe it is a race loom reports.
 #[cfg(all(test, tollgate_loom))]
 mod loom_models {
-    use super::reclaim::Domain;
+    use super::reclaim::{Domain, InPieces};
     use super::*;
     use loom::sync::Arc;
     use loom::sync::atomic::AtomicBool;
@@ -2001,36 +2001,6 @@ mod loom_models {
         });
     }
 
-    /// An object destroyed in pieces, for
-    /// [`loom_concurrent_collects_destroy_each_piece_once`]: each piece writes `cell`
-    /// (so loom reports two pieces destroyed at once) and counts itself in `calls`.
-    struct InPieces {
-        left: UnsafeCell<usize>,
-        calls: Arc<AtomicUsize>,
-    }
-
-    /// Destroys the next piece of an [`InPieces`], and the object with its last.
-    ///
-    /// # Safety
-    /// `ptr` is from `Box::into_raw` of a `Box<InPieces>`, and this is not called again
-    /// once it returned true.
-    unsafe fn destroy_in_pieces(ptr: *mut ()) -> bool {
-        // SAFETY: the caller's contract: the object is alive.
-        let object = unsafe { &*ptr.cast::<InPieces>() };
-        object.calls.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: loom checks that no other thread accesses the cell meanwhile.
-        let left = object.left.with_mut(|left| unsafe {
-            *left -= 1;
-            *left
-        });
-        if left > 0 {
-            return false;
-        }
-        // SAFETY: the caller's contract; this was its last piece.
-        drop(unsafe { Box::from_raw(ptr.cast::<InPieces>()) });
-        true
-    }
-
     /// Collects that run at once never destroy a piece of a parked object together, nor
     /// one after its last: two threads collect while the main one does, and an
     /// operator's `release_parked` ends what is left. The object's three pieces are three
@@ -2043,13 +2013,7 @@ mod loom_models {
             {
                 let handle = domain.register();
                 let guard = handle.pin();
-                let object = Box::new(InPieces {
-                    left: UnsafeCell::new(3),
-                    calls: Arc::clone(&calls),
-                });
-                // SAFETY: never linked anywhere, retired once; `destroy_in_pieces`
-                // destroys an `InPieces`.
-                unsafe { guard.retire(Box::into_raw(object).cast(), destroy_in_pieces) };
+                InPieces::retire(&guard, 3, &calls);
             }
             let collectors: Vec<_> = (0..2)
                 .map(|_| {

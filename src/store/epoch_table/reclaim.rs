@@ -67,6 +67,10 @@ use std::ptr;
 use crossbeam_utils::CachePadded;
 
 use super::sync::{self, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Mutex, Ordering};
+#[cfg(all(test, tollgate_loom))]
+use loom::sync::Arc as TestArc;
+#[cfg(all(test, not(tollgate_loom)))]
+use std::sync::Arc as TestArc;
 
 /// A record's state while its thread holds no guard.
 const QUIESCENT: u64 = 0;
@@ -480,9 +484,12 @@ impl Domain {
 
     /// Destroys every parked object to its end, one at a time out of `parked`: for an
     /// operator's path (a quota change retires every shard's table at once, and would
-    /// otherwise leave their pieces to later writes), and for a domain's drop.
+    /// otherwise leave their pieces to later writes), and for a domain's drop. With
+    /// nothing parked (as nearly always) it takes no lock: the count is this thread's
+    /// own parking if it parked any, and a parking that races with this call is left to
+    /// later collects, as it would be had it come just after.
     pub(crate) fn release_parked(&self) {
-        loop {
+        while self.parked_len.load(Ordering::Relaxed) > 0 {
             let taken = sync::lock(&self.parked)
                 .list
                 .iter_mut()
@@ -755,6 +762,52 @@ mod membarrier {
     }
 }
 
+/// An object the domain destroys in pieces, for the unit tests and the loom models:
+/// each piece writes `left` (so loom reports two pieces destroyed at once) and counts
+/// itself in `pieces`; the last frees the object.
+#[cfg(test)]
+pub(super) struct InPieces {
+    left: sync::UnsafeCell<usize>,
+    pieces: TestArc<AtomicUsize>,
+}
+
+#[cfg(test)]
+impl InPieces {
+    /// Retires through `guard` an object of `left` pieces (at least 1), never linked
+    /// anywhere, that counts its pieces in `pieces`.
+    pub(super) fn retire(guard: &Guard<'_>, left: usize, pieces: &TestArc<AtomicUsize>) {
+        let object = Box::new(Self {
+            left: sync::UnsafeCell::new(left),
+            pieces: TestArc::clone(pieces),
+        });
+        // SAFETY: never linked anywhere and retired once; `destroy` destroys an
+        // `InPieces` made by `Box::into_raw`, and the object is `Send + 'static`.
+        unsafe { guard.retire(Box::into_raw(object).cast(), Self::destroy) };
+    }
+
+    /// Destroys the next piece, and the object with its last.
+    ///
+    /// # Safety
+    /// `ptr` is from `Box::into_raw` in [`retire`](Self::retire), and this is not called
+    /// again once it returned true.
+    unsafe fn destroy(ptr: *mut ()) -> bool {
+        // SAFETY: the caller's contract: the object is alive.
+        let object = unsafe { &*ptr.cast::<Self>() };
+        object.pieces.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the domain destroys a piece on one thread at a time (loom checks it).
+        let left = object.left.with_mut(|left| unsafe {
+            *left -= 1;
+            *left
+        });
+        if left > 0 {
+            return false;
+        }
+        // SAFETY: the caller's contract; this was its last piece.
+        drop(unsafe { Box::from_raw(ptr.cast::<Self>()) });
+        true
+    }
+}
+
 #[cfg(all(test, not(tollgate_loom)))]
 mod tests {
     use super::*;
@@ -820,38 +873,13 @@ mod tests {
         Box::leak(Box::new(Domain::with_barrier(membarrier)))
     }
 
-    /// An object destroyed in `left` pieces, each counted in `pieces`.
-    struct InPieces {
-        left: usize,
-        pieces: Arc<Counter>,
-    }
-
-    unsafe fn destroy_in_pieces(ptr: *mut ()) -> bool {
-        // SAFETY: made by `Box::into_raw` in `retire_in_pieces`; the domain calls this
-        // until it returns true, and no more.
-        let object = unsafe { &mut *ptr.cast::<InPieces>() };
-        object.pieces.fetch_add(1, Ordering::Relaxed);
-        object.left -= 1;
-        if object.left > 0 {
-            return false;
-        }
-        // SAFETY: as above; this was its last piece.
-        drop(unsafe { Box::from_raw(ptr.cast::<InPieces>()) });
-        true
-    }
-
     /// Retires `count` objects of `pieces` pieces each, counting their pieces in the
     /// returned counter (which they hold: one strong count each until destroyed).
     fn retire_in_pieces(domain: &Domain, me: &Record, count: usize, pieces: usize) -> Arc<Counter> {
         let counter = Arc::new(Counter::new(0));
         let guard = Guard::enter(domain, me, false);
         for _ in 0..count {
-            let object = Box::new(InPieces {
-                left: pieces,
-                pieces: Arc::clone(&counter),
-            });
-            // SAFETY: never linked anywhere; `destroy_in_pieces` frees an `InPieces`.
-            unsafe { guard.retire(Box::into_raw(object).cast(), destroy_in_pieces) };
+            InPieces::retire(&guard, pieces, &counter);
         }
         counter
     }
@@ -894,6 +922,27 @@ mod tests {
         // Nothing left: a collect calls no destructor.
         assert_eq!(domain.collect_once(), 0);
         assert_eq!(pieces.load(Ordering::Relaxed), 3);
+    }
+
+    /// With nothing parked, `release_parked` (which every operator's drive calls) returns
+    /// without taking the parking's mutex: here held by this thread, the call on another
+    /// returns at once.
+    #[test]
+    fn release_parked_with_nothing_parked_takes_no_lock() {
+        let domain = domain(false);
+        let held = sync::lock(&domain.parked);
+        let (returned_tx, returned) = std::sync::mpsc::channel();
+        let caller = std::thread::spawn(move || {
+            domain.release_parked();
+            returned_tx.send(()).unwrap();
+        });
+        let returned = returned.recv_timeout(std::time::Duration::from_secs(5));
+        drop(held);
+        caller.join().unwrap();
+        assert!(
+            returned.is_ok(),
+            "release_parked waited for the parking's mutex with nothing parked"
+        );
     }
 
     /// Where the parking is full, the object beyond it is destroyed whole by the collect
