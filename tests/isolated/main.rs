@@ -11,6 +11,10 @@
 //! another, and `./scripts/test.sh` runs each module in a process of its own, side by side
 //! (`isolated alloc::`, `isolated secrets::`, ...).
 
+// Not built for the loom models (`--cfg tollgate_loom`), whose tables are not `Sync`
+// outside a model and whose dev-dependencies are not there.
+#![cfg(not(tollgate_loom))]
+
 #[path = "../common/mod.rs"]
 mod common;
 

@@ -5,6 +5,10 @@
 //! One test binary per tier (`./scripts/test.sh --layer ...` runs one alone): the
 //! modules share one build and one link.
 
+// Not built for the loom models (`--cfg tollgate_loom`), whose tables are not `Sync`
+// outside a model and whose dev-dependencies are not there.
+#![cfg(not(tollgate_loom))]
+
 #[path = "../common/mod.rs"]
 mod common;
 
