@@ -1566,19 +1566,31 @@ fn in_fresh_process(probe: &str, spec: String) -> String {
 }
 
 /// Environment variable that turns a run of this binary into one growth run of a
-/// contender (`tollgate:keys` or `governor:keys`), in a fresh process.
+/// contender (`tollgate:keys` or `governor:keys`, or `tollgate-sized` and
+/// `governor-sized`, whose tables are sized for the keys when built), in a fresh process.
 const GROWTH_PROBE: &str = "TOLLGATE_GROWTH_PROBE";
 
-/// The growth workload's contender `name` (100 per hour: every key stays in use).
-fn growth_contender(name: &str) -> Box<dyn Check> {
+/// The growth workload's contender `name` for `keys` keys (100 per hour: every key stays
+/// in use).
+fn growth_contender(name: &str, keys: u64) -> Box<dyn Check> {
+    let quota = Quota::per_hour(100).expect("valid quota");
+    let governor_quota = governor::Quota::per_hour(NonZeroU32::new(100).expect("non-zero"));
     match name {
-        "tollgate" => {
-            let quota = Quota::per_hour(100).expect("valid quota");
-            Box::new(Tollgate(tollgate(Algorithm::TokenBucket, quota)))
-        }
-        _ => Box::new(Governor(governor::RateLimiter::keyed(
-            governor::Quota::per_hour(NonZeroU32::new(100).expect("non-zero")),
+        "tollgate" => Box::new(Tollgate(tollgate(Algorithm::TokenBucket, quota))),
+        // `Builder::expected_keys`: the tables sized and written when built.
+        "tollgate-sized" => Box::new(Tollgate(
+            RateLimiter::builder(quota)
+                .expected_keys(keys as usize)
+                .build()
+                .expect("valid limiter"),
+        )),
+        // Governor's state store made with room for the keys (`DashMap::with_capacity`).
+        "governor-sized" => Box::new(Governor(governor::RateLimiter::new(
+            governor_quota,
+            dashmap::DashMap::with_capacity_and_hasher(keys as usize, Default::default()),
+            DefaultClock::default(),
         ))),
+        _ => Box::new(Governor(governor::RateLimiter::keyed(governor_quota))),
     }
 }
 
@@ -1651,7 +1663,7 @@ fn growth_tail(quick: bool) {
             names.reverse();
         }
         for name in names {
-            let line = growth_once(&*growth_contender(name), keys, 2);
+            let line = growth_once(&*growth_contender(name, keys), keys, 2);
             println!("growth_tail/{name}/round {round}: {line}");
         }
     }
@@ -1676,7 +1688,10 @@ fn growth_probe(spec: &str) {
         .next()
         .map_or(Some(2), |t| t.parse().ok().filter(|&t| t > 0))
         .expect("GROWTH_PROBE's threads is a positive number");
-    println!("{}", growth_once(&*growth_contender(name), keys, threads));
+    println!(
+        "{}",
+        growth_once(&*growth_contender(name, keys), keys, threads)
+    );
 }
 
 /// Checks while the default quota changes: 2 threads check `keys` existing keys (each

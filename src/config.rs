@@ -14,6 +14,7 @@
 //!     quota = "100/s burst 20"
 //!     algorithm = "sliding-window"
 //!     max_keys = 100000
+//!     expected_keys = 20000
 //!     when_full = "deny-new-keys"
 //!
 //!     [quotas]
@@ -178,6 +179,10 @@ pub struct LimiterConfig {
     pub shards: Option<usize>,
     /// The most keys the limiter holds; no cap unless given.
     pub max_keys: Option<usize>,
+    /// The keys the tables are sized for when the limiter is built
+    /// ([`Builder::expected_keys`](crate::Builder::expected_keys)); none unless given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_keys: Option<usize>,
     /// What a full limiter does with a new key; `evict-least-active` unless given.
     pub when_full: WhenFull,
     /// Keys with a quota of their own.
@@ -194,6 +199,7 @@ impl LimiterConfig {
             algorithm: Algorithm::default(),
             shards: None,
             max_keys: None,
+            expected_keys: None,
             when_full: WhenFull::default(),
             quotas: BTreeMap::new(),
         }
@@ -218,6 +224,9 @@ impl LimiterConfig {
         }
         if let Some(max_keys) = self.max_keys {
             builder = builder.max_keys(max_keys);
+        }
+        if let Some(keys) = self.expected_keys {
+            builder = builder.expected_keys(keys);
         }
         for &quota in &self.also {
             builder = builder.also(quota);
@@ -250,6 +259,8 @@ struct RawConfig {
     shards: Option<usize>,
     #[serde(default, deserialize_with = "max_keys_field")]
     max_keys: Option<usize>,
+    #[serde(default)]
+    expected_keys: Option<usize>,
     #[serde(default, deserialize_with = "when_full_field")]
     when_full: WhenFull,
     #[serde(default, deserialize_with = "quotas_field")]
@@ -441,6 +452,7 @@ impl From<RawConfig> for LimiterConfig {
             algorithm: raw.algorithm,
             shards: raw.shards,
             max_keys: raw.max_keys,
+            expected_keys: raw.expected_keys,
             when_full: raw.when_full,
             quotas: raw.quotas,
         }

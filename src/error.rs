@@ -45,6 +45,15 @@ pub enum ConfigError {
     InvalidShards(usize),
     /// `max_keys` was zero.
     ZeroMaxKeys,
+    /// [`Builder::expected_keys`](crate::Builder::expected_keys) asked for more keys than
+    /// the tables can be sized for up front.
+    ExpectedKeysTooMany {
+        /// The keys asked for.
+        expected: usize,
+        /// Why: more than `max_keys`, than the key tables can hold, or than fit in this
+        /// machine's memory.
+        why: &'static str,
+    },
     /// A jitter whose minimum exceeds its maximum.
     InvalidJitter {
         /// The minimum asked for.
@@ -147,6 +156,10 @@ impl fmt::Display for ConfigError {
                 "shard count {n} is invalid: use a power of two from 1 to 65,536 (for example 16)"
             ),
             Self::ZeroMaxKeys => f.write_str("max_keys is 0: allow at least 1 key"),
+            Self::ExpectedKeysTooMany { expected, why } => write!(
+                f,
+                "expected_keys {expected} cannot be sized for up front: {why}"
+            ),
             Self::InvalidJitter { min, max } => write!(
                 f,
                 "jitter minimum {min:?} exceeds its maximum {max:?}: swap them"

@@ -315,6 +315,7 @@ impl DenyCache {
             max_keys,
             when_full: WhenFull::EvictLeastActive,
             sweep: true,
+            expected_keys: 0,
         };
         Self {
             store: Store::new(limits, policy),

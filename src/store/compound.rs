@@ -56,6 +56,16 @@ impl<K: crate::Key> Compound<K> {
         Self::chain(limits, policies)
     }
 
+    /// The bytes of the tables [`new`](Self::new) writes up front for `limits` and
+    /// `quotas` quotas ([`WordStore::bytes_ahead`]).
+    pub(crate) fn bytes_ahead(limits: Limits, quotas: usize) -> Option<usize> {
+        if quotas == 2 && PairPolicy::available() {
+            WordStore::<K, PairPolicy>::bytes_ahead(limits)
+        } else {
+            WordStore::<K>::bytes_ahead(limits)?.checked_mul(quotas)
+        }
+    }
+
     /// One store per policy, whatever their number.
     pub(crate) fn chain(limits: Limits, policies: Vec<WordPolicy>) -> Self {
         Self::Chain(
@@ -565,6 +575,7 @@ mod tests {
             max_keys: 2,
             when_full: WhenFull::DenyNewKeys,
             sweep: true,
+            expected_keys: 0,
         };
         // The first quota's keys are untouched again after a millisecond (swept to make
         // room); the second's hold for an hour.
@@ -596,6 +607,7 @@ mod tests {
             max_keys: 100,
             when_full: WhenFull::EvictLeastActive,
             sweep: true,
+            expected_keys: 0,
         };
         let tens = WordPolicy::token_bucket("10/s".parse().unwrap());
         let hourly = WordPolicy::token_bucket("3/h".parse().unwrap());
@@ -648,6 +660,7 @@ mod tests {
             max_keys: 10_000,
             when_full: WhenFull::EvictLeastActive,
             sweep: true,
+            expected_keys: 0,
         };
         let quotas = [
             "1/h",

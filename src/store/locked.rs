@@ -14,8 +14,8 @@ use super::deny_cache::Denies;
 use super::hash::Sharding;
 use super::shard::Shard;
 use super::state::State;
-use super::table::Entry;
-use super::{Limits, StoreStats, fits};
+use super::table::{Entry, MAX_ENTRIES, Table};
+use super::{Limits, StoreStats, fits, keys_per_shard};
 use crate::algorithm::Policy;
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
@@ -41,13 +41,30 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         let sharding = Sharding::new(limits.shards);
         Self {
             shards: (0..limits.shards)
-                .map(|i| CachePadded::new(RwLock::new(Shard::new(policy, sharding.seed(i)))))
+                .map(|i| {
+                    CachePadded::new(RwLock::new(Shard::new(
+                        policy,
+                        sharding.seed(i),
+                        keys_per_shard(limits.expected_keys, limits.shards),
+                    )))
+                })
                 .collect(),
             sharding,
             denies: Denies::new(),
             limits,
             counts: Counts::new(limits.max_keys),
             reconfigure: Mutex::new(()),
+        }
+    }
+
+    /// The bytes of the room [`new`](Self::new) reserves for `limits`' expected keys (0
+    /// when none are expected), or `None` beyond what a shard's table can index
+    /// ([`MAX_ENTRIES`]) or the address space.
+    pub(crate) fn bytes_ahead(limits: Limits) -> Option<usize> {
+        match keys_per_shard(limits.expected_keys, limits.shards) {
+            0 => Some(0),
+            keys if keys > MAX_ENTRIES => None,
+            keys => Table::<K, S>::bytes_for(keys)?.checked_mul(limits.shards),
         }
     }
 

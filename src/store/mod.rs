@@ -42,7 +42,7 @@ pub(crate) use locked::Store;
 pub(crate) use word::WordStore;
 
 use crate::algorithm::Policy;
-use crate::error::InsufficientCapacity;
+use crate::error::{ConfigError, InsufficientCapacity};
 use crate::rng::XorShift;
 
 /// A full table's sweep drops a key untouched for this many periods of its quota ...
@@ -251,6 +251,45 @@ pub(crate) struct Limits {
     pub(crate) when_full: WhenFull,
     /// Whether inserts sweep untouched keys away.
     pub(crate) sweep: bool,
+    /// The keys the tables are sized for when built, and never shrunk below (0: none;
+    /// see [`keys_per_shard`]).
+    pub(crate) expected_keys: usize,
+}
+
+/// Whether tables sized up front for `limits.expected_keys` can be, taking `bytes` (`None`
+/// beyond what the tables can hold): within `max_keys`, the tables' reach and this
+/// machine's memory (where the system says how much it has).
+pub(crate) fn check_room(limits: Limits, bytes: Option<usize>) -> Result<(), ConfigError> {
+    let expected = limits.expected_keys;
+    if expected == 0 {
+        return Ok(());
+    }
+    let why = if expected > limits.max_keys {
+        "more than `max_keys`"
+    } else {
+        match bytes {
+            None => "more than the key tables can hold",
+            Some(bytes) if epoch_table::physical_memory().is_some_and(|memory| bytes > memory) => {
+                "tables larger than this machine's memory"
+            }
+            Some(_) => return Ok(()),
+        }
+    };
+    Err(ConfigError::ExpectedKeysTooMany { expected, why })
+}
+
+/// The keys one of `shards` shards is sized for when a limiter expects `expected` keys:
+/// its share, plus four standard deviations of the binomial spread of keys over shards
+/// (`√share`), so that no shard outgrows its table before `expected` keys are in all but
+/// about once in 30,000 shards. 0 for no expectation.
+pub(crate) fn keys_per_shard(expected: usize, shards: usize) -> usize {
+    if expected == 0 {
+        return 0;
+    }
+    let share = expected.div_ceil(shards.max(1));
+    // An integer square root (within one): `f64` is exact enough far past any table.
+    let spread = (share as f64).sqrt().ceil() as usize;
+    share.saturating_add(spread.saturating_mul(4))
 }
 
 /// `Err` when `cost` exceeds what `policy` can ever admit at once.

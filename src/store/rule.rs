@@ -206,7 +206,12 @@ impl PairPolicy {
     /// The pair of `policies`, if this machine has the lock-free 16-byte atomics a
     /// pair's word needs ([`AtomicPair::lock_free`]): no pair's table exists without.
     pub(crate) fn new(policies: [WordPolicy; 2]) -> Option<Self> {
-        AtomicPair::lock_free().then(|| Self::of(policies))
+        Self::available().then(|| Self::of(policies))
+    }
+
+    /// Whether this machine has a pair's atomics, so that [`new`](Self::new) makes one.
+    pub(crate) fn available() -> bool {
+        AtomicPair::lock_free()
     }
 
     fn of(policies: [WordPolicy; 2]) -> Self {

@@ -33,9 +33,10 @@ pub(crate) struct Shard<K, S: State> {
 }
 
 impl<K: Hash + Eq, S: State> Shard<K, S> {
-    pub(crate) fn new(policy: S::Policy, seed: u64) -> Self {
+    /// A shard under `policy` whose table has room for `keys` keys made now (0: none).
+    pub(crate) fn new(policy: S::Policy, seed: u64, keys: usize) -> Self {
         Self {
-            table: Table::new(),
+            table: Table::with_room(keys),
             policy,
             key_quotas: KeyQuotas::new(),
             hand: 0,

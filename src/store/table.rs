@@ -61,6 +61,18 @@ pub(crate) struct Entry<K, S> {
 pub(crate) struct Table<K, S> {
     entries: Vec<Entry<K, S>>,
     index: Box<[u32]>,
+    /// The entries reserved when the table was made ([`with_room`](Self::with_room)),
+    /// which no shrink goes below; 0 for none.
+    floor: usize,
+}
+
+/// The index that holds `entries` entries and one more within the load limit.
+fn index_for(entries: usize) -> usize {
+    entries
+        .saturating_add(1)
+        .saturating_mul(MAX_LOAD_DEN)
+        .div_ceil(MAX_LOAD_NUM)
+        .max(MIN_CAPACITY)
 }
 
 impl<K: Eq, S> Table<K, S> {
@@ -68,7 +80,30 @@ impl<K: Eq, S> Table<K, S> {
         Self {
             entries: Vec::new(),
             index: Box::new([]),
+            floor: 0,
         }
+    }
+
+    /// A table with room for `entries` entries (at most [`MAX_ENTRIES`]) made now: up to
+    /// that many, inserts neither grow the index nor reallocate the entries, and
+    /// removals never shrink it below.
+    pub(crate) fn with_room(entries: usize) -> Self {
+        let entries = entries.min(MAX_ENTRIES);
+        if entries == 0 {
+            return Self::new();
+        }
+        Self {
+            entries: Vec::with_capacity(entries),
+            index: vec![0; index_for(entries)].into_boxed_slice(),
+            floor: entries,
+        }
+    }
+
+    /// The bytes [`with_room`](Self::with_room) takes for `entries` entries.
+    pub(crate) fn bytes_for(entries: usize) -> Option<usize> {
+        entries
+            .checked_mul(std::mem::size_of::<Entry<K, S>>())?
+            .checked_add(index_for(entries).checked_mul(std::mem::size_of::<u32>())?)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -228,11 +263,17 @@ impl<K: Eq, S> Table<K, S> {
     /// shrinks at most once per halving).
     fn shrink_if_sparse(&mut self, rehash: &impl Fn(&K) -> u64) {
         let len = self.entries.len();
-        if self.entries.capacity() > MIN_CAPACITY && len * 4 < self.entries.capacity() {
-            self.entries.shrink_to((len * 2).max(MIN_CAPACITY));
+        let floor = self.floor.max(MIN_CAPACITY);
+        if self.entries.capacity() > floor && len * 4 < self.entries.capacity() {
+            self.entries.shrink_to((len * 2).max(floor));
         }
-        if self.index.len() > MIN_CAPACITY && len * 4 < self.index.len() {
-            self.rebuild((len * 2).max(MIN_CAPACITY), rehash);
+        let index_floor = if self.floor == 0 {
+            MIN_CAPACITY
+        } else {
+            index_for(self.floor)
+        };
+        if self.index.len() > index_floor && len * 4 < self.index.len() {
+            self.rebuild((len * 2).max(index_floor), rehash);
         }
     }
 
@@ -286,6 +327,36 @@ mod tests {
 
     fn h(key: &u64) -> u64 {
         ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(key)
+    }
+
+    /// A table made with room for 1,000 entries takes them without growing its index or
+    /// its entries, and keeps both when they all go; a table made empty grows, then
+    /// shrinks.
+    #[test]
+    fn room_made_ahead_is_neither_grown_nor_shrunk_by_its_entries() {
+        for room in [0, 1_000] {
+            let mut table: Table<u64, u64> = Table::with_room(room);
+            let (index, entries) = (table.index_len(), table.entries_capacity());
+            for key in 0..1_000 {
+                assert!(table.insert(h(&key), Entry { key, state: 0 }, h).is_ok());
+            }
+            let full = (table.index_len(), table.entries_capacity());
+            for key in 0..1_000 {
+                assert!(table.remove(h(&key), |k| *k == key, h).is_some());
+            }
+            let emptied = (table.index_len(), table.entries_capacity());
+            if room == 0 {
+                assert!(full.0 > index && full.1 > entries);
+                assert!(emptied.0 < full.0 && emptied.1 < full.1);
+            } else {
+                assert_eq!(full, (index, entries), "grew with the room made ahead");
+                assert_eq!(
+                    emptied,
+                    (index, entries),
+                    "shrank below the room made ahead"
+                );
+            }
+        }
     }
 
     #[test]

@@ -35,12 +35,16 @@ use parking_lot::Mutex;
 use super::counts::Counts;
 use super::deny_cache::Denies;
 use super::epoch_table::{
-    Carry, EpochTable, Guard, Located, STEP_PER_INSERT, Slot, Table, Word, Writer, reclaim,
+    Carry, EpochTable, Guard, Located, STEP_PER_INSERT, Slot, Table, Word, Writer,
+    capacity_holding, max_capacity, reclaim, slot_bytes,
 };
 use super::hash::Sharding;
 use super::key_quotas::KeyQuotas;
 use super::rule::{Op, Rule, StateOf};
-use super::{Limits, Room, SAMPLES, SCAN_WHEN_FULL, StoreStats, Sweep, WhenFull, least_costly};
+use super::{
+    Limits, Room, SAMPLES, SCAN_WHEN_FULL, StoreStats, Sweep, WhenFull, keys_per_shard,
+    least_costly,
+};
 use crate::algorithm::{Outcome, Policy, Settle, WordPolicy};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
@@ -341,6 +345,9 @@ pub(crate) struct WordStore<K, R: Rule = WordPolicy> {
     /// Operator paths (quota changes, removals) driving migrations to their end right
     /// now: while any does, checks do not help (see [`HELP_EVERY`]).
     driving: AtomicUsize,
+    /// The smallest table a shard has: [`MIN_CAPACITY`], or the table sized for the keys
+    /// the limiter expects ([`Limits::expected_keys`]), which no shrink goes below.
+    floor: usize,
 }
 
 /// An operator path's hold on [`WordStore::driving`]: counted while it lives, also if
@@ -366,6 +373,7 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
     /// ([`Domain::decide_barrier`](super::epoch_table::reclaim::Domain::decide_barrier)).
     pub(crate) fn new(limits: Limits, policy: R) -> Self {
         reclaim::global().decide_barrier();
+        let floor = Self::floor(limits);
         let sharding = Sharding::new(limits.shards);
         let policies = || Policies {
             default: policy,
@@ -389,7 +397,11 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
                         at: 0,
                         rng: XorShift::new(sharding.seed(i)),
                     };
-                    CachePadded::new(EpochTable::new(MIN_CAPACITY, policies(), hand))
+                    CachePadded::new(if floor > MIN_CAPACITY {
+                        EpochTable::written(floor, policies(), hand)
+                    } else {
+                        EpochTable::new(MIN_CAPACITY, policies(), hand)
+                    })
                 })
                 .collect(),
             sharding,
@@ -398,7 +410,36 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
             counts: Counts::new(limits.max_keys),
             reconfigure: Mutex::new(()),
             driving: AtomicUsize::new(0),
+            floor,
         }
+    }
+
+    /// The table a shard starts with and never shrinks below under `limits`: sized for
+    /// its share of the expected keys (see [`keys_per_shard`]) and room for the inserts
+    /// that would make its successor ready ([`PREPARE_AHEAD`]), so that none of those
+    /// keys grows it; [`MIN_CAPACITY`] when none are expected.
+    fn floor(limits: Limits) -> usize {
+        match keys_per_shard(limits.expected_keys, limits.shards) {
+            0 => MIN_CAPACITY,
+            keys => capacity_holding(keys, PREPARE_AHEAD).max(MIN_CAPACITY),
+        }
+    }
+
+    /// The bytes of the tables [`new`](Self::new) writes for `limits` up front (0 when no
+    /// keys are expected), or `None` beyond what a table can hold (2³² slots a shard) or
+    /// the address space.
+    pub(crate) fn bytes_ahead(limits: Limits) -> Option<usize> {
+        if limits.expected_keys == 0 {
+            return Some(0);
+        }
+        let per_shard = keys_per_shard(limits.expected_keys, limits.shards);
+        let floor = Self::floor(limits);
+        if floor >= max_capacity() || per_shard >= floor {
+            return None;
+        }
+        floor
+            .checked_mul(slot_bytes::<K, R::Atom>())?
+            .checked_mul(limits.shards)
     }
 
     /// The hash the store reads for `key` (see [`Sharding`]).
@@ -912,7 +953,7 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
         let needed = writer.state().live + 1;
         let capacity = if needed * GROW_ABOVE_DEN <= capacity * GROW_ABOVE_NUM {
             if needed * 8 < capacity {
-                (needed * 10 / 3).max(MIN_CAPACITY)
+                (needed * 10 / 3).max(self.floor)
             } else {
                 capacity
             }
@@ -927,7 +968,7 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
 
     /// Starts migrating the shard to a table sized for `live` keys at the target load.
     fn resize(&self, writer: &mut ShardWriter<'_, K, R>, guard: &Guard<'_>, live: usize, now: u64) {
-        let capacity = (live * TARGET_LOAD_DEN / TARGET_LOAD_NUM).max(MIN_CAPACITY);
+        let capacity = (live * TARGET_LOAD_DEN / TARGET_LOAD_NUM).max(self.floor);
         self.resize_to(writer, guard, capacity, now);
     }
 
@@ -970,7 +1011,7 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
     fn shrink_if_sparse(&self, writer: &mut ShardWriter<'_, K, R>, guard: &Guard<'_>, now: u64) {
         let live = writer.state().live;
         let capacity = writer.target(guard).capacity();
-        if capacity > MIN_CAPACITY && live * 4 < capacity {
+        if capacity > self.floor && live * 4 < capacity {
             self.resize(
                 writer,
                 guard,
@@ -1393,6 +1434,7 @@ mod tests {
             max_keys,
             when_full: WhenFull::DenyNewKeys,
             sweep: false,
+            expected_keys: 0,
         }
     }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::cell::SyncPolicy;
+use super::cell::{SyncCell, SyncPolicy};
 use super::limiter::SyncedLimiter;
 use super::protocol::Shape;
 use super::{RedisSync, SyncHandle};
@@ -12,7 +12,7 @@ use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::limiter::{Builder, Common, Key};
 use crate::quota::Quota;
-use crate::store::{Limits, Store};
+use crate::store::{Limits, Store, check_room};
 
 impl<K: Key, C: Clock> Builder<K, C> {
     /// Builds a [`SyncedLimiter`]: one limit held by every node sharing a Redis through a
@@ -37,6 +37,12 @@ impl<K: Key, C: Clock> Builder<K, C> {
         K: Clone + fmt::Display,
     {
         let (common, limits, quotas) = self.into_parts()?;
+        // One store per quota, each sized for the expected keys.
+        check_room(
+            limits,
+            Store::<K, SyncCell>::bytes_ahead(limits)
+                .and_then(|bytes| bytes.checked_mul(quotas.len())),
+        )?;
         let common = common.shared();
         // Every quota is checked before any task starts.
         for &quota in &quotas {

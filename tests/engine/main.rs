@@ -17,6 +17,7 @@ mod concurrency;
 mod config_file;
 mod conformance;
 mod eviction;
+mod expected_keys;
 mod governor_equivalence;
 mod limiter;
 mod properties;

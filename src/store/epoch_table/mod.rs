@@ -326,6 +326,39 @@ fn fits(used: usize, capacity: usize) -> bool {
     used * MAX_LOAD_DEN <= capacity * MAX_LOAD_NUM
 }
 
+/// The smallest capacity (at most 2³² slots) that holds `keys` keys within the load limit
+/// with room for `capacity / ahead` more: a table sized ahead for `keys` keys, which
+/// neither grows nor starts making its successor ready (which the word store does in a
+/// table's last `capacity / ahead` inserts) before they are all in.
+pub(crate) fn capacity_holding(keys: usize, ahead: usize) -> usize {
+    let mut capacity = keys
+        .saturating_add(1)
+        .saturating_mul(MAX_LOAD_DEN)
+        .div_ceil(MAX_LOAD_NUM)
+        .clamp(2, MAX_CAPACITY);
+    while capacity < MAX_CAPACITY
+        && !fits(
+            keys.saturating_add(1)
+                .saturating_add(capacity / ahead.max(1)),
+            capacity,
+        )
+    {
+        capacity = capacity.saturating_add(capacity / 64 + 1).min(MAX_CAPACITY);
+    }
+    capacity
+}
+
+/// The most slots a table has.
+pub(crate) const fn max_capacity() -> usize {
+    MAX_CAPACITY
+}
+
+/// The bytes a table spends per slot for keys `K` and words `A`: the slot, and its tag
+/// where the keys keep tags.
+pub(crate) const fn slot_bytes<K, A: Atom>() -> usize {
+    std::mem::size_of::<Slot<K, A>>() + if tagged::<K>() { 1 } else { 0 }
+}
+
 /// Slots of one fixed capacity, with the `meta` checks read alongside them.
 pub(crate) struct Table<K, M, A: Atom = AtomicU64> {
     slots: Box<[Slot<K, A>]>,
@@ -747,6 +780,25 @@ fn page_size() -> usize {
     })
 }
 
+/// The machine's physical memory in bytes, where the kernel says (Linux): what tables
+/// written up front for expected keys must fit in.
+#[cfg(all(target_os = "linux", not(tollgate_loom)))]
+pub(crate) fn physical_memory() -> Option<usize> {
+    // SAFETY: `sysconf` reads no memory of ours.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    usize::try_from(pages)
+        .ok()
+        .filter(|&pages| pages > 0)?
+        .checked_mul(page_size())
+        .filter(|&bytes| bytes > 0)
+}
+
+/// Elsewhere unknown.
+#[cfg(not(all(target_os = "linux", not(tollgate_loom))))]
+pub(crate) fn physical_memory() -> Option<usize> {
+    None
+}
+
 /// What a migration does with each key it moves to a table of new `meta`, whose states
 /// are `V`.
 pub(crate) trait Carry<K, V = u64> {
@@ -883,9 +935,28 @@ where
     /// An empty table of `capacity` slots (at least 2) with `meta`; `writer` is the state
     /// the writers keep.
     pub(crate) fn new(capacity: usize, meta: M, writer: W) -> Self {
+        Self::with_table(writer, |alive| {
+            Table::new(capacity.clamp(2, MAX_CAPACITY), meta, alive)
+        })
+    }
+
+    /// [`new`](Self::new), with a table whose every slot is written now, and so every
+    /// page mapped: for a table sized ahead for the keys a limiter expects, whose
+    /// inserts then take no page fault (a few microseconds each on a VM). The cost is
+    /// paid here instead, about 2 µs a 4 KiB page on this project's VM.
+    pub(crate) fn written(capacity: usize, meta: M, writer: W) -> Self {
+        Self::with_table(writer, |alive| {
+            Spare::new(capacity.clamp(2, MAX_CAPACITY)).into_table(meta, alive)
+        })
+    }
+
+    fn with_table(
+        writer: W,
+        table: impl FnOnce(&Arc<std::sync::atomic::AtomicUsize>) -> Table<K, M, A>,
+    ) -> Self {
         sync::prepare_parking();
         let alive = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let table = Table::new(capacity.clamp(2, MAX_CAPACITY), meta, &alive);
+        let table = table(&alive);
         Self {
             current: sync::AtomicPtr::new(Box::into_raw(Box::new(table))),
             writer: Mutex::new(Locked {
