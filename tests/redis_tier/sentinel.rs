@@ -459,66 +459,86 @@ async fn a_promoted_replica_that_lagged_admits_at_most_one_more_burst() {
     let step = Duration::from_millis(5);
     let mut worst = 0.0f64;
     let mut x = 0x2545_f491_4f6c_dd1du64;
+    // Runs started again because the key expired between a check and its `PERSIST`.
+    let mut expired_runs = 0;
+    let mut attempt = 0;
     for run in 0..40 {
         crate::common::xorshift(&mut x);
         let fail_at = 200 + (x % 200) as usize;
         let lag = ((x >> 16) % 101) as usize;
-        let clock = ManualClock::new();
-        let limiter = RedisLimiter::builder(&server.url(), EXACT_QUOTA.parse().unwrap())
-            .caller_clock(clock.clone())
-            .local_deny_cache(false)
-            .prefix(&format!("lag{run}"))
-            .timeout(common::DECISION_TIMEOUT)
-            .build()
-            .await
-            .unwrap();
-        let key = limiter.redis_key("k");
-        let mut snapshots: Vec<Option<Vec<u8>>> = Vec::new();
-        let mut admitted = Vec::new();
-        for i in 0..600 {
-            clock.advance(step);
-            if i == fail_at {
-                let old = snapshots[i - lag].clone();
-                redis::cmd("DEL")
+        'attempt: loop {
+            attempt += 1;
+            let clock = ManualClock::new();
+            let limiter = RedisLimiter::builder(&server.url(), EXACT_QUOTA.parse().unwrap())
+                .caller_clock(clock.clone())
+                .local_deny_cache(false)
+                .prefix(&format!("lag{attempt}"))
+                .timeout(common::DECISION_TIMEOUT)
+                .build()
+                .await
+                .unwrap();
+            let key = limiter.redis_key("k");
+            let mut snapshots: Vec<Option<Vec<u8>>> = Vec::new();
+            let mut admitted = Vec::new();
+            for i in 0..600 {
+                clock.advance(step);
+                if i == fail_at {
+                    let old = snapshots[i - lag].clone();
+                    redis::cmd("DEL")
+                        .arg(&key)
+                        .query_async::<()>(&mut connection)
+                        .await
+                        .unwrap();
+                    if let Some(dump) = old {
+                        redis::cmd("RESTORE")
+                            .arg(&key)
+                            .arg(0)
+                            .arg(dump)
+                            .query_async::<()>(&mut connection)
+                            .await
+                            .unwrap();
+                    }
+                }
+                if limiter.check("k").await.unwrap().is_allowed() {
+                    admitted.push(i as u64 * step.as_micros() as u64);
+                }
+                // The script's TTL is on the caller's clock, which runs apart from the
+                // server's: on a loaded machine a step can outlast it in real time, and an
+                // expiry would lose the state a second way (an excess of 41 was seen). The
+                // state stays until the test drops it. The expiry can still come between
+                // the check and the `PERSIST` (an excess of 40.5 was seen, under a load
+                // the test did not make): after a check the key always holds state, so a
+                // key gone here expired, and the run starts again, up to a few times.
+                redis::cmd("PERSIST")
                     .arg(&key)
                     .query_async::<()>(&mut connection)
                     .await
                     .unwrap();
-                if let Some(dump) = old {
-                    redis::cmd("RESTORE")
-                        .arg(&key)
-                        .arg(0)
-                        .arg(dump)
-                        .query_async::<()>(&mut connection)
-                        .await
-                        .unwrap();
+                let exists: bool = redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut connection)
+                    .await
+                    .unwrap();
+                if !exists {
+                    expired_runs += 1;
+                    assert!(expired_runs <= 5, "the key expired in {expired_runs} runs");
+                    continue 'attempt;
                 }
+                let dump: Option<Vec<u8>> = redis::cmd("DUMP")
+                    .arg(&key)
+                    .query_async(&mut connection)
+                    .await
+                    .unwrap();
+                snapshots.push(dump);
             }
-            if limiter.check("k").await.unwrap().is_allowed() {
-                admitted.push(i as u64 * step.as_micros() as u64);
-            }
-            // The script's TTL is on the caller's clock, which runs apart from the
-            // server's: on a loaded machine a step can outlast it in real time, and an
-            // expiry would lose the state a second way (an excess of 41 was seen). The
-            // state stays until the test drops it.
-            redis::cmd("PERSIST")
-                .arg(&key)
-                .query_async::<()>(&mut connection)
-                .await
-                .unwrap();
-            let dump: Option<Vec<u8>> = redis::cmd("DUMP")
-                .arg(&key)
-                .query_async(&mut connection)
-                .await
-                .unwrap();
-            snapshots.push(dump);
+            let excess = excess_over_rate(&admitted, 100.0 / 1e6);
+            assert!(
+                excess <= 40.0,
+                "run {run}: lag {lag} steps, excess {excess}"
+            );
+            worst = worst.max(excess);
+            break;
         }
-        let excess = excess_over_rate(&admitted, 100.0 / 1e6);
-        assert!(
-            excess <= 40.0,
-            "run {run}: lag {lag} steps, excess {excess}"
-        );
-        worst = worst.max(excess);
     }
     eprintln!("a promoted replica that lagged: worst excess {worst:.1} (bound 40)");
     assert!(worst > 21.0, "no run lost a write: worst excess {worst}");
