@@ -39,15 +39,10 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
     /// A store with `limits.shards` shards (a power of two), all under `policy`.
     pub(crate) fn new(limits: Limits, policy: S::Policy) -> Self {
         let sharding = Sharding::new(limits.shards);
+        let room = keys_per_shard(limits.expected_keys, limits.shards);
         Self {
             shards: (0..limits.shards)
-                .map(|i| {
-                    CachePadded::new(RwLock::new(Shard::new(
-                        policy,
-                        sharding.seed(i),
-                        keys_per_shard(limits.expected_keys, limits.shards),
-                    )))
-                })
+                .map(|i| CachePadded::new(RwLock::new(Shard::new(policy, sharding.seed(i), room))))
                 .collect(),
             sharding,
             denies: Denies::new(),

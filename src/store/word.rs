@@ -36,7 +36,7 @@ use super::counts::Counts;
 use super::deny_cache::Denies;
 use super::epoch_table::{
     Carry, EpochTable, Guard, Located, STEP_PER_INSERT, Slot, Table, Word, Writer,
-    capacity_holding, max_capacity, reclaim, slot_bytes,
+    capacity_holding, reclaim, slot_bytes,
 };
 use super::hash::Sharding;
 use super::key_quotas::KeyQuotas;
@@ -373,7 +373,8 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
     /// ([`Domain::decide_barrier`](super::epoch_table::reclaim::Domain::decide_barrier)).
     pub(crate) fn new(limits: Limits, policy: R) -> Self {
         reclaim::global().decide_barrier();
-        let floor = Self::floor(limits);
+        // Keys beyond any table's reach (which the builder refuses): the largest.
+        let floor = Self::floor(limits).unwrap_or(usize::MAX);
         let sharding = Sharding::new(limits.shards);
         let policies = || Policies {
             default: policy,
@@ -417,27 +418,22 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
     /// The table a shard starts with and never shrinks below under `limits`: sized for
     /// its share of the expected keys (see [`keys_per_shard`]) and room for the inserts
     /// that would make its successor ready ([`PREPARE_AHEAD`]), so that none of those
-    /// keys grows it; [`MIN_CAPACITY`] when none are expected.
-    fn floor(limits: Limits) -> usize {
+    /// keys grows it; [`MIN_CAPACITY`] when none are expected. `None` beyond what a
+    /// table can hold (2³² slots).
+    fn floor(limits: Limits) -> Option<usize> {
         match keys_per_shard(limits.expected_keys, limits.shards) {
-            0 => MIN_CAPACITY,
-            keys => capacity_holding(keys, PREPARE_AHEAD).max(MIN_CAPACITY),
+            0 => Some(MIN_CAPACITY),
+            keys => Some(capacity_holding(keys, PREPARE_AHEAD)?.max(MIN_CAPACITY)),
         }
     }
 
     /// The bytes of the tables [`new`](Self::new) writes for `limits` up front (0 when no
-    /// keys are expected), or `None` beyond what a table can hold (2³² slots a shard) or
-    /// the address space.
+    /// keys are expected), or `None` beyond what a table can hold or the address space.
     pub(crate) fn bytes_ahead(limits: Limits) -> Option<usize> {
         if limits.expected_keys == 0 {
             return Some(0);
         }
-        let per_shard = keys_per_shard(limits.expected_keys, limits.shards);
-        let floor = Self::floor(limits);
-        if floor >= max_capacity() || per_shard >= floor {
-            return None;
-        }
-        floor
+        Self::floor(limits)?
             .checked_mul(slot_bytes::<K, R::Atom>())?
             .checked_mul(limits.shards)
     }

@@ -262,3 +262,27 @@ fn a_configuration_files_expected_keys_size_the_tables() {
     let error = toml::from_str::<LimiterConfig>("quota = \"10/s\"\nexpected_keys = -1");
     assert!(error.is_err());
 }
+
+/// The synced limiter checks the keys expected before it starts anything, for every
+/// quota's store: more than its tables can hold is the typed error, ahead of the check
+/// for a tokio runtime (this test has none, so a limiter that passes gets `NoRuntime`).
+#[cfg(feature = "redis")]
+#[test]
+fn the_synced_limiter_checks_the_keys_expected_before_starting() {
+    use tollgate::sync::RedisSync;
+
+    let synced = |expected: usize| {
+        RateLimiter::<String>::builder(quota("100/s"))
+            .also(quota("1000/h"))
+            .expected_keys(expected)
+            .build_synced(RedisSync::new("redis://127.0.0.1:1/"))
+            .map(|_| ())
+    };
+    match synced(usize::MAX) {
+        Err(ConfigError::ExpectedKeysTooMany { why, .. }) => {
+            assert!(why.contains("tables can hold"), "{why}");
+        }
+        other => panic!("expected ExpectedKeysTooMany, got {other:?}"),
+    }
+    assert!(matches!(synced(10_000), Err(ConfigError::NoRuntime)));
+}

@@ -326,31 +326,31 @@ fn fits(used: usize, capacity: usize) -> bool {
     used * MAX_LOAD_DEN <= capacity * MAX_LOAD_NUM
 }
 
-/// The smallest capacity (at most 2³² slots) that holds `keys` keys within the load limit
-/// with room for `capacity / ahead` more: a table sized ahead for `keys` keys, which
-/// neither grows nor starts making its successor ready (which the word store does in a
-/// table's last `capacity / ahead` inserts) before they are all in.
-pub(crate) fn capacity_holding(keys: usize, ahead: usize) -> usize {
+/// The smallest capacity that holds `keys` keys within the load limit with room for
+/// `capacity / ahead` more: a table sized ahead for `keys` keys, which neither grows nor
+/// starts making its successor ready (which the word store does in a table's last
+/// `capacity / ahead` inserts) before they are all in. `None` if no table (at most 2³²
+/// slots) does.
+pub(crate) fn capacity_holding(keys: usize, ahead: usize) -> Option<usize> {
+    let holds = |capacity: usize| {
+        fits(
+            keys.saturating_add(1)
+                .saturating_add(capacity / ahead.max(1)),
+            capacity,
+        )
+    };
     let mut capacity = keys
         .saturating_add(1)
         .saturating_mul(MAX_LOAD_DEN)
         .div_ceil(MAX_LOAD_NUM)
         .clamp(2, MAX_CAPACITY);
-    while capacity < MAX_CAPACITY
-        && !fits(
-            keys.saturating_add(1)
-                .saturating_add(capacity / ahead.max(1)),
-            capacity,
-        )
-    {
+    while !holds(capacity) {
+        if capacity == MAX_CAPACITY {
+            return None;
+        }
         capacity = capacity.saturating_add(capacity / 64 + 1).min(MAX_CAPACITY);
     }
-    capacity
-}
-
-/// The most slots a table has.
-pub(crate) const fn max_capacity() -> usize {
-    MAX_CAPACITY
+    Some(capacity)
 }
 
 /// The bytes a table spends per slot for keys `K` and words `A`: the slot, and its tag
@@ -950,6 +950,8 @@ where
         })
     }
 
+    /// The shard around the table `table` makes, counted among its tables by the
+    /// counter it is given.
     fn with_table(
         writer: W,
         table: impl FnOnce(&Arc<std::sync::atomic::AtomicUsize>) -> Table<K, M, A>,
