@@ -332,6 +332,9 @@ fn fits(used: usize, capacity: usize) -> bool {
 /// `capacity / ahead` inserts) before they are all in. `None` if no table (at most 2³²
 /// slots) does.
 pub(crate) fn capacity_holding(keys: usize, ahead: usize) -> Option<usize> {
+    if keys >= MAX_CAPACITY {
+        return None;
+    }
     let holds = |capacity: usize| {
         fits(
             keys.saturating_add(1)
