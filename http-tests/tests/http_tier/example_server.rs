@@ -341,3 +341,60 @@ fn policy_header(server: &Server) -> String {
         })
         .unwrap_or_default()
 }
+
+/// The server's resident memory, from `/proc/<pid>/status` (Linux), in bytes.
+fn resident_bytes(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in {status}"));
+    kib * 1024
+}
+
+/// `--expected-keys` sizes the tables at start: on the local tier every page of them is
+/// written then (a million keys' tables, about 20 MB, are resident before any request),
+/// and both the local and the synced tier refuse a count no table can hold, in one line.
+#[test]
+fn expected_keys_sizes_the_tables_at_start() {
+    let plain = start(&[]);
+    let sized = start(&["--expected-keys", "1000000"]);
+    let (plain_rss, sized_rss) = (resident_bytes(&plain), resident_bytes(&sized));
+    assert!(
+        sized_rss > plain_rss + 15_000_000,
+        "sized {sized_rss} bytes resident against {plain_rss} without"
+    );
+    assert_eq!(eight(&sized), FIVE_OF_EIGHT);
+
+    let redis = LocalRedis::start().unwrap();
+    let synced = start(&["--expected-keys", "100000", "--redis", &redis.url()]);
+    holds_five_per_minute(&synced, "reconcile");
+
+    let too_many = usize::MAX.to_string();
+    for tier in [&[][..], &["--redis", &redis.url()][..]] {
+        let out = Command::new(example_server())
+            .args(["--listen", "127.0.0.1:0", "--expected-keys", &too_many])
+            .args(tier)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{tier:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "expected_keys {too_many} cannot be sized for up front"
+            )),
+            "{tier:?}: {stderr}"
+        );
+    }
+    let out = Command::new(example_server())
+        .args(["--expected-keys", "lots"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("invalid value 'lots' for '--expected-keys'"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

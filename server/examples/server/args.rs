@@ -1,6 +1,6 @@
 //! The server's flags: `--name value` or `--name=value`, as `--help` lists them.
 //!
-//! A hand-written parser rather than clap: sixteen flags need a loop and a table, and the
+//! A hand-written parser rather than clap: eighteen flags need a loop and a table, and the
 //! README's main command then builds no argument-parsing crates at all. Every mistake is
 //! one line naming the flag and what to write instead; the server exits with status 2.
 
@@ -43,6 +43,8 @@ Options:
                                process by --quota (local) or by this server's share of it,
                                --quota divided by the servers counted live (local-share)
                                [default: open]
+      --expected-keys <N>      Size the limiter's tables for this many keys at start, so that
+                               none of them grows a table [default: 0, grown as keys come]
       --shadow                 Shadow mode: decide, send the headers and count denies as
                                shadow_denied, but never deny a request
       --hash-keys              Store a keyed hash of each key in Redis instead of the key (for
@@ -80,6 +82,8 @@ pub struct Args {
     pub sync_interval: Duration,
     pub share_ttl: Duration,
     pub cold_keys: Option<bool>,
+    /// Keys the local tables are sized for at start (`Builder::expected_keys`).
+    pub expected_keys: usize,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -135,6 +139,7 @@ impl Args {
             sync_interval: Duration::from_millis(50),
             share_ttl: Duration::from_secs(10),
             cold_keys: None,
+            expected_keys: 0,
         };
         let mut quota_given = false;
         while let Some(flag) = flags.next() {
@@ -225,6 +230,7 @@ impl Args {
                 "--sync-interval" => args.sync_interval = parsed(&name, &value, parse_interval)?,
                 "--share-ttl" => args.share_ttl = parsed(&name, &value, parse_duration)?,
                 "--cold-keys" => args.cold_keys = Some(parsed(&name, &value, bool::from_str)?),
+                "--expected-keys" => args.expected_keys = parsed(&name, &value, usize::from_str)?,
                 _ => unreachable!("is_flag lists every flag with a value"),
             }
         }
@@ -266,6 +272,7 @@ fn is_flag(name: &str) -> bool {
             | "--sync-interval"
             | "--share-ttl"
             | "--cold-keys"
+            | "--expected-keys"
     )
 }
 

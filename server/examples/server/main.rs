@@ -303,7 +303,8 @@ fn redis_options(args: &Args) -> Result<Option<RedisOptions>, String> {
 async fn tier(args: &Args) -> Result<Tier, String> {
     let mut builder = RateLimiter::<String>::builder(args.quota)
         .algorithm(args.algorithm)
-        .name("api");
+        .name("api")
+        .expected_keys(args.expected_keys);
     for &quota in &args.also {
         builder = builder.also(quota);
     }
