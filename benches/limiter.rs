@@ -1694,6 +1694,69 @@ fn growth_probe(spec: &str) {
     );
 }
 
+/// Two quotas against one in alternating rounds, in this process (`also_10k`'s workload:
+/// 10k `u64` keys, the token bucket, every check admitted), on 1 and 2 threads. A
+/// criterion group times one limiter for seconds and then the other, and on this shared
+/// VM the load moves between the two by more than the gap measured, so this also takes
+/// the ratio round by round: each round times the same checks on both limiters back to
+/// back, in an order that swaps every round. Prints the median of the rounds' ratios (two
+/// quotas' time / one quota's), their quartiles and range, and each limiter's median time.
+fn two_quotas_alternating(quick: bool) {
+    let keys = key_sequences();
+    let generous = generous(Algorithm::TokenBucket);
+    let daily = Quota::new(8_640_000_000_000, Duration::from_secs(86_400))
+        .and_then(|q| q.with_burst(1_000_000_000_000))
+        .expect("valid quota");
+    let one = Tollgate(tollgate(Algorithm::TokenBucket, generous));
+    let two = Tollgate(
+        RateLimiter::builder(generous)
+            .also(daily)
+            .build()
+            .expect("valid limiter"),
+    );
+    for key in 0..KEYS {
+        one.check(key);
+        two.check(key);
+    }
+    let (rounds, iters) = if quick { (2, 1_000) } else { (41, 400_000) };
+    println!(
+        "\nalso_10k_u64 alternating: {rounds} rounds of {iters} checks per thread (ns a check)"
+    );
+    let quantile = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    for threads in [1, 2] {
+        let time = |limiter: &dyn Check| {
+            let check = |thread: usize, i: usize| limiter.check(keys[thread][i & (SEQUENCE - 1)]);
+            run_threads(threads, iters, &check).as_secs_f64() * 1e9 / iters as f64
+        };
+        let (mut ratios, mut ones, mut twos) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let (t1, t2) = if round % 2 == 0 {
+                let t1 = time(&one);
+                (t1, time(&two))
+            } else {
+                let t2 = time(&two);
+                (time(&one), t2)
+            };
+            ratios.push(t2 / t1);
+            ones.push(t1);
+            twos.push(t2);
+        }
+        for v in [&mut ratios, &mut ones, &mut twos] {
+            v.sort_by(f64::total_cmp);
+        }
+        println!(
+            "also_10k_u64/alternating/{threads}_thread: two / one quota {:.3} (median of {rounds} rounds; quartiles {:.3}–{:.3}, range {:.3}–{:.3}); one quota {:.1} ns, two quotas {:.1} ns (medians)",
+            quantile(&ratios, 0.5),
+            quantile(&ratios, 0.25),
+            quantile(&ratios, 0.75),
+            ratios[0],
+            ratios[ratios.len() - 1],
+            quantile(&ones, 0.5),
+            quantile(&twos, 0.5),
+        );
+    }
+}
+
 /// Checks while the default quota changes: 2 threads check `keys` existing keys (each
 /// check timed alone) for a while, with and without a third thread calling
 /// `set_default_quota` every 10 ms (alternating two quotas). Prints p50, p99, p99.99 and
@@ -1814,6 +1877,9 @@ fn main() {
     }
     if wanted("quota_change") {
         quota_change_tail(quick);
+    }
+    if wanted("also") {
+        two_quotas_alternating(quick);
     }
     Criterion::default().configure_from_args().final_summary();
 }
