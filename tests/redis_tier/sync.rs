@@ -1040,14 +1040,27 @@ async fn rounds_too_large_for_the_timeout_shrink_until_they_fit() {
     // A round that began after the flood (the one in flight may have begun before).
     let flooded = handle.stats().syncs + 2;
     // Alone it catches up in about 10 s; on a loaded machine (the whole suite, a busy
-    // VM) one run took longer than 30 s, still shrinking and releasing.
-    let deadline = Instant::now() + Duration::from_secs(90);
+    // VM) runs took longer than 30 s and once longer than 90 s, still shrinking and
+    // releasing. So the test fails when the keys waiting stop going down for 60 s (rounds
+    // that never come to fit), or after 10 minutes in all, not at a fixed span.
+    let (start, mut progress) = (Instant::now(), Instant::now());
+    let mut fewest_waiting = usize::MAX;
     loop {
         let stats = handle.stats();
         if stats.syncs >= flooded && stats.keys_waiting == 0 && !stats.fallback_active {
             break;
         }
-        assert!(Instant::now() < deadline, "still behind: {stats:?}");
+        if stats.keys_waiting < fewest_waiting {
+            (fewest_waiting, progress) = (stats.keys_waiting, Instant::now());
+        }
+        assert!(
+            progress.elapsed() < Duration::from_secs(60),
+            "no key served for 60 s: {stats:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(600),
+            "still behind after 10 minutes: {stats:?}"
+        );
         // Waits for the sync task's rounds against the real Redis process.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
