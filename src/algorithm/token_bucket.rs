@@ -279,4 +279,86 @@ mod tests {
         assert!(run(&g, &mut s, u64::MAX, u64::MAX).is_allowed());
         assert!(run(&g, &mut s, u64::MAX, 1).retry_after() != Some(Duration::ZERO));
     }
+
+    /// Two buckets admitted at once decide as each bucket's own evaluation merged by
+    /// `tighter_admission`, the general path's merge: the same states, and the same
+    /// decision, including the quota it names when both have as many units left (ties
+    /// are common: equal intervals, full buckets), over random quotas, states and costs,
+    /// with intervals from 1 ns to an hour and bursts up to 2⁴⁰.
+    #[test]
+    fn both_buckets_at_once_decide_as_each_bucket_alone() {
+        fn next(x: &mut u64) -> u64 {
+            *x ^= *x << 13;
+            *x ^= *x >> 7;
+            *x ^= *x << 17;
+            *x
+        }
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let intervals = [
+            1,
+            2,
+            3,
+            7,
+            10,
+            1_000,
+            999_999,
+            1_000_000_000,
+            3_600_000_000_000,
+        ];
+        let (mut admitted, mut ties, mut second) = (0, 0, 0);
+        for _ in 0..200_000 {
+            let bucket = |x: &mut u64| {
+                let t = intervals[(next(x) % intervals.len() as u64) as usize];
+                let burst = match next(x) % 3 {
+                    0 => 1 + next(x) % 4,
+                    1 => 1 + next(x) % 1_000,
+                    _ => 1 + next(x) % (1 << 40),
+                };
+                let quota = Quota::new(1, Duration::from_nanos(t)).unwrap();
+                Gcra::new(quota.with_burst(burst.min(u64::MAX / t)).unwrap())
+            };
+            let (a, b) = (bucket(&mut x), bucket(&mut x));
+            let now = 1_000_000_000_000 + next(&mut x) % 1_000_000;
+            // States from untouched to a full bucket's span ahead, and some equal.
+            let state = |g: &Gcra, x: &mut u64| match next(x) % 4 {
+                0 => UNTOUCHED,
+                1 => now,
+                _ => now.saturating_sub(g.t) + next(x) % (g.tau + g.t + 1),
+            };
+            let tats = [state(&a, &mut x), state(&b, &mut x)];
+            let cost = 1 + next(&mut x) % a.burst.min(b.burst).min(3);
+            let both = Gcra::admit_both([&a, &b], tats, now, cost);
+            let each = match (
+                a.evaluate(tats[0], now, cost),
+                b.evaluate(tats[1], now, cost),
+            ) {
+                (
+                    Outcome::Allow {
+                        decision: d0,
+                        state: s0,
+                    },
+                    Outcome::Allow {
+                        decision: d1,
+                        state: s1,
+                    },
+                ) => {
+                    if d0.remaining() == d1.remaining() {
+                        ties += 1;
+                    }
+                    let d = d0.for_policy(0).tighter_admission(d1.for_policy(1));
+                    Some((d, [s0, s1]))
+                }
+                _ => None,
+            };
+            assert_eq!(both, each, "{a:?} {b:?} {tats:?} now {now} cost {cost}");
+            if let Some((d, _)) = both {
+                admitted += 1;
+                second += usize::from(d != d.for_policy(0));
+            }
+        }
+        assert!(
+            admitted > 50_000 && ties > 5_000 && second > 5_000,
+            "{admitted} {ties} {second}"
+        );
+    }
 }
