@@ -530,6 +530,52 @@ fn clamp_ns(ns: u128) -> u64 {
 mod tests {
     use super::*;
 
+    /// The divisor's quotient is the hardware division's, for every divisor kind: 1,
+    /// powers of two, their neighbours (where the magic number's rounding is tightest),
+    /// the largest divisors, and random ones, each against numerators at the edges
+    /// (0, the divisor's neighbours, its multiples, `u64::MAX`) and random ones; the
+    /// rounded-up wide division too.
+    #[test]
+    fn the_divisor_divides_exactly() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut divisors = vec![1, 2, 3, 5, 7, 10, 1_000_000_007, u64::MAX, u64::MAX - 1];
+        for k in 1..64 {
+            let p = 1u64 << k;
+            divisors.extend([p - 1, p, p + 1, p | (p >> 1)]);
+        }
+        for _ in 0..2_000 {
+            let bits = next() % 64;
+            divisors.push((next() >> bits).max(1));
+        }
+        for &d in &divisors {
+            let divisor = Divisor::new(d);
+            assert_eq!(divisor.get(), d);
+            let mut numerators = vec![0, 1, d - 1, d, d.saturating_add(1), u64::MAX, u64::MAX - 1];
+            numerators.extend([2, 3, u64::MAX / d].map(|m| d.saturating_mul(m)));
+            numerators.extend([2, 3, u64::MAX / d].map(|m| d.saturating_mul(m) - 1));
+            for _ in 0..200 {
+                let bits = next() % 64;
+                numerators.push(next() >> bits);
+            }
+            for n in numerators {
+                assert_eq!(divisor.div(n), n / d, "{n} / {d}");
+                assert_eq!(
+                    divisor.div_ceil_wide(u128::from(n)),
+                    u128::from(n.div_ceil(d)),
+                    "⌈{n} / {d}⌉"
+                );
+            }
+            let wide = u128::from(u64::MAX) * 3 + 1;
+            assert_eq!(divisor.div_ceil_wide(wide), wide.div_ceil(u128::from(d)));
+        }
+    }
+
     /// A settlement of several quotas: the most constraining decision, marked with its
     /// quota; on a refusal, a charge is given back to the quotas before it (and only to
     /// them), a refund is not undone.
