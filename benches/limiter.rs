@@ -282,24 +282,31 @@ fn settle_10k(c: &mut Criterion) {
 fn also_10k(c: &mut Criterion) {
     let keys = key_sequences();
     let mut group = c.benchmark_group("also_10k_u64");
-    let generous = generous(Algorithm::TokenBucket);
-    let daily = Quota::new(8_640_000_000_000, Duration::from_secs(86_400))
-        .and_then(|q| q.with_burst(1_000_000_000_000))
-        .expect("valid quota");
     for threads in [1, 2] {
-        let one = Tollgate(tollgate(Algorithm::TokenBucket, generous));
-        let two = Tollgate(
-            RateLimiter::builder(generous)
-                .also(daily)
-                .build()
-                .expect("valid limiter"),
-        );
+        let (one, two) = one_and_two_quotas();
         for (name, limiter) in [("one_quota", &one), ("two_quotas", &two)] {
             let id = BenchmarkId::new(name, format!("{threads}_thread"));
             bench_keyed(&mut group, id, limiter, threads, &keys);
         }
     }
     group.finish();
+}
+
+/// `also_10k`'s two limiters: the token bucket at a generous quota, and the same with a
+/// generous daily quota as well (every check admitted by both, so both are consumed).
+fn one_and_two_quotas() -> (Tollgate, Tollgate) {
+    let generous = generous(Algorithm::TokenBucket);
+    let daily = Quota::new(8_640_000_000_000, Duration::from_secs(86_400))
+        .and_then(|q| q.with_burst(1_000_000_000_000))
+        .expect("valid quota");
+    let one = Tollgate(tollgate(Algorithm::TokenBucket, generous));
+    let two = Tollgate(
+        RateLimiter::builder(generous)
+            .also(daily)
+            .build()
+            .expect("valid limiter"),
+    );
+    (one, two)
 }
 
 /// A 1,000-key set in steady use whose requests come about one period apart (T =
@@ -1703,17 +1710,7 @@ fn growth_probe(spec: &str) {
 /// quotas' time / one quota's), their quartiles and range, and each limiter's median time.
 fn two_quotas_alternating(quick: bool) {
     let keys = key_sequences();
-    let generous = generous(Algorithm::TokenBucket);
-    let daily = Quota::new(8_640_000_000_000, Duration::from_secs(86_400))
-        .and_then(|q| q.with_burst(1_000_000_000_000))
-        .expect("valid quota");
-    let one = Tollgate(tollgate(Algorithm::TokenBucket, generous));
-    let two = Tollgate(
-        RateLimiter::builder(generous)
-            .also(daily)
-            .build()
-            .expect("valid limiter"),
-    );
+    let (one, two) = one_and_two_quotas();
     for key in 0..KEYS {
         one.check(key);
         two.check(key);
