@@ -228,7 +228,12 @@ pub(crate) struct WordPolicy {
 /// Two token buckets, a pair's first and second quota, kept apart from their policies
 /// so that a pair's check finds them without matching on two kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct BucketPair([Gcra; 2]);
+pub(crate) struct BucketPair {
+    buckets: [Gcra; 2],
+    /// [`Gcra::looser_below`] of each bucket against the other: below the first's, the
+    /// second is the tighter; below the second's, the first.
+    looser_below: [u64; 2],
+}
 
 impl BucketPair {
     /// The admission of a request of `cost` (within both capacities) under both buckets
@@ -244,8 +249,8 @@ impl BucketPair {
         if cost == 0 {
             return None;
         }
-        let [a, b] = &self.0;
-        Gcra::admit_both([a, b], states, now, cost)
+        let [a, b] = &self.buckets;
+        Gcra::admit_both([a, b], self.looser_below, states, now, cost)
     }
 }
 
@@ -306,7 +311,10 @@ impl WordPolicy {
     /// decides in one pass ([`BucketPair::admit`]).
     pub(crate) fn bucket_pair(pair: [&Self; 2]) -> Option<BucketPair> {
         match (&pair[0].kind, &pair[1].kind) {
-            (WordKind::TokenBucket(a), WordKind::TokenBucket(b)) => Some(BucketPair([*a, *b])),
+            (WordKind::TokenBucket(a), WordKind::TokenBucket(b)) => Some(BucketPair {
+                buckets: [*a, *b],
+                looser_below: [Gcra::looser_below(b, a), Gcra::looser_below(a, b)],
+            }),
             _ => None,
         }
     }

@@ -92,6 +92,17 @@ impl Gcra {
             .div((self.tau + self.t).saturating_sub(tat.saturating_sub(now)))
     }
 
+    /// The debt (TAT − now) below which `looser` has more units left than `tighter` can
+    /// ever hold, so that `tighter` is the tighter of the two in every admission: units
+    /// left `⌊(τ + T − debt) / T⌋` exceed `tighter`'s burst exactly when `debt ≤ τ + T −
+    /// (burst + 1)·T`. 0 (never) when no debt is that small.
+    pub(crate) fn looser_below(tighter: &Self, looser: &Self) -> u64 {
+        let room = u128::from(looser.tau) + u128::from(looser.t);
+        let more = (u128::from(tighter.burst) + 1) * u128::from(looser.t);
+        room.checked_sub(more)
+            .map_or(0, |debt| u64::try_from(debt + 1).unwrap_or(u64::MAX))
+    }
+
     /// The admission of a request of `cost` (at least 1, at most both capacities) under
     /// two buckets at once, `tats` their states: the decision of the tighter (as
     /// [`Decision::tighter`] picks it, marked with its index) and both new states; `None`
@@ -100,6 +111,7 @@ impl Gcra {
     #[inline(always)]
     pub(crate) fn admit_both(
         pair: [&Self; 2],
+        looser_below: [u64; 2],
         tats: [u64; 2],
         now: u64,
         cost: u64,
@@ -113,8 +125,18 @@ impl Gcra {
         }
         let next_a = tats[0].max(now).saturating_add(a.t + extra_a);
         let next_b = tats[1].max(now).saturating_add(b.t + extra_b);
-        let (left_a, left_b) = (a.remaining(next_a, now), b.remaining(next_b, now));
         let (reset_a, reset_b) = (next_a - now, next_b - now);
+        // One has more units left than the other can hold: the other is the tighter,
+        // and the looser one's units need no division.
+        if reset_b < looser_below[1] {
+            let decision = Decision::allow(a.burst, a.remaining(next_a, now), reset_a);
+            return Some((decision.for_policy(0), [next_a, next_b]));
+        }
+        if reset_a < looser_below[0] {
+            let decision = Decision::allow(b.burst, b.remaining(next_b, now), reset_b);
+            return Some((decision.for_policy(1), [next_a, next_b]));
+        }
+        let (left_a, left_b) = (a.remaining(next_a, now), b.remaining(next_b, now));
         let second = (left_b, std::cmp::Reverse(reset_b)) < (left_a, std::cmp::Reverse(reset_a));
         let pick = |x: u64, y: u64| if second { y } else { x };
         let decision = Decision::allow(
@@ -305,7 +327,7 @@ mod tests {
             1_000_000_000,
             3_600_000_000_000,
         ];
-        let (mut admitted, mut ties, mut second) = (0, 0, 0);
+        let (mut admitted, mut ties, mut second, mut looser) = (0, 0, 0, [0, 0]);
         for _ in 0..200_000 {
             let bucket = |x: &mut u64| {
                 let t = intervals[(next(x) % intervals.len() as u64) as usize];
@@ -327,7 +349,8 @@ mod tests {
             };
             let tats = [state(&a, &mut x), state(&b, &mut x)];
             let cost = 1 + next(&mut x) % a.burst.min(b.burst).min(3);
-            let both = Gcra::admit_both([&a, &b], tats, now, cost);
+            let looser_below = [Gcra::looser_below(&b, &a), Gcra::looser_below(&a, &b)];
+            let both = Gcra::admit_both([&a, &b], looser_below, tats, now, cost);
             let each = match (
                 a.evaluate(tats[0], now, cost),
                 b.evaluate(tats[1], now, cost),
@@ -351,14 +374,25 @@ mod tests {
                 _ => None,
             };
             assert_eq!(both, each, "{a:?} {b:?} {tats:?} now {now} cost {cost}");
-            if let Some((d, _)) = both {
+            if let Some((d, [next_a, next_b])) = both {
                 admitted += 1;
                 second += usize::from(d != d.for_policy(0));
+                if next_b - now < looser_below[1] {
+                    looser[1] += 1;
+                } else if next_a - now < looser_below[0] {
+                    looser[0] += 1;
+                }
             }
         }
         assert!(
             admitted > 50_000 && ties > 5_000 && second > 5_000,
             "{admitted} {ties} {second}"
+        );
+        // Every way through: one bucket's units skipped (either one), or both divided.
+        let divided = admitted - looser[0] - looser[1];
+        assert!(
+            looser[0] > 5_000 && looser[1] > 5_000 && divided > 5_000,
+            "{looser:?} {divided}"
         );
     }
 }
