@@ -213,7 +213,7 @@ run_job valgrind "$PWD" env TOLLGATE_STRESS_PHASES="${TOLLGATE_STRESS_PHASES_VAL
     --show-leak-kinds=definite --quiet "$stress" --test-threads=1
 # The word of a key held to two quotas as other architectures get it: portable-atomic's
 # `AtomicU128` in place of our x86-64 `cmpxchg16b` and `vmovdqa`
-# (src/store/epoch_table/atom.rs), under the store's unit tests and the engine's tests
+# (src/store/epoch_table.rs, module `atom`), under the store's unit tests and the engine's tests
 # (among them a pair against a chain of two stores, and the model of 2–3 quotas). A
 # separate target directory, as for loom.
 run_job portable "$PWD" env RUSTFLAGS="--cfg tollgate_portable_pair" \
