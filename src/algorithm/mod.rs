@@ -230,8 +230,7 @@ pub(crate) struct WordPolicy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct BucketPair {
     buckets: [Gcra; 2],
-    /// [`Gcra::looser_below`] of each bucket against the other: below the first's, the
-    /// second is the tighter; below the second's, the first.
+    /// [`Gcra::looser_bounds`] of the two buckets.
     looser_below: [u64; 2],
 }
 
@@ -313,7 +312,7 @@ impl WordPolicy {
         match (&pair[0].kind, &pair[1].kind) {
             (WordKind::TokenBucket(a), WordKind::TokenBucket(b)) => Some(BucketPair {
                 buckets: [*a, *b],
-                looser_below: [Gcra::looser_below(b, a), Gcra::looser_below(a, b)],
+                looser_below: Gcra::looser_bounds([a, b]),
             }),
             _ => None,
         }

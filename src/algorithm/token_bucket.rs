@@ -96,11 +96,19 @@ impl Gcra {
     /// ever hold, so that `tighter` is the tighter of the two in every admission: units
     /// left `⌊(τ + T − debt) / T⌋` exceed `tighter`'s burst exactly when `debt ≤ τ + T −
     /// (burst + 1)·T`. 0 (never) when no debt is that small.
-    pub(crate) fn looser_below(tighter: &Self, looser: &Self) -> u64 {
+    fn looser_below(tighter: &Self, looser: &Self) -> u64 {
         let room = u128::from(looser.tau) + u128::from(looser.t);
         let more = (u128::from(tighter.burst) + 1) * u128::from(looser.t);
         room.checked_sub(more)
             .map_or(0, |debt| u64::try_from(debt + 1).unwrap_or(u64::MAX))
+    }
+
+    /// Both bounds [`admit_both`](Self::admit_both) takes for `pair`, in its order: below
+    /// the first (the first bucket's debt), the second bucket is the tighter; below the
+    /// second, the first.
+    pub(crate) fn looser_bounds(pair: [&Self; 2]) -> [u64; 2] {
+        let [a, b] = pair;
+        [Self::looser_below(b, a), Self::looser_below(a, b)]
     }
 
     /// The admission of a request of `cost` (at least 1, at most both capacities) under
@@ -349,7 +357,7 @@ mod tests {
             };
             let tats = [state(&a, &mut x), state(&b, &mut x)];
             let cost = 1 + next(&mut x) % a.burst.min(b.burst).min(3);
-            let looser_below = [Gcra::looser_below(&b, &a), Gcra::looser_below(&a, &b)];
+            let looser_below = Gcra::looser_bounds([&a, &b]);
             let both = Gcra::admit_both([&a, &b], looser_below, tats, now, cost);
             let each = match (
                 a.evaluate(tats[0], now, cost),
