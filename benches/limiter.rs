@@ -1584,12 +1584,15 @@ fn in_fresh_process(probe: &str, spec: String) -> String {
 
 /// Environment variable that turns a run of this binary into one growth run of a
 /// contender (`tollgate:keys` or `governor:keys`, or `tollgate-sized` and
-/// `governor-sized`, whose tables are sized for the keys when built), in a fresh process.
+/// `governor-sized`, whose tables are sized for the keys when built, or the bare
+/// reference design `reference-1`, `reference-8`, `reference-8-doubling`,
+/// `reference-8-doubling-4` and `reference-8-doubling-whole`), in a fresh process.
 const GROWTH_PROBE: &str = "TOLLGATE_GROWTH_PROBE";
 
 /// The growth workload's contender `name` for `keys` keys (100 per hour: every key stays
 /// in use).
 fn growth_contender(name: &str, keys: u64) -> Box<dyn Check> {
+    const STEP: usize = reference::GROWING_STEP;
     let quota = Quota::per_hour(100).expect("valid quota");
     let governor_quota = governor::Quota::per_hour(NonZeroU32::new(100).expect("non-zero"));
     match name {
@@ -1601,6 +1604,18 @@ fn growth_contender(name: &str, keys: u64) -> Box<dyn Check> {
                 .build()
                 .expect("valid limiter"),
         )),
+        // The growth's reference design (benches/support/reference.rs), one table or 8:
+        // the migration's moves alone, every table built before the run; growing 1.25× as
+        // tollgate's tables do, or 2×.
+        "reference-1" => Box::new(reference::Growing::new(1, keys, false, STEP)),
+        "reference-8" => Box::new(reference::Growing::new(8, keys, false, STEP)),
+        "reference-8-doubling" => Box::new(reference::Growing::new(8, keys, true, STEP)),
+        // Doubling with 4 slots an insert: more inserts step, each step shorter.
+        "reference-8-doubling-4" => Box::new(reference::Growing::new(8, keys, true, 4)),
+        // Doubling with the whole table moved by one insert, as governor's tables grow.
+        "reference-8-doubling-whole" => {
+            Box::new(reference::Growing::new(8, keys, true, usize::MAX))
+        }
         // Governor's state store made with room for the keys (`DashMap::with_capacity`).
         "governor-sized" => Box::new(Governor(governor::RateLimiter::new(
             governor_quota,
@@ -1688,8 +1703,15 @@ fn growth_tail(quick: bool) {
             println!("growth_tail/{name}/round {round}: {line}");
         }
     }
+    // With the bare reference of incremental growth at tollgate's growth factor, and
+    // with governor's whole-table growth (benches/support/reference.rs).
     for run in 0..fresh {
-        for name in ["tollgate", "governor"] {
+        for name in [
+            "tollgate",
+            "governor",
+            "reference-8",
+            "reference-8-doubling-whole",
+        ] {
             let line = in_fresh_process(GROWTH_PROBE, format!("{name}:{keys}"));
             println!("growth_tail/{name}/fresh process {run}: {line}");
         }

@@ -17,6 +17,11 @@
 //! None has tollgate's API around it (eviction, overrides, growth, reclamation, the deny
 //! cache, counters): they show what the hardware allows a check on 10k keys, measured
 //! beside tollgate and governor in the same run.
+//!
+//! [`Growing`] is the reference of a growing table instead: open addressing whose
+//! migrations move a few slots per insert (incremental growth, as issue 30 asks) or the
+//! whole table in one insert (as governor's grow), under governor's locking, for the
+//! growth workload's new keys.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -471,5 +476,226 @@ impl<S: KeySlot> StringKeys<S> {
                 index = 0;
             }
         }
+    }
+}
+
+/// A slot's word once its key has moved to the next table.
+const MOVED: u64 = u64::MAX - 1;
+
+/// One table of [`Growing`]: `{word, key}` slots, and how many hold a key.
+struct GrowingTable {
+    slots: Box<[Slot]>,
+    used: usize,
+}
+
+impl GrowingTable {
+    fn new(capacity: usize) -> Self {
+        Self {
+            slots: (0..capacity)
+                .map(|_| Slot {
+                    word: AtomicU64::new(EMPTY),
+                    key: AtomicU64::new(0),
+                })
+                .collect(),
+            used: 0,
+        }
+    }
+
+    /// The slot holding `key`, or `Err` with the first empty slot of its probe.
+    #[inline]
+    fn find(&self, key: u64, hash: u64) -> Result<&Slot, usize> {
+        let capacity = self.slots.len();
+        let mut index = (((hash >> 32) * capacity as u64) >> 32) as usize;
+        loop {
+            let slot = &self.slots[index];
+            if slot.word.load(Ordering::Acquire) == EMPTY {
+                return Err(index);
+            }
+            if slot.key.load(Ordering::Relaxed) == key {
+                return Ok(slot);
+            }
+            index += 1;
+            if index == capacity {
+                index = 0;
+            }
+        }
+    }
+
+    fn place(&mut self, key: u64, hash: u64, word: u64) {
+        if let Err(index) = self.find(key, hash) {
+            self.slots[index].key.store(key, Ordering::Relaxed);
+            self.slots[index].word.store(word, Ordering::Release);
+            self.used += 1;
+        }
+    }
+}
+
+/// One shard of [`Growing`]: its table, the table a migration moves to, the migration's
+/// cursor, and the tables still to come, built before the run.
+struct GrowingShard {
+    table: GrowingTable,
+    next: Option<GrowingTable>,
+    cursor: usize,
+    ladder: Vec<GrowingTable>,
+}
+
+/// The growth's reference design, bare: open addressing of `{word, key}` slots, a table
+/// per shard that grows as tollgate's do (4× below 16,384 slots, then 1.25×, when 86%
+/// full; or 2× from the start, for the move count a doubling takes), its migration moving 16 slots on each insert, each with a compare-and-swap
+/// that freezes it, as a design whose checks take no lock must. The tables a run will
+/// grow to are built and written before it starts, so no page fault falls in the run:
+/// this is the migration's moves alone, without the new tables' page faults (which
+/// tollgate writes ahead, a few pages an insert). Each shard is behind a reader-writer
+/// lock, as governor's are: checks take it to read, inserts and their steps to write. So
+/// it is incremental growth under governor's locking. It counts its rebuilds.
+pub struct Growing {
+    shards: Vec<CachePadded<RwLock<GrowingShard>>>,
+    hasher: ahash::RandomState,
+    clock: Clock,
+    rebuilds: AtomicU64,
+    doubling: bool,
+    step: usize,
+}
+
+/// Slots a migration moves per insert, as tollgate's `STEP_PER_INSERT`.
+pub const GROWING_STEP: usize = 16;
+
+impl Growing {
+    /// `shards` shards (a power of two), with the tables built for `keys` keys, growing
+    /// by 2× if `doubling`, moving `step` slots an insert (at least 8 for a growth by
+    /// 1.25×, whose next table holds `0.215·capacity` inserts before it is full).
+    pub fn new(shards: usize, keys: u64, doubling: bool, step: usize) -> Self {
+        let per_shard = keys as usize / shards;
+        let ladder = || {
+            let (mut capacity, mut tables) = (8usize, Vec::new());
+            // Up to a table that holds the shard's share with room for its imbalance.
+            while capacity * 43 / 50 < per_shard + per_shard / 8 + 64 {
+                capacity = Self::grown(capacity, doubling);
+                tables.push(GrowingTable::new(capacity));
+            }
+            tables.reverse();
+            tables
+        };
+        Self {
+            shards: (0..shards)
+                .map(|_| {
+                    CachePadded::new(RwLock::new(GrowingShard {
+                        table: GrowingTable::new(8),
+                        next: None,
+                        cursor: 0,
+                        ladder: ladder(),
+                    }))
+                })
+                .collect(),
+            hasher: ahash::RandomState::new(),
+            clock: Clock::new(),
+            rebuilds: AtomicU64::new(0),
+            doubling,
+            step,
+        }
+    }
+
+    /// The capacity a full table of `capacity` slots grows to.
+    fn grown(capacity: usize, doubling: bool) -> usize {
+        if doubling {
+            capacity * 2
+        } else if capacity < 1 << 14 {
+            capacity * 4
+        } else {
+            capacity + capacity / 4
+        }
+    }
+
+    /// Moves up to `budget` slots of the shard's migration; ends it at the last.
+    fn step(&self, shard: &mut GrowingShard, budget: usize) {
+        let Some(next) = shard.next.as_mut() else {
+            return;
+        };
+        let old = &shard.table;
+        let stop = shard.cursor.saturating_add(budget).min(old.slots.len());
+        for slot in &old.slots[shard.cursor..stop] {
+            let mut word = slot.word.load(Ordering::Acquire);
+            while word != EMPTY && word != MOVED {
+                match slot.word.compare_exchange_weak(
+                    word,
+                    MOVED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        let key = slot.key.load(Ordering::Relaxed);
+                        next.place(key, self.hasher.hash_one(key), word);
+                        break;
+                    }
+                    Err(actual) => word = actual,
+                }
+            }
+        }
+        shard.cursor = stop;
+        if stop == old.slots.len() {
+            shard.table = shard.next.take().expect("a migration under way");
+            shard.cursor = 0;
+        }
+    }
+}
+
+impl GrowingShard {
+    /// The decision on `key` if the shard holds it.
+    #[inline]
+    fn decide(&self, key: u64, hash: u64, now: u64) -> Option<bool> {
+        if self.next.is_some() {
+            if let Ok(slot) = self.table.find(key, hash) {
+                if slot.word.load(Ordering::Acquire) != MOVED {
+                    return Some(POLICY.check(&slot.word, now).allowed);
+                }
+            }
+        }
+        let table = self.next.as_ref().unwrap_or(&self.table);
+        let slot = table.find(key, hash).ok()?;
+        Some(POLICY.check(&slot.word, now).allowed)
+    }
+}
+
+impl Check for Growing {
+    fn check(&self, key: u64) -> bool {
+        let now = self.clock.now();
+        let hash = self.hasher.hash_one(key);
+        let lock = &self.shards[(hash >> 16) as usize & (self.shards.len() - 1)];
+        // A key the shard holds: under the read lock, as governor's store checks.
+        if let Some(allowed) = lock.read().decide(key, hash, now) {
+            return allowed;
+        }
+        let shard = &mut *lock.write();
+        // Another thread may have inserted it meanwhile.
+        if let Some(allowed) = shard.decide(key, hash, now) {
+            return allowed;
+        }
+        // A new key: a step of the migration under way, then the insert, then a growth if
+        // the table is full.
+        self.step(shard, self.step);
+        let table = match shard.next.as_mut() {
+            Some(next) => next,
+            None => &mut shard.table,
+        };
+        table.place(key, hash, 0);
+        let allowed = table
+            .find(key, hash)
+            .is_ok_and(|slot| POLICY.check(&slot.word, now).allowed);
+        if shard.next.is_none() && shard.table.used * 50 > shard.table.slots.len() * 43 {
+            let grown = Self::grown(shard.table.slots.len(), self.doubling);
+            let next = match shard.ladder.pop() {
+                Some(table) if table.slots.len() == grown => table,
+                // Beyond what was built ahead (a shard above its share): built here.
+                _ => GrowingTable::new(grown),
+            };
+            shard.next = Some(next);
+            shard.cursor = 0;
+            self.rebuilds.fetch_add(1, Ordering::Relaxed);
+        }
+        allowed
+    }
+
+    fn rebuilds(&self) -> Option<u64> {
+        Some(self.rebuilds.load(Ordering::Relaxed))
     }
 }
