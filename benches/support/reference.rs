@@ -540,14 +540,16 @@ struct GrowingShard {
 }
 
 /// The growth's reference design, bare: open addressing of `{word, key}` slots, a table
-/// per shard that grows as tollgate's do (4× below 16,384 slots, then 1.25×, when 86%
-/// full; or 2× from the start, for the move count a doubling takes), its migration moving 16 slots on each insert, each with a compare-and-swap
-/// that freezes it, as a design whose checks take no lock must. The tables a run will
-/// grow to are built and written before it starts, so no page fault falls in the run:
-/// this is the migration's moves alone, without the new tables' page faults (which
-/// tollgate writes ahead, a few pages an insert). Each shard is behind a reader-writer
-/// lock, as governor's are: checks take it to read, inserts and their steps to write. So
-/// it is incremental growth under governor's locking. It counts its rebuilds.
+/// per shard that grows when 86% full, as tollgate's do (4× below 16,384 slots, then
+/// 1.25×; or 2× from the start, for the moves a doubling takes). Its migration moves
+/// `step` slots on each insert (16, as tollgate's; fewer; or the whole table in one
+/// insert, as governor's tables grow), each frozen by a compare-and-swap, as a design
+/// whose checks take no lock must. The tables a run will grow to are built and written
+/// before it starts, so no page fault falls in the run: this is the migration's moves
+/// alone, without the new tables' page faults (which tollgate writes ahead, a few pages
+/// an insert). Each shard is behind a reader-writer lock, as governor's are: checks take
+/// it to read, inserts and their steps to write. So it is incremental growth under
+/// governor's locking. It counts its rebuilds.
 pub struct Growing {
     shards: Vec<CachePadded<RwLock<GrowingShard>>>,
     hasher: ahash::RandomState,
@@ -562,8 +564,10 @@ pub const GROWING_STEP: usize = 16;
 
 impl Growing {
     /// `shards` shards (a power of two), with the tables built for `keys` keys, growing
-    /// by 2× if `doubling`, moving `step` slots an insert (at least 8 for a growth by
-    /// 1.25×, whose next table holds `0.215·capacity` inserts before it is full).
+    /// by 2× if `doubling`, moving `step` slots an insert: at least 5 for a growth by
+    /// 1.25×, whose next table has room for `0.215·capacity` inserts while its migration
+    /// takes `capacity / step` (a smaller step would fill it, and an insert would probe
+    /// it forever).
     pub fn new(shards: usize, keys: u64, doubling: bool, step: usize) -> Self {
         let per_shard = keys as usize / shards;
         let ladder = || {
