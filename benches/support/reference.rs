@@ -190,6 +190,37 @@ struct Slot {
 /// No key yet.
 const EMPTY: u64 = u64::MAX;
 
+/// `capacity` empty slots.
+fn empty_slots(capacity: usize) -> Box<[Slot]> {
+    (0..capacity)
+        .map(|_| Slot {
+            word: AtomicU64::new(EMPTY),
+            key: AtomicU64::new(0),
+        })
+        .collect()
+}
+
+/// Linear probing from the home of `hash` (its high 32 bits scaled to the capacity): the
+/// slot holding `key`, or `Err` with the first empty slot of its probe.
+#[inline(always)]
+fn find(slots: &[Slot], key: u64, hash: u64) -> Result<&Slot, usize> {
+    let capacity = slots.len();
+    let mut index = (((hash >> 32) * capacity as u64) >> 32) as usize;
+    loop {
+        let slot = &slots[index];
+        if slot.word.load(Ordering::Acquire) == EMPTY {
+            return Err(index);
+        }
+        if slot.key.load(Ordering::Relaxed) == key {
+            return Ok(slot);
+        }
+        index += 1;
+        if index == capacity {
+            index = 0;
+        }
+    }
+}
+
 /// Open addressing, linear probing, at 79% full (the middle of tollgate's 72–86%).
 pub struct OpenAddressing<H, N = Clock> {
     slots: Box<[Slot]>,
@@ -207,49 +238,24 @@ impl<H: Fn(u64) -> u64, N: Now> OpenAddressing<H, N> {
     pub fn with_clock(keys: u64, hash: H, clock: N) -> Self {
         let capacity = (keys * 100 / 79) as usize;
         let design = Self {
-            slots: (0..capacity)
-                .map(|_| Slot {
-                    word: AtomicU64::new(EMPTY),
-                    key: AtomicU64::new(0),
-                })
-                .collect(),
+            slots: empty_slots(capacity),
             hash,
             clock,
         };
         for key in 0..keys {
-            let mut index = design.home(key);
-            while design.slots[index].word.load(Ordering::Relaxed) != EMPTY {
-                index = (index + 1) % capacity;
+            if let Err(index) = find(&design.slots, key, (design.hash)(key)) {
+                design.slots[index].key.store(key, Ordering::Relaxed);
+                design.slots[index].word.store(0, Ordering::Release);
             }
-            design.slots[index].key.store(key, Ordering::Relaxed);
-            design.slots[index].word.store(0, Ordering::Release);
         }
         design
-    }
-
-    /// The home slot: the hash's high 32 bits scaled to the capacity.
-    #[inline(always)]
-    fn home(&self, key: u64) -> usize {
-        ((((self.hash)(key) >> 32) * self.slots.len() as u64) >> 32) as usize
     }
 
     #[inline]
     pub fn decide(&self, key: u64) -> Option<Decision> {
         let now = self.clock.now();
-        let mut index = self.home(key);
-        loop {
-            let slot = &self.slots[index];
-            if slot.word.load(Ordering::Acquire) == EMPTY {
-                return None;
-            }
-            if slot.key.load(Ordering::Relaxed) == key {
-                return Some(POLICY.check(&slot.word, now));
-            }
-            index += 1;
-            if index == self.slots.len() {
-                index = 0;
-            }
-        }
+        let slot = find(&self.slots, key, (self.hash)(key)).ok()?;
+        Some(POLICY.check(&slot.word, now))
     }
 }
 
@@ -491,34 +497,14 @@ struct GrowingTable {
 impl GrowingTable {
     fn new(capacity: usize) -> Self {
         Self {
-            slots: (0..capacity)
-                .map(|_| Slot {
-                    word: AtomicU64::new(EMPTY),
-                    key: AtomicU64::new(0),
-                })
-                .collect(),
+            slots: empty_slots(capacity),
             used: 0,
         }
     }
 
-    /// The slot holding `key`, or `Err` with the first empty slot of its probe.
     #[inline]
     fn find(&self, key: u64, hash: u64) -> Result<&Slot, usize> {
-        let capacity = self.slots.len();
-        let mut index = (((hash >> 32) * capacity as u64) >> 32) as usize;
-        loop {
-            let slot = &self.slots[index];
-            if slot.word.load(Ordering::Acquire) == EMPTY {
-                return Err(index);
-            }
-            if slot.key.load(Ordering::Relaxed) == key {
-                return Ok(slot);
-            }
-            index += 1;
-            if index == capacity {
-                index = 0;
-            }
-        }
+        find(&self.slots, key, hash)
     }
 
     fn place(&mut self, key: u64, hash: u64, word: u64) {
