@@ -33,6 +33,46 @@ pub(crate) struct Store<K, S: State> {
     counts: Counts,
     /// Serialises default-policy changes, so all shards end on the same one.
     reconfigure: Mutex<()>,
+    /// The keys noted for the store's owner (see [`State::take_note`]).
+    notes: Notes,
+}
+
+/// The hashes of the keys a store noted for its owner since it last looked. Keys
+/// inserted go in a list that grows as it must (an insert allocates anyway); keys whose
+/// check or settlement asked to be noted, at most [`State::NOTES`] of them, in room
+/// reserved when the store was made, so that a check of a key the store holds never
+/// allocates; past that, a flag tells the owner to look at every key instead.
+struct Notes {
+    inserted: Mutex<Vec<u64>>,
+    changed: Mutex<Vec<u64>>,
+    overflowed: std::sync::atomic::AtomicBool,
+    room: usize,
+}
+
+impl Notes {
+    fn new(room: usize) -> Self {
+        Self {
+            inserted: Mutex::new(Vec::new()),
+            changed: Mutex::new(Vec::with_capacity(room)),
+            overflowed: std::sync::atomic::AtomicBool::new(false),
+            room,
+        }
+    }
+
+    fn inserted(&self, hash: u64) {
+        self.inserted.lock().push(hash);
+    }
+
+    #[cold]
+    fn changed(&self, hash: u64) {
+        let mut hashes = self.changed.lock();
+        if hashes.len() < self.room {
+            hashes.push(hash);
+        } else {
+            self.overflowed
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
 }
 
 impl<K: Hash + Eq, S: State> Store<K, S> {
@@ -49,7 +89,87 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
             limits,
             counts: Counts::new(limits.max_keys),
             reconfigure: Mutex::new(()),
+            notes: Notes::new(S::NOTES),
         }
+    }
+
+    /// Notes `hash` for the owner if `state` asks to be (see [`State::take_note`]).
+    #[inline(always)]
+    fn note(&self, hash: u64, state: &S) {
+        if S::NOTES > 0 && state.take_note() {
+            self.notes.changed(hash);
+        }
+    }
+
+    /// Notes the key of a denied check, if its state asks to be.
+    #[inline(always)]
+    fn note_deny(&self, hash: u64, state: &S, decision: &Decision) {
+        if S::NOTES > 0 && !decision.is_allowed() {
+            self.note(hash, state);
+        }
+    }
+
+    /// Moves the hashes of the keys noted since the last call into `into` (appended),
+    /// and says whether some could not be noted (then every key must be looked at).
+    ///
+    /// Takes the notes' own lock, briefly.
+    #[cfg(feature = "redis")]
+    pub(crate) fn take_notes(&self, into: &mut Vec<u64>) -> bool {
+        // The inserted list is swapped out whole (its room goes with it); the other
+        // keeps its reserved room.
+        let inserted = std::mem::take(&mut *self.notes.inserted.lock());
+        if into.is_empty() {
+            *into = inserted;
+        } else {
+            into.extend_from_slice(&inserted);
+        }
+        let mut changed = self.notes.changed.lock();
+        into.extend_from_slice(&changed);
+        changed.clear();
+        drop(changed);
+        self.notes
+            .overflowed
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// Runs `f` on the key whose hash is `hash` (as the store hashes keys), with its state
+    /// and policy, if the store holds it.
+    ///
+    /// Takes the key's shard read lock.
+    #[cfg(feature = "redis")]
+    pub(crate) fn with_hashed<R>(
+        &self,
+        hash: u64,
+        f: impl FnOnce(&K, &S, &S::Policy) -> R,
+    ) -> Option<R> {
+        let shard = self.shard(hash).read();
+        let entry = shard.find_hashed(hash, &self.rehash())?;
+        Some(f(
+            &entry.key,
+            &entry.state,
+            shard.policy_for(hash, &entry.key),
+        ))
+    }
+
+    /// Moves each shard's eviction hand over up to `steps` keys, dropping those untouched
+    /// as the sweep of a full table judges them (for a few periods of their quota, or
+    /// for one and since the table last filled): so that memory follows the keys in use
+    /// without a pass over every key. Returns how many were dropped.
+    ///
+    /// Takes each shard's write lock in turn, for its steps.
+    #[cfg(feature = "redis")]
+    pub(crate) fn sweep_some(&self, now: u64, steps: usize) -> usize {
+        let rehash = self.rehash();
+        let mut dropped = 0;
+        for lock in self.shards.iter() {
+            let gone = lock.write().sweep_step(now, steps, &rehash);
+            self.counts.swept(gone);
+            dropped += gone;
+        }
+        if dropped > 0 {
+            self.denies.invalidate();
+        }
+        dropped
     }
 
     /// The bytes of the room [`new`](Self::new) reserves for `limits`' expected keys (0
@@ -128,7 +248,9 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
             if let Some(entry) = shard.find(hash, key) {
                 let policy = shard.policy_for(hash, key);
                 if policy.capacity() > 0 {
-                    return entry.state.check(policy, now, 1, u64::MAX);
+                    let decision = entry.state.check(policy, now, 1, u64::MAX);
+                    self.note_deny(hash, &entry.state, &decision);
+                    return decision;
                 }
             }
         }
@@ -171,20 +293,27 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
                 });
             }
             if let Some(entry) = entry {
-                return Ok(entry.state.check(policy, now, cost, max_delay));
+                let decision = entry.state.check(policy, now, cost, max_delay);
+                self.note_deny(hash, &entry.state, &decision);
+                return Ok(decision);
             }
         }
         let mut shard = lock.write();
         // The policy may have changed between the two locks.
         let policy = *shard.policy_for(hash, key);
         fits(&policy, cost)?;
-        if let Some(entry) = shard.find(hash, key) {
-            return Ok(entry.state.check(&policy, now, cost, max_delay));
-        }
-        match self.insert_fresh(&mut shard, hash, key, now, &policy) {
-            Ok(entry) => Ok(entry.state.check(&policy, now, cost, max_delay)),
-            Err(retry_after_ns) => Ok(self.counts.refusal(policy.capacity(), retry_after_ns)),
-        }
+        let entry = match shard.find(hash, key) {
+            Some(entry) => entry,
+            None => match self.insert_fresh(&mut shard, hash, key, now, &policy) {
+                Ok(entry) => entry,
+                Err(retry_after_ns) => {
+                    return Ok(self.counts.refusal(policy.capacity(), retry_after_ns));
+                }
+            },
+        };
+        let decision = entry.state.check(&policy, now, cost, max_delay);
+        self.note_deny(hash, &entry.state, &decision);
+        Ok(decision)
     }
 
     /// Inserts `key`, which `shard` (write-locked) does not hold, with a fresh state under
@@ -214,10 +343,14 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
             key: key.to_owned(),
             state: S::fresh(policy),
         };
-        shard.insert(hash, entry, &rehash).map_err(|_| {
+        let entry = shard.insert(hash, entry, &rehash).map_err(|_| {
             self.counts.give_back();
             policy.quota().emission_interval().as_nanos() as u64
-        })
+        })?;
+        if S::NOTES > 0 && entry.state.take_note() {
+            self.notes.inserted(hash);
+        }
+        Ok(entry)
     }
 
     /// Runs `apply` on `key`'s state, first inserting the key (with a fresh state, making
@@ -238,18 +371,21 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
             let shard = lock.read();
             if let Some(entry) = shard.find(hash, key) {
                 apply(&entry.state);
+                self.note(hash, &entry.state);
                 return true;
             }
         }
         let mut shard = lock.write();
         if let Some(entry) = shard.find(hash, key) {
             apply(&entry.state);
+            self.note(hash, &entry.state);
             return true;
         }
         let policy = *shard.policy_for(hash, key);
         match self.insert_fresh(&mut shard, hash, key, now, &policy) {
             Ok(entry) => {
                 apply(&entry.state);
+                self.note(hash, &entry.state);
                 true
             }
             Err(_) => false,
@@ -410,6 +546,24 @@ impl<K: Hash + Eq, S: State> Store<K, S> {
         shard
             .find(hash, key)
             .map(|entry| f(&entry.state, shard.policy_for(hash, key)))
+    }
+
+    #[cfg(feature = "redis")]
+    /// [`with_state_policy`](Self::with_state_policy) for a change that may concern the
+    /// store's owner (a settlement): the key is noted if its state asks to be.
+    ///
+    /// Takes the key's shard read lock.
+    pub(crate) fn update<Q, R>(&self, key: &Q, f: impl FnOnce(&S, &S::Policy) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hash(key);
+        let shard = self.shard(hash).read();
+        let entry = shard.find(hash, key)?;
+        let result = f(&entry.state, shard.policy_for(hash, key));
+        self.note(hash, &entry.state);
+        Some(result)
     }
 
     #[cfg(feature = "redis")]

@@ -74,6 +74,16 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         self.table.find(hash, |k| k.borrow() == key)
     }
 
+    /// The entry whose key hashes to `hash` (by `rehash`), if the shard holds one.
+    #[cfg(feature = "redis")]
+    pub(crate) fn find_hashed(
+        &self,
+        hash: u64,
+        rehash: &impl Fn(&K) -> u64,
+    ) -> Option<&Entry<K, S>> {
+        self.table.find(hash, |k| rehash(k) == hash)
+    }
+
     /// Inserts a key known to be absent; gives the entry back if the table is full.
     pub(crate) fn insert(
         &mut self,
@@ -167,6 +177,19 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
         sweep.finish()
     }
 
+    /// Moves the eviction hand over up to `steps` entries, dropping those untouched as
+    /// the full sweep judges them (see [`Sweep`]): so that an owner may sweep a little at
+    /// a time. Returns how many were dropped.
+    #[cfg(feature = "redis")]
+    pub(crate) fn sweep_step(
+        &mut self,
+        now: u64,
+        steps: usize,
+        rehash: &impl Fn(&K) -> u64,
+    ) -> usize {
+        self.sweep(now, steps, Some(self.swept), rehash).0
+    }
+
     /// The lossless sweep run before an insert, only when the table is full (the insert
     /// would grow its index): drops the keys untouched for a period and since the last
     /// such sweep (see [`Sweep`]), so the keys in use stay whatever their period, then
@@ -245,7 +268,8 @@ impl<K: Hash + Eq, S: State> Shard<K, S> {
     /// Replaces the default policy, converting the state of every key without an
     /// key quota.
     pub(crate) fn set_default(&mut self, policy: S::Policy, now: u64, rehash: impl Fn(&K) -> u64) {
-        for entry in self.table.iter() {
+        let entries = if S::CONVERTS { self.table.len() } else { 0 };
+        for entry in self.table.iter().take(entries) {
             let has_key_quota = !self.key_quotas.is_empty()
                 && self
                     .key_quotas

@@ -49,6 +49,25 @@ pub(crate) trait State: Send + Sync + Sized + 'static {
     fn evictable(&self) -> bool {
         true
     }
+
+    /// Whether [`convert`](Self::convert) changes anything: a store whose states never
+    /// convert leaves them alone when its default policy changes.
+    const CONVERTS: bool = true;
+
+    /// How many keys a store notes for its owner between two looks (0: it notes none;
+    /// see [`take_note`](Self::take_note)).
+    const NOTES: usize = 0;
+
+    /// Whether the store must note this key for its owner, which has not been told of
+    /// it since it last looked (the sync task: a key first seen, a cold key whose share
+    /// ran out, a key quota set). The store asks after an insert, a denied check and a
+    /// settlement, and keeps the key's hash for
+    /// [`Store::take_notes`](super::Store::take_notes), so that an owner that keeps a
+    /// work list learns what changed without visiting every key. It must answer true
+    /// once per change, until the owner has looked.
+    fn take_note(&self) -> bool {
+        false
+    }
 }
 
 /// The sliding log's per-key state: a ring of timestamps behind a mutex.

@@ -44,6 +44,9 @@ pub(crate) struct Books {
     /// Until when (Redis clock, ms) the key's announcement as hot lasts (0: not
     /// announced by this node).
     pub(crate) announced_until: u64,
+    /// The key turned hot by its own demand here: its next round announces it, whatever
+    /// its demand then.
+    pub(crate) announce: bool,
 }
 
 impl Books {

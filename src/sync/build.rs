@@ -92,7 +92,9 @@ where
         // (nothing is admitted before it).
         policy.pace_ns = shape.ticks_per_token().saturating_mul(1_000);
     }
-    // Synced keys are dropped by the sync task once released; the cap still applies.
+    // Synced keys are dropped by the sync task's own sweep (a few keys a round, see
+    // `node`) and once released, not by a full sweep of a table that fills; the cap
+    // still applies.
     let limits = Limits {
         sweep: false,
         ..limits

@@ -21,8 +21,8 @@ pub(crate) const WANTED: u64 = 1;
 /// Set in [`SyncCell::flags`] by a cold check that found the key's cold share spent:
 /// the key turns hot at the next round.
 pub(crate) const WANT_HOT: u64 = 2;
-/// Set in [`SyncCell::flags`] for a cold key the sync task has not looked at yet (it
-/// checks the key against the keys hot elsewhere).
+/// Set in [`SyncCell::flags`] for a key the sync task has not looked at yet: a cold one
+/// it checks against the keys hot elsewhere, a hot one it adds to the keys it syncs.
 pub(crate) const NEW: u64 = 4;
 /// Set in [`SyncCell::flags`] when the key's quota changed on this node: its next round
 /// carries the change, whether or not the key is in use here (cleared once a round is
@@ -32,6 +32,11 @@ pub(crate) const QUOTA: u64 = 8;
 /// reports was consumed now, not over the time since the last round, so Redis charges
 /// it at once rather than spreading it back (cleared by the round that carries it).
 pub(crate) const CHARGED: u64 = 16;
+/// Set in [`SyncCell::flags`] once the store noted the key for the sync task (see
+/// [`State::take_note`]): cleared when the task looks at it.
+pub(crate) const NOTED: u64 = 32;
+/// The flags that make the store note a key for the sync task.
+const NOTE_WORTHY: u64 = NEW | WANT_HOT | QUOTA;
 /// [`SyncCell::cold_tat`] of a hot key: coordinated through Redis.
 pub(crate) const HOT: u64 = u64::MAX;
 
@@ -105,6 +110,11 @@ impl Cold {
         ticks
             .saturating_mul(if windowed { 2_000 } else { 1_000 })
             .saturating_mul(nodes.max(1))
+    }
+
+    /// The tokens the share holds at once.
+    pub(crate) fn burst(&self) -> u64 {
+        self.tau_ns / self.t_ns.max(1) + 1
     }
 
     /// Whole tokens a cold key whose GCRA stands at `tat` has at `now`.
@@ -633,6 +643,20 @@ impl State for SyncCell {
     /// The sync task grants allowance at any moment, so a deny is not cached.
     const DENIES_ARE_STABLE: bool = false;
 
+    /// A policy change leaves allowances as they are.
+    const CONVERTS: bool = false;
+
+    /// The keys the sync task learns of each round without visiting every key: keys
+    /// first seen, cold keys whose share ran out, keys given a quota.
+    const NOTES: usize = 1 << 16;
+
+    fn take_note(&self) -> bool {
+        let flags = self.hot.flags.load(Ordering::Acquire);
+        flags & NOTE_WORTHY != 0
+            && flags & NOTED == 0
+            && self.hot.flags.fetch_or(NOTED, Ordering::AcqRel) & NOTED == 0
+    }
+
     /// A key first seen on this node may overdraft `fresh` (its share of a fresh key's
     /// capacity in reconcile mode, nothing in lease mode) until its first round.
     fn fresh(policy: &SyncPolicy) -> Self {
@@ -655,6 +679,7 @@ impl State for SyncCell {
             hot: Box::new(Hot {
                 overdraft: AtomicU64::new(policy.fresh),
                 expires: AtomicU64::new(u64::MAX),
+                flags: AtomicU64::new(NEW),
                 aside: Aside::with_books(Books::fresh(policy.fresh)),
                 ..Hot::default()
             }),
@@ -735,7 +760,11 @@ impl State for SyncCell {
     fn reset_after_ns(&self, policy: &SyncPolicy, now: u64) -> u64 {
         let tat = self.cold_tat.load(Ordering::Acquire);
         if tat != HOT {
-            // A cold key reports nothing: it is untouched once its share is whole again.
+            // A cold key reports nothing: it is untouched once its share is whole again
+            // (one whose share ran out waits for the round that turns it hot).
+            if self.hot.flags.load(Ordering::Acquire) & WANT_HOT != 0 {
+                return policy.interval_ns.max(1);
+            }
             return tat.saturating_sub(now);
         }
         if self.is_released() {
@@ -770,10 +799,48 @@ impl State for SyncCell {
 }
 
 #[cfg(test)]
+impl SyncCell {
+    /// `count` unit checks at `now`, as many single checks would decide them, in one
+    /// go for a hot key (the simulation offers thousands at an instant): its lease
+    /// first, then its overdraft; a shortfall marks the key wanted. Returns how many
+    /// were admitted.
+    pub(crate) fn check_many(&self, policy: &SyncPolicy, now: u64, count: u64) -> u64 {
+        let check = || self.check(policy, now, 1, u64::MAX).is_allowed();
+        if self.cold_tat.load(Ordering::Acquire) != HOT {
+            // At one instant, a cold key's first deny is followed by denies only.
+            return (0..count).take_while(|_| check()).count() as u64;
+        }
+        if count <= 4 || policy.outage != OutageMode::Normal || policy.pace_ns > 0 {
+            return (0..count).filter(|_| check()).count() as u64;
+        }
+        let lease_valid = now < self.hot.expires.load(Ordering::Acquire);
+        let mut admitted = 0;
+        for (pool, valid) in [
+            (&self.hot.allowance, lease_valid),
+            (&self.hot.overdraft, true),
+        ] {
+            if !valid {
+                continue;
+            }
+            let mut took = 0;
+            let _ = pool.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                took = left.min(count - admitted);
+                Some(left - took)
+            });
+            admitted += took;
+        }
+        if admitted < count {
+            self.want(now);
+        }
+        admitted
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::sync::books::Books;
-    use crate::sync::node;
+    use crate::sync::key;
 
     const SECOND: u64 = 1_000_000_000;
 
@@ -846,7 +913,7 @@ mod tests {
         for nodes in [1, 3, 16, 100] {
             let policy = policy(nodes, false);
             let cell = SyncCell::fresh(&policy);
-            assert!(node::is_cold(&cell));
+            assert!(key::is_cold(&cell));
             let now = SECOND;
             assert_eq!(admitted(&cell, &policy, now, 1_000), 100 / nodes, "{nodes}");
             assert_ne!(cell.hot.flags.load(Ordering::Acquire) & WANT_HOT, 0);
@@ -905,13 +972,13 @@ mod tests {
             cold: policy.cold.map(|c| c.for_new_keys(false)),
             ..policy
         };
-        assert!(!node::is_cold(&SyncCell::fresh(&lapsed)));
+        assert!(!key::is_cold(&SyncCell::fresh(&lapsed)));
         let unvouched = SyncPolicy {
             cold: Some(Cold::unvouched()),
             ..policy
         };
         let cell = SyncCell::fresh(&unvouched);
-        assert!(node::is_cold(&cell));
+        assert!(key::is_cold(&cell));
         assert_eq!(admitted(&cell, &unvouched, SECOND, 10), 0);
         assert!(!SyncCell::peek_vacant(&unvouched, SECOND, 1).is_allowed());
     }
@@ -926,15 +993,15 @@ mod tests {
         assert_eq!(admitted(&cell, &policy, SECOND, 10), 10);
         let mut books = Books::default();
         // 10 tokens at 40 ms each, 15 ms later: 9.625 in use, reported as 10.
-        assert!(node::turn_hot(
+        assert!(key::turn_hot(
             &cell,
             &mut books,
             cold.t_ns,
             SECOND + 15_000_000
         ));
         assert_eq!(books.spent, 10);
-        assert!(!node::turn_hot(&cell, &mut books, cold.t_ns, SECOND));
-        assert!(!node::is_cold(&cell));
+        assert!(!key::turn_hot(&cell, &mut books, cold.t_ns, SECOND));
+        assert!(!key::is_cold(&cell));
         assert_ne!(cell.hot.flags.load(Ordering::Acquire) & WANTED, 0);
         // Hot with nothing leased: denied until a round grants a lease.
         assert!(!cell.check(&policy, SECOND, 1, 0).is_allowed());
@@ -1027,8 +1094,8 @@ mod tests {
         assert_eq!((own.quota, own.capacity, own.shared), (ten, 10, shared));
         assert_eq!((own.fresh, own.pace_ns), (10 / 4, 400_000_000));
         assert!(!SyncCell::fresh(&own).hot.aside.books.lock().released);
-        assert!(!node::is_cold(&SyncCell::fresh(&own)));
-        assert!(node::is_cold(&SyncCell::fresh(&default)));
+        assert!(!key::is_cold(&SyncCell::fresh(&own)));
+        assert!(key::is_cold(&SyncCell::fresh(&default)));
         let closed = SyncPolicy {
             outage: OutageMode::Closed,
             ..default

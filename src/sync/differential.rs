@@ -7,17 +7,12 @@ use redis::Commands;
 
 use super::model::{self, Global, KeyState, Record};
 use super::protocol::{Params, Request, Shape, SharedQuota};
-use super::task::round_args;
+use super::wire::{RoundCall, RoundReply, parse_id};
 use tollgate_testing::LocalRedis;
 
 const KEY: &str = "diff:{k}";
 const REGISTRY: &str = "{diff}:nodes";
-const NODES: [&str; 4] = [
-    "000000000000000a",
-    "000000000000000b",
-    "000000000000000c",
-    "000000000000000d",
-];
+const NODES: [u64; 4] = [0xa, 0xb, 0xc, 0xd];
 
 fn record(now: u64) -> impl Strategy<Value = Record> {
     (
@@ -222,7 +217,8 @@ fn case(now: u64) -> impl Strategy<Value = Case> {
         )
 }
 
-fn encode(r: &Record) -> String {
+/// A record as the script stores it: its 18 numbers as little-endian doubles.
+fn encode(r: &Record) -> Vec<u8> {
     [
         r.seq,
         r.reserved,
@@ -243,12 +239,20 @@ fn encode(r: &Record) -> String {
         r.owes,
         r.fallback,
     ]
-    .map(|n| n.to_string())
-    .join(":")
+    .iter()
+    .flat_map(|&n| {
+        assert!(n < 1 << 53, "exact in a double");
+        (n as f64).to_le_bytes()
+    })
+    .collect()
 }
 
-fn decode(v: &str) -> Record {
-    let n: Vec<u64> = v.split(':').map(|x| x.parse().expect("a number")).collect();
+fn decode(v: &[u8]) -> Record {
+    assert_eq!(v.len(), 144, "a record is 18 doubles");
+    let n: Vec<u64> = v
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as u64)
+        .collect();
     Record {
         seq: n[0],
         reserved: n[1],
@@ -305,14 +309,15 @@ fn the_script_computes_exactly_what_serve_computes() {
             let con = &mut *con;
             // Write the state.
             let _: () = con.del(KEY).expect("DEL");
-            let mut fields: Vec<(String, String)> = Vec::new();
+            let mut fields: Vec<(String, Vec<u8>)> = Vec::new();
+            let text = |n: u64| n.to_string().into_bytes();
             match c.params.shape {
-                Shape::TokenBucket { .. } => fields.push(("t".into(), c.global.tat.to_string())),
+                Shape::TokenBucket { .. } => fields.push(("t".into(), text(c.global.tat))),
                 Shape::SlidingWindow { .. } | Shape::FixedWindow { .. } => {
                     if let Some(w) = c.global.window {
-                        fields.push(("w".into(), w.to_string()));
-                        fields.push(("p".into(), c.global.prev.to_string()));
-                        fields.push(("c".into(), c.global.cur.to_string()));
+                        fields.push(("w".into(), text(w)));
+                        fields.push(("p".into(), text(c.global.prev)));
+                        fields.push(("c".into(), text(c.global.cur)));
                     }
                 }
             }
@@ -320,7 +325,7 @@ fn the_script_computes_exactly_what_serve_computes() {
             if q.version > 0 {
                 fields.push((
                     "q".into(),
-                    format!("{}:{}:{}:{}", q.version, q.limit, q.period, q.burst),
+                    format!("{}:{}:{}:{}", q.version, q.limit, q.period, q.burst).into_bytes(),
                 ));
             }
             let mut state = KeyState {
@@ -332,8 +337,8 @@ fn the_script_computes_exactly_what_serve_computes() {
             }
             for (i, r) in c.records.iter().enumerate() {
                 if let Some(r) = r {
-                    fields.push((NODES[i].into(), encode(r)));
-                    state.nodes.insert(NODES[i].into(), *r);
+                    fields.push((format!("{:016x}", NODES[i]), encode(r)));
+                    state.nodes.insert(NODES[i], *r);
                 }
             }
             if !fields.is_empty() {
@@ -341,41 +346,44 @@ fn the_script_computes_exactly_what_serve_computes() {
             }
             // Run the script, with the arguments the task sends.
             let r = &c.request;
-            let heard: std::collections::BTreeMap<String, u64> = c
+            let heard: std::collections::BTreeMap<u64, u64> = c
                 .heard_ago
                 .iter()
                 .enumerate()
                 .filter_map(|(i, ago)| {
-                    ago.map(|ago| (NODES[i].to_owned(), base_now.saturating_sub(ago) / 1_000))
+                    ago.map(|ago| (NODES[i], base_now.saturating_sub(ago) / 1_000))
                 })
                 .collect();
-            let reply: Vec<u64> = script
+            // The call as a node encodes it, and the reply as a node decodes it.
+            let call = RoundCall {
+                node: NODES[c.node],
+                registry_ttl_ms: 1_000,
+                params: c.params,
+                heard: heard.iter().map(|(&node, &ms)| (node, ms)).collect(),
+                seq: r.seq,
+                clock_us: base_now,
+                requests: vec![*r],
+            };
+            let reply: redis::Value = script
                 .key(REGISTRY)
                 .key(KEY)
-                .arg(round_args(
-                    &c.params,
-                    NODES[c.node],
-                    1_000,
-                    &heard,
-                    r.seq,
-                    base_now,
-                    [r],
-                ))
+                .arg(call.encode())
                 .invoke(con)
                 .map_err(|e| TestCaseError::fail(format!("script: {e}")))?;
-            let now = reply[1];
+            let reply = RoundReply::decode(&reply, 1)
+                .map_err(|e| TestCaseError::fail(format!("reply: {e}")))?;
+            let now = reply.server_us;
             assert_eq!(now, base_now, "the script runs on the clock it was given");
-            // The registry the reply lists (this node's heartbeat among them), then the answer.
-            let listed = usize::try_from(reply[2]).expect("a count");
-            let reply_answer = &reply[3 + 3 * listed..];
+            // The registry the reply lists holds this node's heartbeat.
+            assert!(reply.registry.iter().any(|&(node, _)| node == call.node));
             // The specification at the same instant.
-            let reserved_before = state.nodes.get(NODES[c.node]).map(|r| r.reserved);
+            let reserved_before = state.nodes.get(&NODES[c.node]).map(|r| r.reserved);
             let prepaid_before: u64 = state.nodes.values().map(|r| r.prepaid).sum();
             // Another node in its fallback (heard, not hearing) with its share unexpired.
             let others_in_fallback = state
                 .nodes
                 .iter()
-                .any(|(id, o)| id.as_str() != NODES[c.node] && o.fallback == 1 && o.until > now);
+                .any(|(&id, o)| id != NODES[c.node] && o.fallback == 1 && o.until > now);
             let answer = model::serve(&c.params, &mut state, NODES[c.node], r, now, &heard);
             let prepaid_after: u64 = state.nodes.values().map(|r| r.prepaid).sum();
             {
@@ -386,7 +394,7 @@ fn the_script_computes_exactly_what_serve_computes() {
                 seen[3] += u32::from(!answer.stale && reserved_before.is_some_and(|b| r.floor < b));
                 seen[4] += u32::from(r.deadline != 0 && now > r.deadline);
                 seen[5] += u32::from(prepaid_after > prepaid_before);
-                seen[6] += u32::from(state.nodes.get(NODES[c.node]).is_some_and(|r| r.owes > 0));
+                seen[6] += u32::from(state.nodes.get(&NODES[c.node]).is_some_and(|r| r.owes > 0));
                 seen[7] += u32::from(others_in_fallback && prepaid_after > prepaid_before);
                 seen[8] += u32::from(answer.void > 0);
                 // A floor raised past what the global state holds (a charge beyond what
@@ -404,36 +412,26 @@ fn the_script_computes_exactly_what_serve_computes() {
                 );
             }
             prop_assert_eq!(
-                reply_answer,
-                &[
-                    answer.grant,
-                    answer.overdraft,
-                    answer.reserved,
-                    u64::from(answer.stale),
-                    answer.share,
-                    answer.until,
-                    answer.owes,
-                    answer.void,
-                    answer.quota.version,
-                    answer.quota.limit,
-                    answer.quota.period,
-                    answer.quota.burst,
-                ][..],
+                reply.answers[0],
+                answer,
                 "answer differs at {}: {:?}",
                 now,
                 c
             );
             // The state left behind.
-            let stored: Vec<(String, String)> = con.hgetall(KEY).expect("HGETALL");
+            let stored: Vec<(String, Vec<u8>)> = con.hgetall(KEY).expect("HGETALL");
             let mut left = KeyState::default();
             for (f, v) in stored {
+                let text = || String::from_utf8(v.clone()).expect("a number");
+                let number = || text().parse::<u64>().expect("a number");
                 match f.as_str() {
-                    "t" => left.global.tat = v.parse().expect("tat"),
-                    "w" => left.global.window = Some(v.parse().expect("w")),
-                    "p" => left.global.prev = v.parse().expect("p"),
-                    "c" => left.global.cur = v.parse().expect("c"),
+                    "t" => left.global.tat = number(),
+                    "w" => left.global.window = Some(number()),
+                    "p" => left.global.prev = number(),
+                    "c" => left.global.cur = number(),
                     "q" => {
-                        let n: Vec<u64> = v.split(':').map(|x| x.parse().expect("q")).collect();
+                        let n: Vec<u64> =
+                            text().split(':').map(|x| x.parse().expect("q")).collect();
                         left.global.quota = SharedQuota {
                             version: n[0],
                             limit: n[1],
@@ -442,7 +440,8 @@ fn the_script_computes_exactly_what_serve_computes() {
                         };
                     }
                     _ => {
-                        left.nodes.insert(f, decode(&v));
+                        left.nodes
+                            .insert(parse_id(f.as_bytes()).expect("a node id"), decode(&v));
                     }
                 }
             }

@@ -1,8 +1,6 @@
-//! The sync's schedule and health as an I/O-free state machine, in the manner of
-//! quinn-proto: time is an argument (ns from any origin), and the driver says when it
-//! next needs to run and whether a round may go now. The tokio task only sleeps until
-//! [`Driver::poll_timeout`], sends the round and feeds the outcome back; the deterministic
-//! simulation runs this same driver on simulated time.
+//! The node's schedule and health: time is an argument (ns from any origin), and the
+//! driver says when the node next needs to run and whether a round may go now. The
+//! [node](super::node) runs it (and so the task and the simulation alike).
 //!
 //! ```text
 //!            poll_timeout()                 on_success(now) ──► Health::Recovered
@@ -10,27 +8,21 @@
 //!    ▲                                                       └ on_failure(now): backoff
 //!    └──────────────────── poll_health(now) ──► Health::Fell (silent for the staleness)
 //! ```
-//!
-//! [`plan`] derives, once, everything a node's rounds run by from the configuration: the
-//! arguments Redis computes with, the node side's parameters and the driver's timing.
 
 use std::time::Duration;
 
-use super::config::{RedisSync, Settings, SyncMode};
-use super::node::NodeParams;
-use super::protocol::{Params, Shape};
 use crate::rng::XorShift;
 
 /// Repeated failures back off up to this long between rounds.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 /// The seed of a node's jitter: a hash of its id, the same on every build.
-pub(crate) fn seed(node: &str) -> u64 {
+pub(crate) fn seed(node: u64) -> u64 {
     ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(node)
 }
 
 /// `d` in whole µs, saturating.
-fn micros(d: Duration) -> u64 {
+pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
@@ -53,66 +45,6 @@ pub(crate) struct Timing {
     pub(crate) staleness_ns: u64,
     /// The longest wait between rounds while they keep failing.
     pub(crate) max_backoff_ns: u64,
-}
-
-/// Everything a node's rounds run by, derived once from a validated configuration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Plan {
-    /// What every round tells Redis.
-    pub(crate) params: Params,
-    /// What the node side of every round uses.
-    pub(crate) node_params: NodeParams,
-    pub(crate) timing: Timing,
-    /// How long (ns) after its last read of the keys turned hot a node may admit on its
-    /// cold keys: `share_ttl`, at least the staleness.
-    pub(crate) cold_valid_ns: u64,
-    /// How long (ms) an announcement of a hot key lasts unless renewed.
-    pub(crate) cold_lifetime_ms: u64,
-}
-
-/// The plan of a limiter of `shape` and `capacity`, whose quota's period is `period_ns`,
-/// synced by `config` (validated into `settings`).
-pub(crate) fn plan(
-    config: &RedisSync,
-    settings: &Settings,
-    shape: Shape,
-    capacity: u64,
-    period_ns: u64,
-) -> Plan {
-    let interval_us = micros(config.interval);
-    let hold = interval_us * 2;
-    let reconcile = config.mode == SyncMode::Reconcile;
-    let valid = settings.share_ttl.max(settings.staleness);
-    Plan {
-        params: Params {
-            shape,
-            overdraft_horizon: if reconcile { hold } else { 0 },
-            hold,
-            demand_ttl: interval_us * 3,
-            retain_ms: millis(settings.idle_ttl) * 2 + 10_000,
-            share_ttl: micros(settings.share_ttl),
-            // The staleness and one round's timeout: a node that lost one round is not
-            // silent (what its fallback admits meanwhile is charged when it reports).
-            silent_after: micros(settings.staleness).saturating_add(micros(settings.timeout)),
-        },
-        node_params: NodeParams {
-            ticks: shape.ticks_per_token(),
-            capacity,
-            interval_ns: interval_us * 1_000,
-            hold_us: hold,
-            idle_ns: nanos(settings.idle_ttl),
-            reconcile,
-            demand_tau_us: (period_ns / 1_000).clamp(1_000_000, 60_000_000),
-            timeout_ns: nanos(settings.timeout),
-        },
-        timing: Timing {
-            interval_ns: nanos(config.interval),
-            staleness_ns: nanos(settings.staleness),
-            max_backoff_ns: nanos(MAX_BACKOFF),
-        },
-        cold_valid_ns: nanos(valid),
-        cold_lifetime_ms: millis(valid.saturating_mul(4)).max(10_000),
-    }
 }
 
 /// A change of the node's health that the task acts on (the fail mode, events, stats).

@@ -63,6 +63,31 @@ struct Inner<K, C> {
     also: Box<[SyncedLimiter<K, C>]>,
 }
 
+/// Sets `key`'s own policy in `store` at `now`, and makes sure the key's next round
+/// carries it, whether or not the key is in use on this node (a cold key turns hot at
+/// that round; meanwhile it admits at its cold share).
+pub(super) fn set_key_policy<K, Q>(
+    store: &Store<K, SyncCell>,
+    key: &Q,
+    policy: Option<super::cell::SyncPolicy>,
+    now: u64,
+) where
+    K: Borrow<Q> + Hash + Eq,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+{
+    store.set_key_quota(key.to_owned(), policy, || now);
+    // (A store full of keys that cannot go refuses the cell: the change then goes with
+    // the key's first round.)
+    store.upsert(key, now, |cell| {
+        if super::key::is_cold(cell) {
+            cell.want_hot(now);
+        }
+        cell.hot
+            .flags
+            .fetch_or(super::cell::QUOTA, Ordering::AcqRel);
+    });
+}
+
 /// A synced limiter's quotas, its own first, for [`check_all`](crate::store::check_all).
 struct Quotas<'a, K, C>(&'a Inner<K, C>);
 
@@ -420,18 +445,7 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let now = self.inner.common.clock.now_ns();
-        let store = &self.inner.store;
-        store.set_key_quota(key.to_owned(), policy, || now);
-        // (A store full of keys that cannot go refuses the cell: the change then goes
-        // with the key's first round.)
-        store.upsert(key, now, |cell| {
-            if super::node::is_cold(cell) {
-                cell.want_hot(now);
-            }
-            cell.hot
-                .flags
-                .fetch_or(super::cell::QUOTA, Ordering::AcqRel);
-        });
+        set_key_policy(&self.inner.store, key, policy, now);
     }
 
     /// A version for a key's quota set now: this node's wall clock in µs, above every
@@ -574,8 +588,7 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         let store = &self.inner.store;
         let now = common.clock.now_ns();
         // A key this node holds: one read lock, as a check takes.
-        let settled =
-            store.with_state_policy(key, |cell, policy| cell.settle_then_peek(policy, now, op));
+        let settled = store.update(key, |cell, policy| cell.settle_then_peek(policy, now, op));
         match (settled, op) {
             (Some(after), _) => Ok(after),
             // Nothing held here: nothing this node admitted to give back.

@@ -296,6 +296,7 @@ mod config;
 #[cfg(test)]
 mod differential;
 mod driver;
+mod key;
 mod limiter;
 #[cfg(test)]
 mod model;
@@ -306,6 +307,7 @@ mod round;
 #[cfg(test)]
 mod sim;
 mod task;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -363,6 +365,9 @@ pub struct SyncStats {
     /// Keys this node turned from cold to hot (its own share ran out, or another node
     /// announced them).
     pub keys_turned_hot: u64,
+    /// Keys this node returned from hot to cold (no node announced them any more, and
+    /// their demand here was below this node's even share).
+    pub keys_cooled: u64,
     /// Keys whose reserved share ran out during an outage, so that they got the
     /// fallback's one-time budget (counted each time; each is a `warn` event).
     pub keys_on_budget: u64,
@@ -390,6 +395,7 @@ impl SyncStats {
             cold_tier: self.cold_tier && other.cold_tier,
             hot_keys: self.hot_keys + other.hot_keys,
             keys_turned_hot: self.keys_turned_hot + other.keys_turned_hot,
+            keys_cooled: self.keys_cooled + other.keys_cooled,
             keys_on_budget: self.keys_on_budget + other.keys_on_budget,
         }
     }

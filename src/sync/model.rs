@@ -3,9 +3,14 @@
 //! simulation runs it as its Redis, and the differential test checks the script against
 //! it on a real redis-server. See [`super::protocol`] for the arithmetic it follows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+use redis::Value;
 
 use super::protocol::{Answer, MAX_DEMAND, Params, Request, Shape, SharedQuota, WEIGHT_ONE, scale};
+use super::wire::{
+    Args, Command, HotCall, HotReply, RoundCall, RoundReply, Script, WireError, parse_id,
+};
 
 impl Shape {
     /// What the global state holds at most, in ticks.
@@ -95,7 +100,8 @@ pub(crate) struct Record {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct KeyState {
     pub(crate) global: Global,
-    pub(crate) nodes: BTreeMap<String, Record>,
+    /// Each node's record, by node id.
+    pub(crate) nodes: BTreeMap<u64, Record>,
 }
 
 /// Max-min fair shares of the rate among `demands`: the water level `L` is the largest
@@ -234,7 +240,7 @@ fn room(shape: Shape, g: &Global, now: u64, elapsed: u64, horizon: u64) -> u64 {
 pub(crate) fn serve(
     params: &Params,
     state: &mut KeyState,
-    node: &str,
+    node: u64,
     request: &Request,
     now: u64,
     heard: &impl Heard,
@@ -242,7 +248,7 @@ pub(crate) fn serve(
     // 1.
     prune(state, now.saturating_sub(params.retain_ms * 1_000));
     // 2.
-    let stored = state.nodes.get(node).copied();
+    let stored = state.nodes.get(&node).copied();
     if let Some(record) = stored {
         if request.seq <= record.seq {
             return Answer {
@@ -261,7 +267,7 @@ pub(crate) fn serve(
     }
     let shape = quota.shape(params.shape);
     let ticks = shape.ticks_per_token();
-    let stored = state.nodes.get(node).copied();
+    let stored = state.nodes.get(&node).copied();
     let existing = stored.filter(|r| r.epoch == request.epoch);
     // 3.
     let mut elapsed = 0;
@@ -284,14 +290,14 @@ pub(crate) fn serve(
     // 4.
     let cutoff = now.saturating_sub(params.demand_ttl);
     let silent = now.saturating_sub(params.silent_after);
-    let last_heard = |id: &str, r: &Record| {
+    let last_heard = |id: u64, r: &Record| {
         r.demand_at
             .max(heard.last_ms(id).map_or(0, |ms| ms.saturating_mul(1_000)))
     };
     for (id, r) in state.nodes.iter_mut() {
-        let last = last_heard(id, r);
+        let last = last_heard(*id, r);
         let quiet = last < silent;
-        if id.as_str() == node || !(quiet || r.fallback == 1) {
+        if *id == node || !(quiet || r.fallback == 1) {
             continue;
         }
         // A silent node's share is charged from when it fell silent; the share of a node
@@ -427,16 +433,16 @@ pub(crate) fn serve(
     let others: Vec<&Record> = state
         .nodes
         .iter()
-        .filter(|(id, r)| id.as_str() != node && r.demand_at >= cutoff)
+        .filter(|(id, r)| **id != node && r.demand_at >= cutoff)
         .map(|(_, r)| r)
         .collect();
     let reserved_shares: u64 = state
         .nodes
         .iter()
         .filter(|(id, r)| {
-            id.as_str() != node
+            **id != node
                 && r.demand_at < cutoff
-                && (last_heard(id, r) < silent || r.fallback == 1)
+                && (last_heard(**id, r) < silent || r.fallback == 1)
                 && r.until > now
         })
         .map(|(_, r)| r.share)
@@ -545,7 +551,7 @@ pub(crate) fn serve(
     let others_reserved: u64 = state
         .nodes
         .iter()
-        .filter(|(id, r)| id.as_str() != node && r.until > now)
+        .filter(|(id, r)| **id != node && r.until > now)
         .map(|(_, r)| r.share)
         .sum();
     let nodes = (heard.live() as u64).max(1);
@@ -565,7 +571,7 @@ pub(crate) fn serve(
     record.seq = request.seq;
     record.reserved = floor + grant;
     record.window = window;
-    state.nodes.insert(node.to_owned(), record);
+    state.nodes.insert(node, record);
     Answer {
         grant,
         overdraft,
@@ -629,19 +635,186 @@ pub(crate) fn prune(state: &mut KeyState, cutoff: u64) {
 /// and when each last heartbeat.
 pub(crate) trait Heard {
     /// When node `id` last heartbeat (ms of Redis's clock), if the registry holds it.
-    fn last_ms(&self, id: &str) -> Option<u64>;
+    fn last_ms(&self, id: u64) -> Option<u64>;
     /// How many nodes the registry holds.
     fn live(&self) -> usize;
 }
 
+/// The registry as a round call carries it: node ids and their ms, sorted by id.
+struct Listed<'a>(&'a [(u64, u64)]);
+
+impl Heard for Listed<'_> {
+    fn last_ms(&self, id: u64) -> Option<u64> {
+        let at = self.0.binary_search_by_key(&id, |&(id, _)| id).ok()?;
+        Some(self.0[at].1)
+    }
+
+    fn live(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// The registry as the scripts return it: node id to ms.
-impl Heard for BTreeMap<String, u64> {
-    fn last_ms(&self, id: &str) -> Option<u64> {
-        self.get(id).copied()
+impl Heard for BTreeMap<u64, u64> {
+    fn last_ms(&self, id: u64) -> Option<u64> {
+        self.get(&id).copied()
     }
 
     fn live(&self) -> usize {
         self.len()
+    }
+}
+
+/// The numbers the scripts keep exact (their doubles' integers).
+const EXACT: u64 = 1 << 53;
+
+/// Redis as the sync's scripts use it, as one model: the node registries, the
+/// announcements of keys turned hot, and each limiter key's state. It runs the
+/// [`Command`]s a node sends, decoding them with [`wire`](super::wire) as the scripts read
+/// them, and answers as the scripts do, encoded with `wire` too; the deterministic
+/// simulation runs it as its Redis, and the differential test runs the real scripts
+/// beside it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Server {
+    /// Each registry (a sorted set): node id to its last heartbeat (ms).
+    registries: HashMap<Vec<u8>, BTreeMap<u64, u64>>,
+    /// Each set of announcements (a sorted set): member to until when it lasts (ms).
+    announcements: HashMap<Vec<u8>, BTreeMap<Vec<u8>, u64>>,
+    /// Each limiter key's state (a hash).
+    keys: HashMap<Vec<u8>, KeyState>,
+}
+
+impl Server {
+    /// Runs `command` at `now` (µs of Redis's clock): its reply, or the error reply the
+    /// script gives for arguments it refuses.
+    pub(crate) fn run(&mut self, command: &Command, now: u64) -> Result<Value, WireError> {
+        match command.script {
+            Script::Round => self.round(&command.keys, &command.args, now),
+            Script::HotKeys => self.hot_keys(&command.keys, &command.args, now),
+            Script::Leave => {
+                let invalid = || WireError::invalid("ZREM's arguments");
+                let [registry] = &command.keys[..] else {
+                    return Err(invalid());
+                };
+                let node = command
+                    .args
+                    .iter()
+                    .next()
+                    .and_then(parse_id)
+                    .ok_or_else(invalid)?;
+                let removed = self
+                    .registries
+                    .get_mut(registry)
+                    .and_then(|r| r.remove(&node));
+                Ok(Value::Int(i64::from(removed.is_some())))
+            }
+        }
+    }
+
+    /// The state Redis holds for the limiter key `key`.
+    pub(crate) fn key(&self, key: &[u8]) -> Option<&KeyState> {
+        self.keys.get(key)
+    }
+
+    /// `sync_round.lua`.
+    fn round(&mut self, keys: &[Vec<u8>], args: &Args, now: u64) -> Result<Value, WireError> {
+        let invalid = || WireError::invalid("TOLLGATE invalid sync arguments");
+        let call = RoundCall::decode(args).map_err(|_| invalid())?;
+        let first = usize::from(call.registry_ttl_ms > 0);
+        let p = &call.params;
+        let (_, a, b) = p.shape.script_args();
+        let numbers = [
+            call.registry_ttl_ms,
+            a,
+            b,
+            p.overdraft_horizon,
+            p.hold,
+            p.demand_ttl,
+            p.retain_ms,
+            p.share_ttl,
+            p.silent_after,
+            call.seq,
+            call.clock_us,
+        ];
+        if numbers.iter().any(|&n| n >= EXACT) || keys.len() != first + call.requests.len() {
+            return Err(invalid());
+        }
+        for r in &call.requests {
+            let q = r.quota;
+            let all = [
+                r.epoch, r.floor, r.keep, r.known, r.demand, r.want, r.anchor, r.deadline, r.local,
+                r.beyond, q.version, q.limit, q.period, q.burst,
+            ];
+            if all.iter().any(|&n| n >= EXACT)
+                || r.keep > r.floor
+                || (q.version == 0 && q.limit + q.period + q.burst != 0)
+                || !q.fits(p.shape)
+            {
+                return Err(WireError::invalid("TOLLGATE invalid sync counts"));
+            }
+        }
+        let now = if call.clock_us == 0 {
+            now
+        } else {
+            call.clock_us
+        };
+        let now_ms = now / 1_000;
+        let mut reply = RoundReply {
+            server_us: now,
+            ..RoundReply::default()
+        };
+        if first == 1 {
+            if !self.registries.contains_key(&keys[0]) {
+                self.registries.insert(keys[0].clone(), BTreeMap::new());
+            }
+            let registry = self.registries.get_mut(&keys[0]).expect("inserted");
+            registry.insert(call.node, now_ms);
+            registry.retain(|_, &mut ms| ms.saturating_add(call.registry_ttl_ms) > now_ms);
+            reply.nodes = registry.len() as u64;
+            // In the script's order: by score, then by member (16 hex digits sort as the
+            // ids do).
+            let mut listed: Vec<(u64, u64)> = registry.iter().map(|(&id, &ms)| (id, ms)).collect();
+            listed.sort_by_key(|&(id, ms)| (ms, id));
+            reply.registry = listed;
+        }
+        let mut heard = call.heard.clone();
+        heard.sort_unstable();
+        let heard = Listed(&heard);
+        for (key, request) in keys[first..].iter().zip(&call.requests) {
+            if !self.keys.contains_key(key) {
+                self.keys.insert(key.clone(), KeyState::default());
+            }
+            let state = self.keys.get_mut(key).expect("inserted");
+            reply
+                .answers
+                .push(serve(p, state, call.node, request, now, &heard));
+        }
+        Ok(reply.encode())
+    }
+
+    /// `sync_hot_keys.lua`.
+    fn hot_keys(&mut self, keys: &[Vec<u8>], args: &Args, now: u64) -> Result<Value, WireError> {
+        let invalid = || WireError::invalid("TOLLGATE invalid hot-key arguments");
+        let ([key], Ok(call)) = (keys, HotCall::decode(args)) else {
+            return Err(invalid());
+        };
+        if call.lifetime_ms == 0 || call.lifetime_ms >= EXACT || call.from_ms >= EXACT {
+            return Err(invalid());
+        }
+        let now_ms = now / 1_000;
+        let set = self.announcements.entry(key.clone()).or_default();
+        for member in &call.announce {
+            set.insert(member.clone(), now_ms + call.lifetime_ms);
+        }
+        set.retain(|_, &mut until| until > now_ms);
+        let from = call.from_ms.max(now_ms + 1);
+        let mut read: Vec<(Vec<u8>, u64)> = set
+            .iter()
+            .filter(|&(_, &until)| until >= from)
+            .map(|(member, &until)| (member.clone(), until))
+            .collect();
+        read.sort_by(|x, y| (x.1, &x.0).cmp(&(y.1, &y.0)));
+        Ok(HotReply { now_ms, read }.encode())
     }
 }
 
@@ -650,7 +823,7 @@ mod tests {
     use super::*;
 
     /// A round with no node registry: every other node is known by its rounds only.
-    fn serve(p: &Params, state: &mut KeyState, node: &str, request: &Request, now: u64) -> Answer {
+    fn serve(p: &Params, state: &mut KeyState, node: u64, request: &Request, now: u64) -> Answer {
         super::serve(p, state, node, request, now, &BTreeMap::new())
     }
 
@@ -711,7 +884,7 @@ mod tests {
         let mut state = KeyState::default();
         let now = 1_000_000_000;
         // Node a takes 60 of the default burst of 100.
-        let a = serve(&p, &mut state, "a", &request(1, 0, 0, 60), now);
+        let a = serve(&p, &mut state, 0xa, &request(1, 0, 0, 60), now);
         assert_eq!(a.grant, 60);
         assert_eq!(a.quota, SharedQuota::default());
         // Node b sets the key's quota to a burst of 80 at the same rate: 20 are left, not
@@ -725,7 +898,7 @@ mod tests {
         let b = serve(
             &p,
             &mut state,
-            "b",
+            0xb,
             &Request {
                 quota: eighty,
                 ..request(1, 0, 0, 1_000)
@@ -734,7 +907,7 @@ mod tests {
         );
         assert_eq!((b.grant, b.quota), (20, eighty));
         // Node a, which does not know it yet, is told.
-        let a = serve(&p, &mut state, "a", &request(2, 60, 60, 1_000), now);
+        let a = serve(&p, &mut state, 0xa, &request(2, 60, 60, 1_000), now);
         assert_eq!((a.grant, a.quota), (0, eighty));
         // An older version (a node that set another quota earlier) does not win back.
         let older = SharedQuota {
@@ -746,7 +919,7 @@ mod tests {
         let c = serve(
             &p,
             &mut state,
-            "c",
+            0xc,
             &Request {
                 quota: older,
                 ..request(1, 0, 0, 1_000)
@@ -759,7 +932,7 @@ mod tests {
         let c = serve(
             &p,
             &mut state,
-            "c",
+            0xc,
             &Request {
                 quota: back,
                 ..request(2, 0, 0, 1_000)
@@ -774,15 +947,15 @@ mod tests {
         let p = params(false);
         let mut state = KeyState::default();
         let now = 1_000_000_000;
-        let first = serve(&p, &mut state, "a", &request(1, 0, 0, 5), now);
+        let first = serve(&p, &mut state, 0xa, &request(1, 0, 0, 5), now);
         assert_eq!(first.grant, 5);
         let before = state.clone();
         // The same sequence number again (a retry after a lost reply): nothing changes.
-        let again = serve(&p, &mut state, "a", &request(1, 0, 0, 5), now + 10);
+        let again = serve(&p, &mut state, 0xa, &request(1, 0, 0, 5), now + 10);
         assert!(again.stale);
         assert_eq!(state, before);
         // The next round reports 3 spent and keeps 2: nothing is charged twice.
-        let next = serve(&p, &mut state, "a", &request(2, 5, 2, 3), now + 20);
+        let next = serve(&p, &mut state, 0xa, &request(2, 5, 2, 3), now + 20);
         assert_eq!(next.reserved, 5 + next.grant);
         assert_eq!(state.global.tat, now + (5 + next.grant) * 10_000);
     }
@@ -796,7 +969,7 @@ mod tests {
             deadline: now - 1,
             ..request(1, 3, 0, 5)
         };
-        let a = serve(&p, &mut state, "a", &late, now);
+        let a = serve(&p, &mut state, 0xa, &late, now);
         assert_eq!((a.grant, a.overdraft, a.reserved), (0, 0, 3));
         assert_eq!(state.global.tat, now + 3 * 10_000);
     }
@@ -807,8 +980,8 @@ mod tests {
         let mut state = KeyState::default();
         let now = 1_000_000_000;
         // The node never saw this grant: its next floor is what it spent (0).
-        serve(&p, &mut state, "a", &request(1, 0, 0, 5), now);
-        let next = serve(&p, &mut state, "a", &request(2, 0, 0, 0), now);
+        serve(&p, &mut state, 0xa, &request(1, 0, 0, 5), now);
+        let next = serve(&p, &mut state, 0xa, &request(2, 0, 0, 0), now);
         assert_eq!(next.reserved, 0);
         assert_eq!(state.global.tat, now, "the 5 tokens went back");
     }
@@ -819,12 +992,12 @@ mod tests {
         let mut state = KeyState::default();
         let now = 1_000_000_000;
         // 300 admitted beyond any lease: 200 tokens of debt past the burst of 100.
-        let a = serve(&p, &mut state, "a", &request(1, 300, 0, 10), now);
+        let a = serve(&p, &mut state, 0xa, &request(1, 300, 0, 10), now);
         assert_eq!((a.grant, a.overdraft), (0, 0));
         let later = now + 2_000_000 - 10_000;
-        let b = serve(&p, &mut state, "a", &request(2, 300, 0, 10), later);
+        let b = serve(&p, &mut state, 0xa, &request(2, 300, 0, 10), later);
         assert_eq!((b.grant, b.overdraft), (0, 0), "still 1 token in debt");
-        let c = serve(&p, &mut state, "a", &request(3, 300, 0, 10), later + 20_000);
+        let c = serve(&p, &mut state, 0xa, &request(3, 300, 0, 10), later + 20_000);
         assert_eq!(c.grant, 1);
     }
 
@@ -838,7 +1011,7 @@ mod tests {
         let a = serve(
             &p,
             &mut state,
-            "a",
+            0xa,
             &Request {
                 known: 50,
                 ..request(9, 57, 0, 0)
@@ -859,9 +1032,9 @@ mod tests {
         };
         // Redis knows the node (reserved 10): 5 more, all local, are charged.
         let mut state = KeyState::default();
-        serve(&p, &mut state, "a", &round(1, 10, 0), now);
+        serve(&p, &mut state, 0xa, &round(1, 10, 0), now);
         let before = state.global.tat;
-        serve(&p, &mut state, "a", &round(2, 15, 5), now);
+        serve(&p, &mut state, 0xa, &round(2, 15, 5), now);
         assert_eq!(state.global.tat, before + 5 * 10_000);
         // Redis restarted empty: the 5 local ones are forgiven, the other 2 charged.
         let mut state = KeyState::default();
@@ -869,7 +1042,7 @@ mod tests {
             known: 10,
             ..round(3, 17, 5)
         };
-        let a = serve(&p, &mut state, "a", &lost, now);
+        let a = serve(&p, &mut state, 0xa, &lost, now);
         assert_eq!(state.global.tat, now + 2 * 10_000);
         assert_eq!(a.reserved, 17);
     }
@@ -885,7 +1058,7 @@ mod tests {
         serve(
             &p,
             &mut state,
-            "a",
+            0xa,
             &Request {
                 anchor,
                 ..request(1, 100, 0, 0)
@@ -902,7 +1075,7 @@ mod tests {
                 deadline: now - 1,
                 ..request(seq, floor, 0, 0)
             };
-            serve(&p, &mut state, "a", &r, now);
+            serve(&p, &mut state, 0xa, &r, now);
         }
         assert_eq!(state.global.tat, now);
     }
@@ -917,10 +1090,8 @@ mod tests {
     }
 
     /// The registry: each of `ids` last heard at `at` (µs).
-    fn heard(ids: &[&str], at: u64) -> BTreeMap<String, u64> {
-        ids.iter()
-            .map(|id| ((*id).to_owned(), at / 1_000))
-            .collect()
+    fn heard(ids: &[u64], at: u64) -> BTreeMap<u64, u64> {
+        ids.iter().map(|&id| (id, at / 1_000)).collect()
     }
 
     /// A node cut off from Redis alone (silent: no round, no heartbeat) keeps its share
@@ -933,9 +1104,9 @@ mod tests {
         let p = reserving();
         let mut state = KeyState::default();
         let t0 = 1_000_000_000;
-        let both = heard(&["a", "b"], t0);
-        let a = super::serve(&p, &mut state, "a", &request(1, 0, 0, 1), t0, &both);
-        let b = super::serve(&p, &mut state, "b", &request(1, 0, 0, 1), t0, &both);
+        let both = heard(&[0xa, 0xb], t0);
+        let a = super::serve(&p, &mut state, 0xa, &request(1, 0, 0, 1), t0, &both);
+        let b = super::serve(&p, &mut state, 0xb, &request(1, 0, 0, 1), t0, &both);
         assert_eq!((a.share, b.until), (WEIGHT_ONE / 2, t0 + 10_000_000));
         // 5 s later b has been silent for 4.3 s: a's round charges b's half of the rate
         // from 0.7 s on, and a leases at most from the other half.
@@ -943,12 +1114,12 @@ mod tests {
         super::serve(
             &p,
             &mut state,
-            "a",
+            0xa,
             &request(2, 1, 0, 0),
             t1,
-            &heard(&["a"], t1),
+            &heard(&[0xa], t1),
         );
-        assert_eq!(state.nodes["b"].prepaid, (5_000_000 - 700_000) / 2);
+        assert_eq!(state.nodes[&0xb].prepaid, (5_000_000 - 700_000) / 2);
         // b comes back at 12 s, reporting 500 tokens from its fallback, 20 of them from
         // its budget after its share's end: 465 were charged on its behalf (its half of
         // the 9.3 s from its silence to its `until`); of the other 35, the 20 from the
@@ -962,13 +1133,13 @@ mod tests {
         super::serve(
             &p,
             &mut state,
-            "a",
+            0xa,
             &request(3, 1, 0, 0),
             t2 - 1,
-            &heard(&["a"], t2),
+            &heard(&[0xa], t2),
         );
         let tat_before = state.global.tat;
-        let answer = super::serve(&p, &mut state, "b", &back, t2, &heard(&["a", "b"], t2));
+        let answer = super::serve(&p, &mut state, 0xb, &back, t2, &heard(&[0xa, 0xb], t2));
         assert_eq!(answer.owes, 20);
         assert!(answer.grant > 0, "owing does not stop leases");
         // The 465 are not charged again, nor the debt at once.
@@ -980,10 +1151,10 @@ mod tests {
         let next = super::serve(
             &p,
             &mut state,
-            "b",
+            0xb,
             &request(3, floor, 0, 0),
             t3,
-            &heard(&["a", "b"], t3),
+            &heard(&[0xa, 0xb], t3),
         );
         assert_eq!(next.owes, 8);
     }
@@ -996,19 +1167,19 @@ mod tests {
         let p = reserving();
         let mut state = KeyState::default();
         let t0 = 1_000_000_000;
-        let all = heard(&["a", "b"], t0);
-        super::serve(&p, &mut state, "a", &request(1, 0, 0, 1), t0, &all);
-        super::serve(&p, &mut state, "b", &request(1, 0, 0, 1), t0, &all);
-        let until = state.nodes["b"].until;
+        let all = heard(&[0xa, 0xb], t0);
+        super::serve(&p, &mut state, 0xa, &request(1, 0, 0, 1), t0, &all);
+        super::serve(&p, &mut state, 0xb, &request(1, 0, 0, 1), t0, &all);
+        let until = state.nodes[&0xb].until;
         // b's round reports 3 tokens from its fallback: its reservation stays as it was.
         let t1 = t0 + 1_000_000;
         let fallback = Request {
             local: 3,
             ..request(2, 3, 0, 5)
         };
-        super::serve(&p, &mut state, "b", &fallback, t1, &all);
+        super::serve(&p, &mut state, 0xb, &fallback, t1, &all);
         assert_eq!(
-            (state.nodes["b"].fallback, state.nodes["b"].until),
+            (state.nodes[&0xb].fallback, state.nodes[&0xb].until),
             (1, until)
         );
         // a's round 1 s later (b still heartbeats) charges b's half of that second.
@@ -1016,17 +1187,17 @@ mod tests {
         super::serve(
             &p,
             &mut state,
-            "a",
+            0xa,
             &request(2, 1, 0, 0),
             t2,
-            &heard(&["a", "b"], t2),
+            &heard(&[0xa, 0xb], t2),
         );
-        assert_eq!(state.nodes["b"].prepaid, 500_000);
+        assert_eq!(state.nodes[&0xb].prepaid, 500_000);
         // b's next round without fallback tokens renews its reservation.
         let t3 = t2 + 100_000;
-        super::serve(&p, &mut state, "b", &request(3, 3, 0, 0), t3, &all);
+        super::serve(&p, &mut state, 0xb, &request(3, 3, 0, 0), t3, &all);
         assert_eq!(
-            (state.nodes["b"].fallback, state.nodes["b"].until),
+            (state.nodes[&0xb].fallback, state.nodes[&0xb].until),
             (0, t3 + 10_000_000)
         );
     }
@@ -1053,7 +1224,7 @@ mod tests {
             let a = serve(
                 &p,
                 &mut state,
-                ["a", "b"][node],
+                [0xa, 0xb][node],
                 &request(step / 2 + 1, reserved[node], 0, 100),
                 now,
             );
@@ -1077,11 +1248,11 @@ mod tests {
         };
         let mut state = KeyState::default();
         let now = 5_000_000;
-        let a = serve(&p, &mut state, "a", &request(1, 0, 0, 10), now + 10);
+        let a = serve(&p, &mut state, 0xa, &request(1, 0, 0, 10), now + 10);
         assert_eq!(a.grant, 10);
         assert_eq!(state.global.cur, 10);
         // Next window: the 10 move to `prev`; returning 4 of them takes them off `prev`.
-        serve(&p, &mut state, "a", &request(2, 6, 0, 0), now + 1_000_010);
+        serve(&p, &mut state, 0xa, &request(2, 6, 0, 0), now + 1_000_010);
         assert_eq!((state.global.prev, state.global.cur), (6, 0));
     }
 }

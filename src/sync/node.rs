@@ -1,789 +1,1624 @@
-//! The node side of a round for one key: what the sync task reads from a key's cell and
-//! books to build its [`Request`], and how it applies the [`Answer`]. No clock, no Redis:
-//! time is an argument, so the deterministic simulation runs exactly this code.
+//! The sync's node: every decision one node makes, as a state machine with no I/O, in the
+//! manner of quinn-proto. Time is an argument (ns of the limiter's clock); the node never
+//! reads a clock, never awaits, and never touches a socket. The tokio task (`task`) only
+//! sleeps until [`Node::poll_timeout`], sends what [`Node::poll_transmit`] gives and feeds
+//! the replies back; the deterministic simulation (`sim`) drives this same object against
+//! its model of Redis.
 //!
-//! The books count, per key, everything the node admitted since it first saw the key
-//! (`spent`). A round reports `floor = spent + keep`, where `keep` is the part of the lease
-//! the node goes on holding; the rest goes back. Checks spend the lease and the overdraft
-//! by CAS; the books infer what they spent from what the task last left in each pool.
+//! ```text
+//!   handle_timeout(now) ─┐                      ┌─► poll_transmit(now) ─► Transmit ─► Redis
+//!   wake(now) ───────────┼─► (round due?) ──────┤
+//!   close(now) ──────────┘                      └─► poll_event() ─► metrics, events, stats
+//!   handle_replies(now, id, replies) ◄──────────────────────────────────── Redis
+//! ```
+//!
+//! A round, from the node's side:
+//! 1. **What changed.** The store notes the keys that need a look (first seen, a cold
+//!    share spent, a quota set); the node turns the cold ones that must turn hot, and
+//!    adds every hot one to the keys it syncs. Only when the store could not note them
+//!    all, or another node announced a key new to this one, does it look at every key.
+//! 2. **Selection.** Of the keys it syncs, the ones that need the round (a lease, a
+//!    report, a release, a return to cold), most urgent first, at most the round's size.
+//! 3. **Announcements.** Keys whose demand keeps them hot renew their announcement; it
+//!    goes first, with the read of everyone's, so that a node reading it later turns the
+//!    key hot while the others' cold shares are still counted.
+//! 4. **The calls.** One script call per batch of keys (per cluster slot), with the
+//!    heartbeat, pipelined; the read of the announcements beside them.
+//! 5. **The replies.** Each key's answer settles its books; the heartbeat tells the node
+//!    count and Redis's clock; the read tells which keys are hot elsewhere.
+//!
+//! Between rounds the node keeps its health (the [`Driver`]): the fail mode applies once
+//! no round has succeeded for the staleness, and the local fallback refills each
+//! interval.
 
+use redis::Value;
+use redis::cluster_routing::Slot;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt::Display;
+use std::hash::Hash;
 use std::sync::atomic::Ordering;
 
+use super::SyncStats;
 use super::books::Books;
-use super::cell::{CHARGED, HOT, NEW, QUOTA, SyncCell, SyncPolicy, WANT_HOT, WANTED};
-use super::protocol::{Answer, MAX_DEMAND, Request, SharedQuota, WEIGHT_ONE, scale};
+use super::cell::{Cold, NEW, NOTED, OutageMode, SyncCell, SyncPolicy, WANT_HOT, WANTED};
+use super::config::{FailMode, RedisSync, Settings, SyncMode};
+use super::driver::{Driver, Health, MAX_BACKOFF, RoundSize, Timing, micros, millis, nanos};
+use super::key::{self, Need, NodeParams};
+use super::protocol::{Params, Request, Shape, SharedQuota, WEIGHT_ONE};
+use super::round::{self, Call, Selection};
+use super::wire::{self, Command, HotCall, HotReply, RoundCall, RoundReply};
+use crate::algorithm::Algorithm;
+use crate::error::ConfigError;
+use crate::quota::Quota;
+use crate::redis::keys::{KeyHasher, write_key};
+use crate::store::Store;
 
-/// What the node side of every key's round shares.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct NodeParams {
-    /// Ticks (µs) one token costs; the rate is one token per `ticks` µs.
-    pub(crate) ticks: u64,
-    /// The quota's capacity: no key asks for more.
-    pub(crate) capacity: u64,
-    /// The sync interval, in ns of the limiter's clock.
-    pub(crate) interval_ns: u64,
-    /// The holding horizon, in µs: a key asks for its demand over this long.
-    pub(crate) hold_us: u64,
-    /// A key unused for this long (ns) gives its lease back and is dropped.
-    pub(crate) idle_ns: u64,
-    /// Reconcile mode: overdrafts.
-    pub(crate) reconcile: bool,
-    /// The time constant of the demand average, in µs: the quota's period, from 1 s to
-    /// 60 s.
-    pub(crate) demand_tau_us: u64,
-    /// How long a round waits for its answer (ns; 0: for ever).
+/// How many rounds a shutdown may run to flush every key.
+const SHUTDOWN_ROUNDS: usize = 1_000;
+/// Keys each shard's eviction hand looks at per round: untouched ones are dropped, so
+/// that memory follows the keys in use without a pass over every key.
+const SWEEP_STEPS: usize = 256;
+
+/// Everything a node's rounds run by, derived once from a validated configuration.
+#[derive(Clone, Debug)]
+pub(crate) struct NodeConfig {
+    /// The node id it heartbeats under (shown as 16 hex digits).
+    pub(crate) id: u64,
+    /// The limiter's algorithm (a key's own quota is for it).
+    pub(crate) algorithm: Algorithm,
+    pub(crate) fail_mode: FailMode,
+    /// What every round tells Redis.
+    pub(crate) params: Params,
+    /// What the node side of every key's round uses.
+    pub(crate) node_params: NodeParams,
+    /// The schedule.
+    pub(crate) timing: Timing,
+    /// How long (ns) a round waits for its replies.
     pub(crate) timeout_ns: u64,
+    /// How long (ms) a node stays in the registry without a heartbeat.
+    pub(crate) registry_ttl_ms: u64,
+    /// The registry's Redis key, and the prefix of every limiter key's.
+    pub(crate) registry: Vec<u8>,
+    pub(crate) key_prefix: Vec<u8>,
+    /// Keys are written to Redis as this digest, when set.
+    pub(crate) hasher: Option<KeyHasher>,
+    /// Redis Cluster: a call's keys share a slot.
+    pub(crate) cluster: bool,
+    pub(crate) batch_size: usize,
+    pub(crate) round_keys: usize,
+    /// The cold tier, if on.
+    pub(crate) cold: Option<ColdTier>,
 }
 
-/// The node side's parameters for a key of `policy`: `p`, with the key's own quota's
-/// rate and capacity if it has one.
-pub(crate) fn key_params(p: &NodeParams, policy: &SyncPolicy) -> NodeParams {
-    if policy.shared.is_default() {
-        return *p;
+/// The cold tier's settings (see [`RedisSync::cold_keys`]).
+#[derive(Clone, Debug)]
+pub(crate) struct ColdTier {
+    /// The announcements of keys turned hot: a sorted set, `{prefix}:sync:tag:hot`.
+    pub(crate) key: Vec<u8>,
+    /// How long (ms) an announcement lasts unless renewed; a node renews the
+    /// announcement of a key it keeps hot once half of it is left.
+    pub(crate) lifetime_ms: u64,
+    /// How long (ns) after it last read the announcements a node may admit on its cold
+    /// keys: `share_ttl` (at least the staleness), as its reserved share in the fallback.
+    pub(crate) valid_ns: u64,
+    /// A window counter's cold share is half a burst and half the rate.
+    pub(crate) windowed: bool,
+}
+
+impl NodeConfig {
+    /// The node `id` of a limiter of `algorithm` and `quota` (of capacity `capacity`),
+    /// synced by `config` (validated into `settings`).
+    ///
+    /// # Errors
+    /// [`ConfigError::Unsupported`] for the sliding log, and the Redis tier's quota
+    /// errors.
+    pub(crate) fn new(
+        id: u64,
+        config: &RedisSync,
+        settings: &Settings,
+        algorithm: Algorithm,
+        quota: Quota,
+        capacity: u64,
+    ) -> Result<Self, ConfigError> {
+        let shape = Shape::new(algorithm, quota)?;
+        // The leaky bucket's global state is the token bucket's, under keys of its own.
+        let tag = match algorithm {
+            Algorithm::LeakyBucket => "lb",
+            _ => shape.script_args().0,
+        };
+        // An `also` quota's keys: `<tag>+<i>`, beside the limiter's own.
+        let tag = match config.quota_index {
+            0 => tag.to_owned(),
+            i => format!("{tag}+{i}"),
+        };
+        let prefix = &config.options.prefix;
+        let interval_us = micros(config.interval);
+        let hold = interval_us * 2;
+        let reconcile = config.mode == SyncMode::Reconcile;
+        let valid = settings.share_ttl.max(settings.staleness);
+        let cold = config.cold_keys.unwrap_or(reconcile).then(|| ColdTier {
+            key: format!("{{{prefix}}}:sync:{tag}:hot").into_bytes(),
+            lifetime_ms: millis(valid.saturating_mul(4)).max(10_000),
+            valid_ns: nanos(valid),
+            windowed: shape.period().is_some(),
+        });
+        Ok(Self {
+            id,
+            algorithm,
+            fail_mode: config.fail_mode,
+            params: Params {
+                shape,
+                overdraft_horizon: if reconcile { hold } else { 0 },
+                hold,
+                demand_ttl: interval_us * 3,
+                retain_ms: millis(settings.idle_ttl) * 2 + 10_000,
+                share_ttl: micros(settings.share_ttl),
+                // The staleness and one round's timeout: a node that lost one round is
+                // not silent (what its fallback admits meanwhile is charged when it
+                // reports).
+                silent_after: micros(settings.staleness).saturating_add(micros(settings.timeout)),
+            },
+            node_params: NodeParams {
+                ticks: shape.ticks_per_token(),
+                capacity,
+                interval_ns: interval_us * 1_000,
+                hold_us: hold,
+                idle_ns: nanos(settings.idle_ttl),
+                reconcile,
+                demand_tau_us: (quota.period_ns() / 1_000).clamp(1_000_000, 60_000_000),
+                timeout_ns: nanos(settings.timeout),
+            },
+            timing: Timing {
+                interval_ns: nanos(config.interval),
+                staleness_ns: nanos(settings.staleness),
+                max_backoff_ns: nanos(MAX_BACKOFF),
+            },
+            timeout_ns: nanos(settings.timeout),
+            registry_ttl_ms: millis(settings.node_ttl).max(1),
+            registry: format!("{{{prefix}}}:sync:{tag}:nodes").into_bytes(),
+            key_prefix: format!("{prefix}:sync:{tag}:").into_bytes(),
+            hasher: config.options.hasher.clone(),
+            cluster: config.options.target.is_cluster(),
+            batch_size: config.batch_size,
+            round_keys: config.round_keys,
+            cold,
+        })
     }
-    NodeParams {
-        ticks: policy.ticks,
-        capacity: policy.capacity,
-        ..*p
+
+    /// The Redis key of `key`'s state: `prefix:sync:tag:{key}`, or its digest.
+    pub(crate) fn redis_key<K: Display>(&self, key: &K) -> Vec<u8> {
+        let key = key.to_string();
+        let mut out = Vec::with_capacity(self.key_prefix.len() + key.len().max(34) + 2);
+        out.extend_from_slice(&self.key_prefix);
+        out.push(b'{');
+        write_key(self.hasher.as_ref(), key.as_bytes(), &mut out);
+        out.push(b'}');
+        out
     }
-}
 
-/// The hash by which nodes name a hot key to each other: of its Redis key (which is
-/// what the announcement holds, so no key appears in Redis in any other form), FNV-1a,
-/// the same on every node and every build.
-pub(crate) fn fleet_hash(redis_key: &[u8]) -> u64 {
-    redis_key.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-/// Whether the key is cold.
-pub(crate) fn is_cold(cell: &SyncCell) -> bool {
-    cell.cold_tat.load(Ordering::Acquire) != HOT
-}
-
-/// Turns a cold key hot at `now` (limiter clock, ns), with `t_ns` the cold share's ns
-/// per token: it is synced from now on. Its first round reports as admitted what its
-/// cold share still has in use (the tokens its GCRA stands ahead of `now`, rounded up:
-/// what it admitted beyond its share's refill), charged to the global state at once, so
-/// that the key's global state starts where this node's share left off. Returns false
-/// if the key was hot already.
-pub(crate) fn turn_hot(cell: &SyncCell, books: &mut Books, t_ns: u64, now: u64) -> bool {
-    let tat = cell.cold_tat.swap(HOT, Ordering::AcqRel);
-    if tat == HOT {
-        return false;
+    /// The cold share's ns per token among `nodes` nodes (the rate's, when unknown).
+    fn cold_t_ns(&self, nodes: u64) -> u64 {
+        let windowed = self.cold.as_ref().is_some_and(|c| c.windowed);
+        Cold::t_ns(self.node_params.ticks, nodes, windowed)
     }
-    let in_use = tat.saturating_sub(now).div_ceil(t_ns.max(1));
-    let flags = cell
-        .hot
-        .flags
-        .fetch_and(!(NEW | WANT_HOT), Ordering::AcqRel);
-    if flags & WANT_HOT == 0 {
-        // Turned hot because another node did: it wants a lease all the same.
-        cell.hot.aside.ran_out_at.store(now, Ordering::Relaxed);
-    }
-    cell.hot.flags.fetch_or(WANTED, Ordering::Release);
-    *books = Books {
-        spent: in_use,
-        last_active: now,
-        fleet: books.fleet,
-        ..Books::fresh(0)
-    };
-    true
-}
 
-/// What a key first seen on a node may admit before its first round: in reconcile mode
-/// its share `⌊capacity / nodes⌋` of a fresh key's capacity (rounded down, so that the
-/// nodes together never hand out more than the capacity), nothing in lease mode.
-pub(crate) fn fresh_overdraft(capacity: u64, nodes: u64, reconcile: bool) -> u64 {
-    if reconcile {
-        capacity / nodes.max(1)
-    } else {
-        0
-    }
-}
-
-/// How urgently a key needs a round. Lower goes first when a round is full.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Need {
-    /// It ran out, or its lease is below half what it wants.
-    Lease,
-    /// It used something, or a report is unacknowledged.
-    Report,
-    /// It has been idle for the idle TTL: its lease goes back and it is dropped.
-    Release,
-}
-
-/// What a round observed of a key's demand.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Observed {
-    /// Tokens admitted since the last round.
-    pub(crate) used: u64,
-    /// µs since the last round.
-    pub(crate) elapsed_us: u64,
-    /// If the key ran out: µs from the last round until it did.
-    pub(crate) ran_out_after_us: Option<u64>,
-}
-
-/// Updates the key's demand estimate (a weight: a fraction of one token per `ticks` µs),
-/// an exponentially weighted average over about `tau_us`. The rate observed is what was
-/// used over the time it lasted: a key that ran out part-way was wanting at least that
-/// rate all along (one that ran out with nothing at all doubles its estimate). Returns the
-/// demand to report: a thirty-second above the average, a margin for a node whose average
-/// lags its arrivals that strands little of the rate when the node does not use it.
-pub(crate) fn estimate(average: &mut u64, seen: Observed, ticks: u64, tau_us: u64) -> u64 {
-    let weight = |units: f64, us: u64| units * ticks as f64 * WEIGHT_ONE as f64 / us.max(1) as f64;
-    let elapsed = seen.elapsed_us.max(1);
-    let alpha = 1.0 - (-(elapsed as f64) / tau_us.max(1) as f64).exp();
-    let observed = match seen.ran_out_after_us {
-        Some(lasted) if seen.used > 0 => weight(seen.used as f64, lasted.clamp(1, elapsed)),
-        _ => weight(seen.used as f64, elapsed),
-    };
-    let mut next = *average as f64 + alpha * (observed - *average as f64);
-    if seen.ran_out_after_us.is_some() {
-        next = next.max(observed);
-        if seen.used == 0 {
-            next = next.max(*average as f64 * 2.0).max(weight(1.0, elapsed));
+    /// The limiter's policy for a node that has not heard Redis yet: with the cold tier,
+    /// new keys start cold and wait for the first read of the keys turned hot (as a new
+    /// key waits for its first lease without it).
+    pub(crate) fn initial_policy(&self, policy: SyncPolicy) -> SyncPolicy {
+        match self.cold {
+            Some(_) => SyncPolicy {
+                cold: Some(Cold::unvouched()),
+                ..policy
+            },
+            None => policy,
         }
     }
-    *average = next.clamp(0.0, MAX_DEMAND as f64) as u64;
-    (*average).saturating_add(*average / 32).min(MAX_DEMAND)
 }
 
-/// The tokens a key with `average` demand wants to hold: a quarter more than its demand
-/// over the horizon (arrivals are not smooth), at least 1, at most the capacity.
-pub(crate) fn target(average: u64, p: &NodeParams) -> u64 {
-    let demand = u128::from(average) * 5 / 4;
-    let tokens =
-        (demand * u128::from(p.hold_us)).div_ceil(u128::from(WEIGHT_ONE) * u128::from(p.ticks));
-    u64::try_from(tokens)
-        .unwrap_or(u64::MAX)
-        .clamp(1, p.capacity.max(1))
+/// Why a call failed, as [`SyncStats::last_error`] names it, and what it said (with no
+/// secret in it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Failure {
+    pub(crate) kind: &'static str,
+    pub(crate) message: String,
 }
 
-/// What the key's cell has used since the task last left it.
-fn used(cell: &SyncCell, books: &Books) -> u64 {
-    books
-        .lease_base
-        .saturating_sub(cell.hot.allowance.load(Ordering::Acquire))
-        + books
-            .overdraft_base
-            .saturating_sub(cell.hot.overdraft.load(Ordering::Acquire))
-        + cell.hot.aside.overdrawn.load(Ordering::Acquire)
+impl Failure {
+    /// A reply the node cannot read.
+    fn reply(e: &wire::WireError) -> Self {
+        Self {
+            kind: "reply",
+            message: e.to_string(),
+        }
+    }
+
+    /// No reply within the round's timeout.
+    pub(crate) fn timeout() -> Self {
+        Self {
+            kind: "timeout",
+            message: "sync round timed out".to_owned(),
+        }
+    }
 }
 
-/// What the key needs from the next round at `now`, without changing anything; `None`
-/// if nothing.
-pub(crate) fn need(cell: &SyncCell, books: &Books, p: &NodeParams, now: u64) -> Option<Need> {
-    if is_cold(cell) {
-        return None;
-    }
-    let flags = cell.hot.flags.load(Ordering::Acquire);
-    let used = used(cell, books);
-    if flags & WANTED != 0 {
-        return Some(Need::Lease);
-    }
-    if flags & QUOTA != 0 || cell.hot.aside.refunded.load(Ordering::Acquire) > 0 {
-        return Some(Need::Report);
-    }
-    let idle = now.saturating_sub(books.last_active) >= p.idle_ns;
-    let left = if now < cell.hot.expires.load(Ordering::Acquire) {
-        cell.hot.allowance.load(Ordering::Acquire)
-    } else {
-        0
-    };
-    // A key in use keeps asking while it holds less than it wants: its credit may have
-    // grown since the last answer (this also keeps its demand fresh in Redis).
-    if !idle && books.last_active != 0 && left < target(books.average, p).clamp(1, 2) {
-        return Some(Need::Lease);
-    }
-    if used > 0 && left * 2 < target(books.average, p) {
-        return Some(Need::Lease);
-    }
-    if used > 0 || books.pending {
-        return Some(Need::Report);
-    }
-    (idle && !books.released).then_some(Need::Release)
+/// What one pipeline of a [`Transmit`] got back: each command's reply, or the failure of
+/// the whole pipeline.
+pub(crate) type Replies = Vec<Result<Vec<Value>, Failure>>;
+
+/// What the node wants sent now: pipelines to send side by side, each one round trip.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Transmit {
+    /// Names the replies ([`Node::handle_replies`]).
+    pub(crate) id: u64,
+    /// When (ns) the sender stops waiting: a pipeline with no reply by then is fed back
+    /// as a [`Failure::timeout`], and the replies that came are applied. (Should the
+    /// replies never be fed back, the node gives up on the transmit a timeout later.)
+    pub(crate) deadline: u64,
+    pub(crate) pipelines: Vec<Vec<Command>>,
 }
 
-/// Releases a key without a round, when the round it needs (a release) cannot be sent
-/// soon (rounds are saturated, or the node is stopping): only a key with nothing to
-/// report (nothing used since its last acknowledged round, no round pending) qualifies.
-/// Its lease is given up here rather than returned: Redis charged it when it granted
-/// it, so the limit is never exceeded; at worst those few tokens (at most the key's
-/// holding cap) serve no one until the global state refills. Returns whether the key
-/// was released; a check racing with it keeps the key in use.
-pub(crate) fn release_locally(cell: &SyncCell, books: &mut Books) -> bool {
-    if books.pending
-        || books.released
-        || used(cell, books) > 0
-        || cell_wants(cell)
-        || cell.hot.aside.refunded.load(Ordering::Acquire) > 0
-    {
-        return false;
-    }
-    let take = |pool: &std::sync::atomic::AtomicU64, base: u64| {
-        pool.compare_exchange(base, 0, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    };
-    if !take(&cell.hot.allowance, books.lease_base) {
-        return false;
-    }
-    if !take(&cell.hot.overdraft, books.overdraft_base) {
-        cell.hot
-            .allowance
-            .fetch_add(books.lease_base, Ordering::AcqRel);
-        return false;
-    }
-    books.lease_base = 0;
-    books.overdraft_base = 0;
-    books.released = true;
-    true
+/// What the task publishes: metrics, `tracing` events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A round ended, `took_ns` after it was sent.
+    Round {
+        ok: bool,
+        took_ns: u64,
+        fallback: bool,
+        nodes: u64,
+    },
+    /// A round failed; `changed` when its kind differs from the last failure's.
+    Error {
+        kind: &'static str,
+        message: String,
+        changed: bool,
+    },
+    /// The fail mode applies from now (`true`), or no longer.
+    Fallback { entered: bool, nodes: u64 },
+    /// `keys` keys got their one-time budget in an outage; 0: the cold tier lapsed.
+    Budget { keys: u64 },
 }
 
-/// Builds the key's request for round `seq` at `now` (limiter clock, ns), shrinking its
-/// lease to what it keeps. A key idle for the idle TTL keeps nothing, nor does any key
-/// when `release` (at shutdown). `redis_offset_ns` is Redis's clock (ns) minus the
-/// limiter's, as last measured (`None` before the first round: then the request has no
-/// deadline and no anchor).
-pub(crate) fn collect(
-    cell: &SyncCell,
-    books: &mut Books,
-    p: &NodeParams,
+/// What this node knows of the keys turned hot, and of its cold tier.
+#[derive(Debug, Default)]
+struct HotView {
+    /// Each announced key's [`key::fleet_hash`], and until when (Redis ms) it is hot.
+    keys: HashMap<u64, u64>,
+    /// The next read returns the announcements from this score on (ms).
+    from_ms: u64,
+    /// Another node announced a key new to `keys`: every cold key is looked up at the
+    /// next round.
+    rescan: bool,
+    /// When (limiter clock, ns) the last successful read was sent.
+    read_at: Option<u64>,
+    /// Redis's clock (ms) at the last read.
+    server_ms: u64,
+    /// The node count the cold shares divide by: the largest seen within the validity
+    /// (a node that dropped out of the registry may still admit on its cold keys until
+    /// its own validity ends), and when (limiter clock, ns) it was last seen.
+    nodes: u64,
+    nodes_at: u64,
+    /// Keys turned hot, and returned cold, since the start.
+    turned: u64,
+    cooled: u64,
+}
+
+/// One key in a round.
+struct Item<K> {
+    key: K,
+    request: Request,
+    params: NodeParams,
+    /// The key returns cold once this round is answered.
+    cooling: bool,
+}
+
+/// A round on its way.
+struct Round<K> {
+    stopping: bool,
+    items: Vec<Item<K>>,
+    /// Each item's Redis key.
+    keys: Vec<Vec<u8>>,
+    /// The items whose announcement this round makes or renews.
+    announce: Vec<usize>,
+    /// The script calls, by pipeline.
+    plan: Vec<Vec<Call>>,
+    /// Each call's encoded command, by pipeline.
+    commands: Vec<Vec<Command>>,
+    /// Keys that needed a round and did not fit.
+    waiting: usize,
+    /// When the read of the announcements was sent, and what it read (the announcing
+    /// stage's).
+    hot_sent: u64,
+    hot_read: Option<HotReply>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// The announcements (and the read) go first.
+    Announcing,
+    /// Announced: the calls go next.
+    Announced,
+    /// The calls (and, without announcements, the read) are out.
+    Calling,
+}
+
+struct Flight<K> {
+    id: u64,
+    sent: u64,
+    deadline: u64,
+    stage: Stage,
+    round: Round<K>,
+}
+
+/// A stopping node: its last rounds report everything and return every lease, then it
+/// leaves the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    Flushing { rounds_left: usize },
+    Leaving { id: u64, deadline: u64 },
+    Closed,
+}
+
+/// The keys this node syncs through Redis: listed, with the cold tier (a few, turned hot
+/// by demand), or every key the store holds without it.
+enum Synced<K> {
+    All,
+    Listed(HashSet<K>),
+}
+
+/// One node of a synced limiter, for keys of type `K`, on the store its checks use.
+pub(crate) struct Node<K> {
+    config: NodeConfig,
+    driver: Driver,
+    size: RoundSize,
     seq: u64,
-    now: u64,
-    release: bool,
+    next_id: u64,
+    /// Live nodes as the last heartbeat told (0 before the first).
+    nodes: u64,
+    /// Redis's clock minus the limiter's (ns), measured at the last round's midpoint.
     redis_offset_ns: Option<i64>,
-) -> Request {
-    let timeout_ns = p.timeout_ns;
-    // The round carries the key's quota (a round that fails stays pending: the next
-    // one carries it again).
-    let flags = cell
-        .hot
-        .flags
-        .fetch_and(!(WANTED | QUOTA | CHARGED), Ordering::AcqRel);
-    let ran_out = flags & WANTED != 0;
-    if books.epoch == 0 {
-        books.epoch = seq;
+    /// The node registry as the last heartbeat read it: each node's last heartbeat (ms
+    /// of Redis's clock), which tells Redis which silent nodes are alive.
+    heard: Vec<(u64, u64)>,
+    hot: HotView,
+    synced: Synced<K>,
+    /// The hashes the store noted since the last round.
+    noted: Vec<u64>,
+    /// A round is due (its timer fired, or one was asked for).
+    due: bool,
+    flight: Option<Flight<K>>,
+    closing: Option<Closing>,
+    stats: SyncStats,
+    events: VecDeque<Event>,
+    settled: bool,
+}
+
+impl<K> Node<K>
+where
+    K: Hash + Eq + Clone + Display,
+{
+    /// A node started at `now`: its first round is due at once (it tells the number of
+    /// nodes, and so a new key's share). `seed` is its jitter's (the node id's hash).
+    pub(crate) fn new(config: NodeConfig, seed: u64, now: u64) -> Self {
+        Self {
+            driver: Driver::new(config.timing, seed, now),
+            size: RoundSize::new(config.round_keys),
+            synced: match config.cold {
+                Some(_) => Synced::Listed(HashSet::new()),
+                None => Synced::All,
+            },
+            config,
+            seq: 0,
+            next_id: 0,
+            nodes: 0,
+            redis_offset_ns: None,
+            heard: Vec::new(),
+            hot: HotView::default(),
+            noted: Vec::new(),
+            due: false,
+            flight: None,
+            closing: None,
+            stats: SyncStats::default(),
+            events: VecDeque::new(),
+            settled: false,
+        }
     }
-    let elapsed_us = if books.last_round == 0 {
-        p.interval_ns / 1_000
-    } else {
-        now.saturating_sub(books.last_round) / 1_000
-    };
-    let used_now = used(cell, books);
-    if used_now > 0 || ran_out || books.last_active == 0 {
-        books.last_active = now;
+
+    pub(crate) fn config(&self) -> &NodeConfig {
+        &self.config
     }
-    let idle = release || now.saturating_sub(books.last_active) >= p.idle_ns;
-    let expired = now >= cell.hot.expires.load(Ordering::Acquire);
-    let (demand, hold) = if idle {
-        (0, 0)
-    } else {
-        let ran_out_after_us = ran_out.then(|| {
-            cell.hot
-                .aside
-                .ran_out_at
-                .load(Ordering::Acquire)
-                .saturating_sub(books.last_round)
-                / 1_000
-        });
-        let seen = Observed {
-            used: used_now,
-            elapsed_us,
-            ran_out_after_us,
+
+    /// The node's counters (`last_success_age` and `clock_offset` are the task's).
+    pub(crate) fn stats(&self) -> SyncStats {
+        self.stats
+    }
+
+    /// Redis's clock minus the limiter's (ns), as last measured.
+    pub(crate) fn redis_offset_ns(&self) -> Option<i64> {
+        self.redis_offset_ns
+    }
+
+    /// Whether checks decide as they will from now on: the first round has been
+    /// answered and, with the cold tier, the keys turned hot elsewhere have been read;
+    /// or the fail mode applies; or the node has stopped.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.settled
+    }
+
+    /// When (ns) the node gives up on a transmit of deadline `deadline` whose replies
+    /// never came back (a sender that does not feed them back: a bug).
+    fn give_up(&self, deadline: u64) -> u64 {
+        deadline.saturating_add(self.config.timeout_ns)
+    }
+
+    /// The transmit whose replies the node waits for, if any.
+    pub(crate) fn awaiting(&self) -> Option<u64> {
+        match (&self.flight, self.closing) {
+            (Some(f), _) if f.stage != Stage::Announced => Some(f.id),
+            (_, Some(Closing::Leaving { id, .. })) => Some(id),
+            _ => None,
+        }
+    }
+
+    /// Whether the node has stopped (after [`close`](Self::close)).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closing == Some(Closing::Closed)
+    }
+
+    /// The next event to publish.
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When (ns) the node next needs [`handle_timeout`](Self::handle_timeout): its next
+    /// round, or when it gives up on what is in flight.
+    pub(crate) fn poll_timeout(&self) -> u64 {
+        let flight = self
+            .flight
+            .as_ref()
+            .map_or(u64::MAX, |f| self.give_up(f.deadline));
+        let leaving = match self.closing {
+            Some(Closing::Leaving { deadline, .. }) => self.give_up(deadline),
+            _ => u64::MAX,
         };
-        let demand = estimate(&mut books.average, seen, p.ticks, p.demand_tau_us);
-        (demand, target(books.average, p))
-    };
-    // Shrink the lease to what the key keeps: the rest goes back with this round.
-    let mut left = 0;
-    let _ = cell
-        .hot
-        .allowance
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
-            left = l;
-            Some(if expired { 0 } else { l.min(hold) })
+        self.driver.poll_timeout().min(flight).min(leaving)
+    }
+
+    /// The timers due at `now`: a round, a round's timeout, and once per timer turn the
+    /// health and the local fallback.
+    pub(crate) fn handle_timeout(&mut self, now: u64, store: &Store<K, SyncCell>) {
+        let grace = self.config.timeout_ns;
+        if let Some(f) = self
+            .flight
+            .take_if(|f| now >= f.deadline.saturating_add(grace))
+        {
+            self.round_failed(now, now.saturating_sub(f.sent), Failure::timeout());
+            if f.round.stopping {
+                self.flushed(false);
+            }
+        }
+        if let Some(Closing::Leaving { deadline, .. }) = self.closing {
+            if now >= self.give_up(deadline) {
+                self.closing = Some(Closing::Closed);
+                self.settled = true;
+            }
+        }
+        // The schedule's timer (not a round's deadline) turns the local fallback.
+        let timer = now >= self.driver.poll_timeout();
+        if timer && self.driver.handle_timeout(now) {
+            self.due = true;
+        }
+        self.after(now, store, timer);
+    }
+
+    /// A round asked for now (a key waits, `sync_now`): unless the rounds back off.
+    pub(crate) fn wake(&mut self, now: u64, store: &Store<K, SyncCell>) {
+        if self.driver.may_run(now) {
+            self.due = true;
+        }
+        self.after(now, store, false);
+    }
+
+    /// Stops the node: its last rounds report everything, return every lease and leave
+    /// the registry (the limiter gets no leases after them).
+    pub(crate) fn close(&mut self, _now: u64) {
+        if self.closing.is_none() {
+            self.closing = Some(Closing::Flushing {
+                rounds_left: SHUTDOWN_ROUNDS,
+            });
+        }
+    }
+
+    /// What to send now, if anything: the next round (its announcements first), or the
+    /// next stage of the round in flight.
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: u64,
+        store: &Store<K, SyncCell>,
+    ) -> Option<Transmit> {
+        if let Some(f) = &mut self.flight {
+            if f.stage != Stage::Announced {
+                return None;
+            }
+            f.stage = Stage::Calling;
+            let id = self.next_id;
+            self.next_id += 1;
+            f.id = id;
+            f.sent = now;
+            f.deadline = now.saturating_add(self.config.timeout_ns);
+            return Some(Transmit {
+                id,
+                deadline: f.deadline,
+                pipelines: f.round.commands.clone(),
+            });
+        }
+        let stopping = match self.closing {
+            None => false,
+            Some(Closing::Flushing { rounds_left }) if rounds_left > 0 => true,
+            Some(Closing::Flushing { .. }) => return self.leave(now),
+            Some(_) => return None,
+        };
+        // A round due while another was in flight waits for it, and for the backoff.
+        let due = std::mem::take(&mut self.due) && self.driver.may_run(now);
+        if !stopping && !due {
+            return None;
+        }
+        let round = self.start_round(now, store, stopping);
+        let id = self.next_id;
+        self.next_id += 1;
+        let deadline = now.saturating_add(self.config.timeout_ns);
+        let (stage, pipelines) = match (&self.config.cold, round.announce.is_empty()) {
+            (Some(tier), false) => {
+                let announce = round
+                    .announce
+                    .iter()
+                    .map(|&i| round.keys[i].clone())
+                    .collect();
+                let call = HotCall {
+                    lifetime_ms: tier.lifetime_ms,
+                    from_ms: self.hot.from_ms,
+                    announce,
+                };
+                (
+                    Stage::Announcing,
+                    vec![vec![wire::hot_command(&tier.key, &call)]],
+                )
+            }
+            _ => (Stage::Calling, round.commands.clone()),
+        };
+        self.flight = Some(Flight {
+            id,
+            sent: now,
+            deadline,
+            stage,
+            round: Round {
+                hot_sent: now,
+                ..round
+            },
         });
-    let keep = if expired { 0 } else { left.min(hold) };
-    // What goes back is the fallback's tokens first (the budget's before the share's):
-    // they were never reserved.
-    books.local = books.local.saturating_sub(left - keep);
-    books.beyond = books.beyond.saturating_sub(left - keep).min(books.local);
-    // The overdraft stays usable while the round is in flight (the answer replaces it);
-    // an idle key gives it up now.
-    let overdraft = if idle {
-        cell.hot.overdraft.swap(0, Ordering::AcqRel)
-    } else {
-        cell.hot.overdraft.load(Ordering::Acquire)
-    };
-    books.spent += books.lease_base.saturating_sub(left)
-        + books.overdraft_base.saturating_sub(overdraft)
-        + cell.hot.aside.overdrawn.swap(0, Ordering::AcqRel);
-    // Refunds lower the floor: by at most what this node reported as spent on the key
-    // (units admitted on another node are refunded there; what the cap leaves out is
-    // never given back, so nothing is ever minted).
-    let refunded = cell.hot.aside.refunded.swap(0, Ordering::AcqRel);
-    books.spent -= refunded.min(books.spent);
-    books.lease_base = keep;
-    books.overdraft_base = overdraft;
-    books.demand = demand;
-    books.last_round = now;
-    books.pending = true;
-    books.released = false;
-    // What the floor adds beyond the reservation was admitted since the last
-    // acknowledged round was collected: Redis spreads the charge back over that time.
-    let in_redis = |local_ns: u64| {
-        redis_offset_ns.map_or(0, |offset| {
-            u64::try_from((i128::from(local_ns) + i128::from(offset)) / 1_000).unwrap_or(0)
+        Some(Transmit {
+            id,
+            deadline,
+            pipelines,
         })
-    };
-    // A charge was consumed when it was made, not over the time since the last round:
-    // with one in the floor, Redis charges from now (the anchor 0), spreading nothing
-    // back (the units admitted since the last round with it are charged from now too,
-    // later than they were: the global state never gains by it).
-    let anchor = if books.last_ok == 0 || flags & CHARGED != 0 {
-        0
-    } else {
-        in_redis(books.last_ok)
-    };
-    let deadline = if timeout_ns == 0 {
-        0
-    } else {
-        in_redis(now.saturating_add(timeout_ns))
-    };
-    Request {
-        seq,
-        epoch: books.epoch,
-        floor: books.spent + keep,
-        keep,
-        known: books.known,
-        demand,
-        want: hold - keep,
-        anchor,
-        deadline,
-        local: books.local,
-        beyond: books.beyond,
-        // The caller sets the key's quota.
-        quota: SharedQuota::default(),
+    }
+
+    /// Feeds back what the pipelines of transmit `id` got, in their order.
+    pub(crate) fn handle_replies(
+        &mut self,
+        now: u64,
+        store: &Store<K, SyncCell>,
+        id: u64,
+        replies: Replies,
+    ) {
+        if let Some(Closing::Leaving { id: leaving, .. }) = self.closing {
+            if leaving == id {
+                self.closing = Some(Closing::Closed);
+                self.settled = true;
+                return;
+            }
+        }
+        let Some(flight) = self.flight.take_if(|f| f.id == id) else {
+            return;
+        };
+        match flight.stage {
+            Stage::Announcing => self.announced(now, flight, replies),
+            Stage::Calling => self.finish_round(now, store, flight, replies),
+            Stage::Announced => self.flight = Some(flight),
+        }
+        self.after(now, store, false);
+    }
+
+    /// The announcing stage answered: on success the calls go next.
+    fn announced(&mut self, now: u64, mut flight: Flight<K>, replies: Replies) {
+        let read = match replies.into_iter().next() {
+            Some(Ok(values)) => match values.first().map(HotReply::decode) {
+                Some(Ok(read)) => Ok(read),
+                Some(Err(e)) => Err(Failure::reply(&e)),
+                None => Err(Failure::reply(&wire::WireError::invalid(
+                    "hot-key reply: none",
+                ))),
+            },
+            Some(Err(failure)) => Err(failure),
+            None => Err(Failure::reply(&wire::WireError::invalid(
+                "hot-key reply: none",
+            ))),
+        };
+        match read {
+            Ok(read) => {
+                flight.round.hot_read = Some(read);
+                flight.stage = Stage::Announced;
+                self.flight = Some(flight);
+            }
+            Err(failure) => {
+                self.round_failed(now, now.saturating_sub(flight.sent), failure);
+                if flight.round.stopping {
+                    self.flushed(false);
+                }
+            }
+        }
+    }
+
+    /// After every input: the cold tier's state, the health (the fail mode), the local
+    /// fallback once per timer turn, and whether the node is settled.
+    fn after(&mut self, now: u64, store: &Store<K, SyncCell>, timer: bool) {
+        self.update_cold(now, store);
+        let (silent, health) = self.driver.poll_health(now);
+        if health == Health::Fell {
+            self.stats.fallback_active = true;
+            self.events.push_back(Event::Fallback {
+                entered: true,
+                nodes: self.nodes,
+            });
+            self.apply_fail_mode(store);
+        }
+        // Once per timer turn: a round asked for early (`sync_now`) would otherwise add
+        // another interval's credit to every reserved share.
+        if silent && timer && self.config.fail_mode == FailMode::Local {
+            self.refill_locally(now, store);
+        }
+        if !self.settled {
+            let vouched = self.config.cold.is_none() || self.hot.read_at.is_some();
+            if (self.stats.syncs > 0 && vouched) || self.driver.in_fallback() {
+                self.settled = true;
+            }
+        }
+    }
+
+    /// The command that leaves the registry, once the flush is done (if Redis was ever
+    /// heard: otherwise there is nothing to leave).
+    fn leave(&mut self, now: u64) -> Option<Transmit> {
+        if self.stats.syncs == 0 {
+            self.closing = Some(Closing::Closed);
+            self.settled = true;
+            return None;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let deadline = now.saturating_add(self.config.timeout_ns);
+        self.closing = Some(Closing::Leaving { id, deadline });
+        Some(Transmit {
+            id,
+            deadline,
+            pipelines: vec![vec![wire::leave_command(
+                &self.config.registry,
+                self.config.id,
+            )]],
+        })
+    }
+
+    /// A flush round ended: another follows while it succeeded and keys remain.
+    fn flushed(&mut self, more: bool) {
+        if let Some(Closing::Flushing { rounds_left }) = &mut self.closing {
+            *rounds_left = if more { *rounds_left - 1 } else { 0 };
+        }
+    }
+
+    // ---- What changed, and the selection ----
+
+    /// Looks at the keys the store noted (or at every key, when it could not note them
+    /// all or another node announced a key new to this one): cold keys that must turn
+    /// hot do, and every hot one joins the keys this node syncs.
+    fn look_at_changes(&mut self, now: u64, store: &Store<K, SyncCell>) {
+        self.noted.clear();
+        let overflowed = store.take_notes(&mut self.noted);
+        let every = overflowed || std::mem::take(&mut self.hot.rescan);
+        let cold_t_ns = self.config.cold_t_ns(self.hot.nodes);
+        let mut visit = Visit {
+            config: &self.config,
+            hot: &mut self.hot,
+            synced: &mut self.synced,
+            now,
+            cold_t_ns,
+            every,
+        };
+        if every {
+            store.for_each(|key, cell, _| visit.key(key, cell));
+        } else {
+            for &hash in &self.noted {
+                store.with_hashed(hash, |key, cell, _| visit.key(key, cell));
+            }
+        }
+    }
+
+    /// The keys this round sends, most urgent first, at most the round's size (all that
+    /// are not released yet when stopping), whether each returns cold with it; how many
+    /// more wait; and how many idle keys that did not fit were released without a round
+    /// (see [`key::release_locally`]), and dropped.
+    fn select(
+        &mut self,
+        now: u64,
+        store: &Store<K, SyncCell>,
+        stopping: bool,
+    ) -> (Vec<(K, bool)>, usize, u64) {
+        self.look_at_changes(now, store);
+        let mut selection = Selection::new(self.size.keys());
+        let mut released = Vec::new();
+        let mut gone = Vec::new();
+        let cooler = self.cooler(now, stopping);
+        let node_params = &self.config.node_params;
+        // Whether the key is still a hot one (a key dropped and seen again starts cold).
+        let offer = |key: &K, cell: &SyncCell, policy: &SyncPolicy| -> bool {
+            if key::is_cold(cell) {
+                return false;
+            }
+            let mut books = cell.hot.aside.books.lock();
+            let cools = cooler.is_some_and(|c| c.cools(cell, &books, policy));
+            let need = if stopping && !books.released {
+                Some(Need::Release)
+            } else if cools {
+                Some(Need::Report)
+            } else {
+                key::need(cell, &books, &key::key_params(node_params, policy), now)
+            };
+            let Some(need) = need else { return true };
+            if let Err((key, _)) = selection.offer((key.clone(), cools), need) {
+                if need == Need::Release && key::release_locally(cell, &mut books) {
+                    released.push(key);
+                } else {
+                    selection.wait();
+                }
+            }
+            true
+        };
+        {
+            let mut offer = offer;
+            match &self.synced {
+                Synced::All => store.for_each(|key, cell, policy| {
+                    offer(key, cell, policy);
+                }),
+                Synced::Listed(keys) => {
+                    for key in keys {
+                        let hot =
+                            store.with_state_policy(key, |cell, policy| offer(key, cell, policy));
+                        if hot != Some(true) {
+                            gone.push(key.clone());
+                        }
+                    }
+                }
+            }
+        }
+        let (chosen, waiting) = selection.finish();
+        let dropped = released
+            .iter()
+            .filter(|key| store.remove_if(*key, SyncCell::is_released))
+            .count() as u64;
+        if let Synced::Listed(keys) = &mut self.synced {
+            for key in gone.iter().chain(&released) {
+                keys.remove(key);
+            }
+        }
+        store.sweep_some(now, SWEEP_STEPS);
+        (chosen, waiting, dropped)
+    }
+
+    /// Whether keys may return cold at this round, and by what rule (see [`Cooler`]).
+    fn cooler(&self, now: u64, stopping: bool) -> Option<Cooler<'_>> {
+        let tier = self.config.cold.as_ref()?;
+        let vouched = self
+            .hot
+            .read_at
+            .is_some_and(|at| now < at.saturating_add(tier.valid_ns));
+        (vouched && !stopping && !self.driver.in_fallback()).then(|| Cooler {
+            announced: &self.hot.keys,
+            server_ms: self.hot.server_ms,
+            nodes: self.even_share_divisor(),
+        })
+    }
+
+    /// A node's even share of the rate is `WEIGHT_ONE` divided by this: the node count
+    /// the cold shares divide by (twice it for a window counter, whose cold share is
+    /// half the rate).
+    fn even_share_divisor(&self) -> u64 {
+        let windowed = self.config.cold.as_ref().is_some_and(|c| c.windowed);
+        self.hot.nodes.max(1) * if windowed { 2 } else { 1 }
+    }
+
+    // ---- A round ----
+
+    /// Chooses the round's keys, collects their requests, and encodes the calls.
+    fn start_round(&mut self, now: u64, store: &Store<K, SyncCell>, stopping: bool) -> Round<K> {
+        let (chosen, waiting, released_locally) = self.select(now, store, stopping);
+        // Counted now: they were dropped whatever becomes of this round.
+        self.stats.keys_released += released_locally;
+        self.seq += 1;
+        // Keys whose announcement as hot this node makes or renews: made before the
+        // key's round, so that every node that reads it later turns the key hot while
+        // the others' cold shares are still accounted for.
+        let renew_by = self.hot.server_ms.saturating_add(
+            self.config
+                .cold
+                .as_ref()
+                .map_or(0, |tier| tier.lifetime_ms / 2),
+        );
+        let even = self.even_share_divisor();
+        let mut items = Vec::with_capacity(chosen.len());
+        let mut announce = Vec::new();
+        for (key, cooling) in chosen {
+            let collected = store.with_state_policy(&key, |cell, policy| {
+                let params = key::key_params(&self.config.node_params, policy);
+                let ran_out = cell.hot.flags.load(Ordering::Acquire) & WANTED != 0;
+                let mut books = cell.hot.aside.books.lock();
+                // A key returning cold asks for its cold share's burst: the share starts
+                // with what it holds (see `key::turn_cold`).
+                let at_least = if cooling {
+                    policy.cold.map_or(0, |c| c.burst())
+                } else {
+                    0
+                };
+                let request = Request {
+                    quota: policy.shared,
+                    ..key::collect(
+                        cell,
+                        &mut books,
+                        &params,
+                        self.seq,
+                        now,
+                        stopping,
+                        at_least,
+                        self.redis_offset_ns,
+                    )
+                };
+                let holds = request.demand > 0 || request.keep > 0 || request.want > 0;
+                // A key stays hot while its demand here is at or above this node's even
+                // share, or it ran out, or it has a quota of its own; the round that
+                // turned it hot by its own demand announces it whatever its demand.
+                let wants = books.announce
+                    || (holds
+                        && (ran_out
+                            || !policy.shared.is_default()
+                            || request.demand.saturating_mul(even) >= WEIGHT_ONE));
+                (
+                    request,
+                    params,
+                    wants && !cooling && books.announced_until <= renew_by,
+                )
+            });
+            if let Some((request, params, renew)) = collected {
+                if renew && self.config.cold.is_some() && !stopping {
+                    announce.push(items.len());
+                }
+                items.push(Item {
+                    key,
+                    request,
+                    params,
+                    cooling,
+                });
+            }
+        }
+        let keys: Vec<Vec<u8>> = items
+            .iter()
+            .map(|i| self.config.redis_key(&i.key))
+            .collect();
+        let plan = round::batches(
+            &keys,
+            self.config.batch_size,
+            self.config
+                .cluster
+                .then_some(|key: &[u8]| Slot::for_key(key)),
+        );
+        let mut commands: Vec<Vec<Command>> = plan
+            .iter()
+            .map(|pipeline| {
+                pipeline
+                    .iter()
+                    .map(|call| self.command(call, &items, &keys))
+                    .collect()
+            })
+            .collect();
+        // Without announcements, the read goes along, in a pipeline of its own.
+        if let (Some(tier), true) = (&self.config.cold, announce.is_empty()) {
+            let call = HotCall {
+                lifetime_ms: tier.lifetime_ms,
+                from_ms: self.hot.from_ms,
+                announce: Vec::new(),
+            };
+            commands.push(vec![wire::hot_command(&tier.key, &call)]);
+        }
+        Round {
+            stopping,
+            items,
+            keys,
+            announce,
+            plan,
+            commands,
+            waiting,
+            hot_sent: now,
+            hot_read: None,
+        }
+    }
+
+    /// The command of one script call: the registry's TTL for a heartbeat, 0 otherwise;
+    /// the clock 0 (Redis's own, the one every node's rounds share).
+    fn command(&self, call: &Call, items: &[Item<K>], keys: &[Vec<u8>]) -> Command {
+        let encoded = RoundCall {
+            node: self.config.id,
+            registry_ttl_ms: if call.registry {
+                self.config.registry_ttl_ms
+            } else {
+                0
+            },
+            params: self.config.params,
+            heard: self.heard.clone(),
+            seq: self.seq,
+            clock_us: 0,
+            requests: call.items.iter().map(|&i| items[i].request).collect(),
+        };
+        wire::round_command(
+            call.registry.then_some(&self.config.registry[..]),
+            call.items.iter().map(|&i| keys[i].clone()).collect(),
+            &encoded,
+        )
+    }
+
+    /// The calls answered: every answer that arrived is applied (even when another call
+    /// failed: a cluster master in failover), then the round counts as a success or a
+    /// failure.
+    fn finish_round(
+        &mut self,
+        now: u64,
+        store: &Store<K, SyncCell>,
+        flight: Flight<K>,
+        replies: Replies,
+    ) {
+        let round = flight.round;
+        let round_trip = now.saturating_sub(flight.sent);
+        let mut failure = None;
+        let calls = round.plan.len();
+        // The read of the announcements: the announcing stage's, or the last pipeline.
+        let mut replies = replies.into_iter();
+        let mut by_pipeline: Vec<Result<Vec<Value>, Failure>> =
+            replies.by_ref().take(calls).collect();
+        by_pipeline.resize_with(calls, || {
+            Err(Failure::reply(&wire::WireError::invalid(
+                "a pipeline's reply: none",
+            )))
+        });
+        let hot_read = match round.hot_read {
+            Some(read) => Some(Ok(read)),
+            None if self.config.cold.is_some() => Some(match replies.next() {
+                Some(Ok(values)) => values
+                    .first()
+                    .ok_or_else(|| wire::WireError::invalid("hot-key reply: none"))
+                    .and_then(HotReply::decode)
+                    .map_err(|e| Failure::reply(&e)),
+                Some(Err(f)) => Err(f),
+                None => Err(Failure::reply(&wire::WireError::invalid(
+                    "hot-key reply: none",
+                ))),
+            }),
+            None => None,
+        };
+        match hot_read {
+            Some(Ok(read)) => {
+                let until = read.now_ms + self.config.cold.as_ref().map_or(0, |t| t.lifetime_ms);
+                let announced: Vec<u64> = round
+                    .announce
+                    .iter()
+                    .map(|&i| key::fleet_hash(&round.keys[i]))
+                    .collect();
+                self.heard_hot(read, round.hot_sent, &announced);
+                for &i in &round.announce {
+                    store.with_state(&round.items[i].key, |cell| {
+                        let mut books = cell.hot.aside.books.lock();
+                        books.announced_until = until;
+                        books.announce = false;
+                    });
+                }
+            }
+            Some(Err(f)) => failure = Some(f),
+            None => {}
+        }
+        // What each call answered: the number of nodes and the clock from the heartbeat,
+        // and each key's answer with the clock of the server that holds it.
+        let mut nodes = None;
+        let mut heartbeat_us = None;
+        let mut answers = vec![None; round.items.len()];
+        for (pipeline, result) in round.plan.iter().zip(by_pipeline) {
+            let values = match result {
+                Ok(values) if values.len() == pipeline.len() => values,
+                Ok(_) => {
+                    failure = Some(Failure::reply(&wire::WireError::invalid(
+                        "a pipeline's replies: count",
+                    )));
+                    continue;
+                }
+                Err(f) => {
+                    failure = Some(f);
+                    continue;
+                }
+            };
+            for (call, value) in pipeline.iter().zip(&values) {
+                let reply = match RoundReply::decode(value, call.items.len()) {
+                    Ok(reply) => reply,
+                    Err(e) => {
+                        failure = Some(Failure::reply(&e));
+                        continue;
+                    }
+                };
+                if call.registry {
+                    nodes = Some(reply.nodes.max(1));
+                    heartbeat_us = Some(reply.server_us);
+                    self.heard = reply.registry;
+                }
+                for (&i, answer) in call.items.iter().zip(reply.answers) {
+                    answers[i] = Some((answer, reply.server_us));
+                }
+            }
+        }
+        if let Some(server_us) = heartbeat_us {
+            let midpoint = i128::from(now) - i128::from(round_trip / 2);
+            if let Ok(offset) = i64::try_from(i128::from(server_us) * 1_000 - midpoint) {
+                self.redis_offset_ns = Some(offset);
+            }
+            // Every round that heartbeats schedules the renewal round of the next window
+            // (lease mode's window counters), whether or not it carried keys.
+            if let (_, Some(renew_in)) = self.lease_deadline(
+                self.config.params.shape.period(),
+                server_us,
+                round_trip,
+                now,
+            ) {
+                self.driver.round_at(Some(now.saturating_add(renew_in)));
+            }
+        }
+        let mut stale = 0;
+        let mut released = 0;
+        for (item, answer) in round.items.iter().zip(&answers) {
+            let Some((answer, server_us)) = answer else {
+                continue;
+            };
+            // A key's lease ends with the window (of its own quota) of the clock of the
+            // server that holds it.
+            let period = answer.quota.shape(self.config.params.shape).period();
+            let (expires, _) = self.lease_deadline(period, *server_us, round_trip, now);
+            // Its share stays reserved until `until` of that server's clock: here, a
+            // whole round trip earlier, so that the offset's error cannot carry a local
+            // admission past it.
+            let share_until = now
+                .saturating_add(
+                    answer
+                        .until
+                        .saturating_sub(*server_us)
+                        .saturating_mul(1_000),
+                )
+                .saturating_sub(round_trip);
+            let done = store.with_state_policy(&item.key, |cell, policy| {
+                let mut books = cell.hot.aside.books.lock();
+                let ok = key::settle(
+                    cell,
+                    &mut books,
+                    &item.params,
+                    &item.request,
+                    answer,
+                    expires,
+                    share_until,
+                );
+                // (An idle key released by this round is dropped instead.)
+                let cooled = ok
+                    && item.cooling
+                    && !books.released
+                    && policy
+                        .cold
+                        .is_some_and(|cold| key::turn_cold(cell, &mut books, &cold, now));
+                (ok, books.released, cooled)
+            });
+            if done.is_some_and(|(ok, ..)| ok) {
+                self.adopt_quota(now, store, &item.key, answer.quota);
+            }
+            match done {
+                Some((false, ..)) => stale += 1,
+                Some((true, _, true)) => {
+                    self.hot.cooled += 1;
+                    if let Synced::Listed(keys) = &mut self.synced {
+                        keys.remove(&item.key);
+                    }
+                }
+                Some((true, true, _)) if store.remove_if(&item.key, SyncCell::is_released) => {
+                    released += 1;
+                    if let Synced::Listed(keys) = &mut self.synced {
+                        keys.remove(&item.key);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let failure = failure.or_else(|| {
+            (nodes.is_none() || heartbeat_us.is_none())
+                .then(|| Failure::reply(&wire::WireError::invalid("round: no heartbeat")))
+        });
+        match failure {
+            Some(f) => {
+                self.round_failed(now, round_trip, f);
+                if round.stopping {
+                    self.flushed(false);
+                }
+            }
+            None => {
+                let nodes = nodes.unwrap_or(1);
+                self.events.push_back(Event::Round {
+                    ok: true,
+                    took_ns: round_trip,
+                    fallback: false,
+                    nodes,
+                });
+                if nodes != self.nodes {
+                    self.nodes = nodes;
+                    self.set_shares(store);
+                }
+                self.size.succeeded();
+                if self.driver.on_success(now) == Health::Recovered {
+                    self.set_outage(store, OutageMode::Normal);
+                    self.events.push_back(Event::Fallback {
+                        entered: false,
+                        nodes,
+                    });
+                }
+                let s = &mut self.stats;
+                s.syncs += 1;
+                s.keys_last_round = round.items.len();
+                s.keys_waiting = round.waiting;
+                s.stale_answers += stale;
+                s.keys_released += released;
+                s.nodes = nodes;
+                s.fallback_active = false;
+                s.last_error = None;
+                if round.stopping {
+                    self.flushed(!round.items.is_empty() || round.waiting > 0);
+                }
+            }
+        }
+    }
+
+    /// A round failed: counted, shown in the stats, and published (`warn` for the first
+    /// failure of a run or a new kind, `debug` after); the rounds back off.
+    fn round_failed(&mut self, now: u64, took_ns: u64, failure: Failure) {
+        self.events.push_back(Event::Round {
+            ok: false,
+            took_ns,
+            fallback: self.driver.in_fallback(),
+            nodes: self.nodes,
+        });
+        let changed = self.stats.last_error != Some(failure.kind);
+        self.stats.last_error = Some(failure.kind);
+        if failure.kind == "timeout" {
+            self.size.timed_out();
+        }
+        self.events.push_back(Event::Error {
+            kind: failure.kind,
+            message: failure.message,
+            changed,
+        });
+        self.driver.on_failure(now);
+        self.stats.errors += 1;
+    }
+
+    /// Until when (limiter clock, ns) what a round leases may be spent: for ever, but in
+    /// lease mode for the window counters only until Redis's current window ends, brought
+    /// forward by a whole round trip so that the clock offset's error cannot carry a
+    /// token into the next window; and how long (ns) from now the round that renews
+    /// leases just after the next window starts is due.
+    fn lease_deadline(
+        &self,
+        period: Option<u64>,
+        server_us: u64,
+        round_trip: u64,
+        now: u64,
+    ) -> (u64, Option<u64>) {
+        let Some(period) = period else {
+            return (u64::MAX, None);
+        };
+        if self.config.params.overdraft_horizon > 0 {
+            return (u64::MAX, None);
+        }
+        let to_end = (period - server_us % period).saturating_mul(1_000);
+        let end = now.saturating_add(to_end);
+        (
+            end.saturating_sub(round_trip),
+            Some(to_end + round_trip / 2),
+        )
+    }
+
+    /// Takes in the quota Redis holds for `key` (see [`SharedQuota`]): a higher one than
+    /// this node's becomes the key's own here (or returns it to the default); a return to
+    /// the default that Redis has taken needs no mark any more.
+    fn adopt_quota(&self, now: u64, store: &Store<K, SyncCell>, key: &K, held: SharedQuota) {
+        let mine = store.policy_of(key);
+        if held > mine.shared {
+            let policy = if held.is_default() {
+                None
+            } else {
+                // (Redis holds only what a node's `set_quota` accepted.)
+                let Some(quota) = held.quota() else { return };
+                let Ok(policy) =
+                    store
+                        .default_policy()
+                        .for_key(self.config.algorithm, quota, held.version)
+                else {
+                    return;
+                };
+                Some(policy)
+            };
+            store.set_key_quota(key.clone(), policy, || now);
+        } else if mine.shared.is_default()
+            && mine.shared.version > 0
+            && held.version >= mine.shared.version
+        {
+            store.set_key_quota(key.clone(), None, || now);
+        }
+    }
+
+    /// What this node's share among the nodes sets: a key first seen on this node may
+    /// overdraft its share of the capacity until its first round (reconcile mode; in
+    /// lease mode it waits for a lease), and the leaky bucket paces its queue at its share
+    /// of the rate.
+    fn set_shares(&self, store: &Store<K, SyncCell>) {
+        let policy = store.default_policy();
+        let p = &self.config.node_params;
+        let fresh = key::fresh_overdraft(p.capacity, self.nodes, p.reconcile);
+        let pace_ns = if policy.pace_ns == 0 {
+            0
+        } else {
+            Cold::t_ns(policy.ticks, self.nodes, false)
+        };
+        let nodes = self.nodes.max(1);
+        if policy.fresh != fresh || policy.pace_ns != pace_ns || policy.nodes != nodes {
+            store.set_policy(
+                SyncPolicy {
+                    fresh,
+                    pace_ns,
+                    nodes,
+                    ..policy
+                },
+                0,
+            );
+        }
+    }
+
+    // ---- The cold tier ----
+
+    /// Takes in a read of the announcements sent at `sent` (limiter clock, ns), whose
+    /// round announced the keys of fleet hashes `announced` itself.
+    fn heard_hot(&mut self, read: HotReply, sent: u64, announced: &[u64]) {
+        let h = &mut self.hot;
+        for (member, until) in read.read {
+            let fleet = key::fleet_hash(&member);
+            if h.keys.insert(fleet, until).is_none() && !announced.contains(&fleet) {
+                h.rescan = true;
+            }
+            // Scores only grow with the time they were written at; a second back
+            // covers a failover to a server whose clock is a little behind.
+            h.from_ms = h.from_ms.max(until.saturating_sub(1_000));
+        }
+        h.keys.retain(|_, until| *until > read.now_ms);
+        h.server_ms = read.now_ms;
+        h.read_at = Some(sent);
+    }
+
+    /// Keeps the limiter's cold share in step with what this node knows: on once a read
+    /// of the announcements has succeeded, vouched for until the validity after the last
+    /// read, divided by the node count; unvouched before the first read (new keys start
+    /// cold and wait for it); off (new keys start hot, and the fallback applies to them)
+    /// once the node is in its fallback without a valid read.
+    fn update_cold(&mut self, now: u64, store: &Store<K, SyncCell>) {
+        let Some(tier) = &self.config.cold else {
+            return;
+        };
+        let h = &mut self.hot;
+        if self.nodes > 0
+            && (self.nodes >= h.nodes || now.saturating_sub(h.nodes_at) >= tier.valid_ns)
+        {
+            h.nodes = self.nodes;
+            h.nodes_at = now;
+        }
+        let p = &self.config.node_params;
+        let want = match h.read_at {
+            None => Some(Cold::unvouched().for_new_keys(!self.driver.in_fallback())),
+            Some(at) => {
+                let until = at.saturating_add(tier.valid_ns);
+                Cold::share(p.capacity, p.ticks, h.nodes, tier.windowed, until)
+                    .map(|c| c.for_new_keys(now < until))
+            }
+        };
+        let policy = store.default_policy();
+        let same = match (policy.cold, want) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                a.t_ns == b.t_ns
+                    && a.tau_ns == b.tau_ns
+                    && a.new_keys == b.new_keys
+                    && b.until < a.until + tier.valid_ns / 4
+            }
+            _ => false,
+        };
+        if !same {
+            store.set_policy(
+                SyncPolicy {
+                    cold: want,
+                    ..policy
+                },
+                0,
+            );
+        }
+        let vouched = want.is_some_and(|c| now < c.until);
+        if self.stats.cold_tier && !vouched {
+            self.events.push_back(Event::Budget { keys: 0 });
+        }
+        self.stats.cold_tier = vouched;
+        self.stats.hot_keys = h.keys.len();
+        self.stats.keys_turned_hot = h.turned;
+        self.stats.keys_cooled = h.cooled;
+    }
+
+    // ---- The fail mode ----
+
+    /// Puts the checks in the configured fail mode: `Open` and `Closed` set every key's
+    /// outage mode; `Local` runs on the books ([`refill_locally`](Self::refill_locally)).
+    fn apply_fail_mode(&self, store: &Store<K, SyncCell>) {
+        apply_fail_mode(self.config.fail_mode, store);
+    }
+
+    fn set_outage(&self, store: &Store<K, SyncCell>, outage: OutageMode) {
+        set_outage(store, outage);
+    }
+
+    /// [`FailMode::Local`], once per interval. A node that never read the keys turned
+    /// hot (Redis was unreachable from its start) turns its cold keys hot, so that the
+    /// fallback serves them: they admitted nothing. Otherwise a cold key spends its
+    /// share by itself.
+    fn refill_locally(&mut self, now: u64, store: &Store<K, SyncCell>) {
+        let never_read = self.hot.read_at.is_none();
+        let t_ns = self.config.cold_t_ns(self.hot.nodes);
+        let p = self.config.node_params;
+        let nodes = self.nodes;
+        let mut budgets = 0;
+        let mut turned = Vec::new();
+        let mut refill = |key: &K, cell: &SyncCell, policy: &SyncPolicy| {
+            if key::is_cold(cell) && !never_read {
+                return;
+            }
+            let mut books = cell.hot.aside.books.lock();
+            if key::turn_hot(cell, &mut books, t_ns, now) {
+                turned.push(key.clone());
+            }
+            budgets += u64::from(key::refill_locally(
+                cell,
+                &mut books,
+                &key::key_params(&p, policy),
+                nodes,
+                now,
+            ));
+        };
+        match &self.synced {
+            Synced::Listed(keys) if !never_read => {
+                for key in keys {
+                    store.with_state_policy(key, |cell, policy| refill(key, cell, policy));
+                }
+            }
+            _ => store.for_each(|key, cell, policy| refill(key, cell, policy)),
+        }
+        if let Synced::Listed(keys) = &mut self.synced {
+            keys.extend(turned);
+        }
+        if budgets > 0 {
+            self.stats.keys_on_budget += budgets;
+            self.events.push_back(Event::Budget { keys: budgets });
+        }
     }
 }
 
-/// Applies the answer to the key's round; `expires` is when (limiter clock, ns) the lease
-/// becomes void, `share_until` when (limiter clock, ns, a round trip early) Redis stops
-/// reserving the key's share. Returns false for a stale answer, which changes nothing
-/// (the report stays pending).
-pub(crate) fn settle(
-    cell: &SyncCell,
-    books: &mut Books,
-    p: &NodeParams,
-    request: &Request,
-    answer: &Answer,
-    expires: u64,
-    share_until: u64,
-) -> bool {
-    if answer.stale {
-        return false;
-    }
-    books.share = answer.share;
-    books.share_until = share_until;
-    // A node that still owes for its last budget gets no new one until it has repaid
-    // it: however often its link flaps, at most one budget is outstanding.
-    books.budget_spent = answer.owes > 0;
-    // What the round reported is accounted for (charged, or forgiven); what the
-    // fallback handed out after its collection goes into the next floor.
-    books.beyond = books.beyond.saturating_sub(request.beyond);
-    if answer.void > 0 {
-        // Redis gave the lease kept back to the window it was reserved in (it ended):
-        // what is left of it is void here too. What was spent of it meanwhile goes into
-        // the next floor, charged to the new window.
-        let left = cell.hot.allowance.swap(0, Ordering::AcqRel);
-        books.lease_base = books.lease_base.saturating_sub(left);
-        books.local = books.local.saturating_sub(left);
-        books.beyond = books.beyond.min(books.local);
-    }
-    cell.hot.expires.store(expires, Ordering::Release);
-    cell.hot.allowance.fetch_add(answer.grant, Ordering::AcqRel);
-    books.lease_base += answer.grant;
-    books.known = answer.reserved;
-    // An idle key's round (no demand, nothing kept or wanted) releases it.
-    let released = request.demand == 0 && request.keep == 0 && request.want == 0;
-    // The new overdraft replaces the old; what was spent of the old one in flight is
-    // reported next round. A released key holds none.
-    let overdraft = if p.reconcile && !released {
-        answer.overdraft
-    } else {
-        0
-    };
-    let before = cell.hot.overdraft.swap(overdraft, Ordering::AcqRel);
-    books.spent += books.overdraft_base.saturating_sub(before);
-    books.overdraft_base = overdraft;
-    books.pending = false;
-    books.local = books.local.saturating_sub(request.local);
-    // Everything admitted after this round's collection goes into the next floor.
-    books.last_ok = books.last_round;
-    books.released = released && cell.hot.allowance.load(Ordering::Acquire) == 0 && before == 0;
-    true
+/// Looks at one key that changed (see [`Node::look_at_changes`]).
+struct Visit<'a, K> {
+    config: &'a NodeConfig,
+    hot: &'a mut HotView,
+    synced: &'a mut Synced<K>,
+    now: u64,
+    cold_t_ns: u64,
+    /// Every key is looked at: cold ones are checked against the announcements too.
+    every: bool,
 }
 
-/// The local fallback, once per interval. While Redis reserves the key's share for this
-/// node (until `share_until`), the key may admit at that share of the rate (fractions
-/// carried), up to its share of the capacity (at least 1) at once: Redis charges the
-/// global state for it meanwhile. After that, or for a key that never had a share, the
-/// key gets a one-time budget of `⌊capacity / nodes⌋` (at least 1) for the rest of the
-/// outage, and nothing more: so what a node cut off from Redis admits beyond its
-/// reserved share is bounded whatever the outage's length. What the fallback admits is
-/// reported when Redis answers again: set against what was charged on the node's
-/// behalf; the budget's excess is the node's own debt; all of it forgiven if Redis lost
-/// the key's state. Returns whether the key got its budget now.
-pub(crate) fn refill_locally(
-    cell: &SyncCell,
-    books: &mut Books,
-    p: &NodeParams,
+impl<K: Hash + Eq + Clone + Display> Visit<'_, K> {
+    fn key(&mut self, key: &K, cell: &SyncCell) {
+        // Cleared first: a change after this is noted again.
+        let flags = cell.hot.flags.fetch_and(!NOTED, Ordering::AcqRel);
+        if !key::is_cold(cell) {
+            if flags & NEW != 0 {
+                if self.config.cold.is_some() {
+                    cell.hot.aside.books.lock().fleet =
+                        key::fleet_hash(&self.config.redis_key(key));
+                }
+                cell.hot.flags.fetch_and(!NEW, Ordering::AcqRel);
+            }
+            if let Synced::Listed(keys) = self.synced {
+                if !keys.contains(key) {
+                    keys.insert(key.clone());
+                }
+            }
+            return;
+        }
+        if flags & (NEW | WANT_HOT) == 0 && !self.every {
+            return;
+        }
+        if flags & NEW != 0 {
+            cell.hot.flags.fetch_and(!NEW, Ordering::AcqRel);
+        }
+        // With no key announced, none is hot elsewhere: the key's name is hashed when
+        // one is (a key first seen is, and every key when another node announces one).
+        if flags & WANT_HOT == 0 && self.hot.keys.is_empty() {
+            return;
+        }
+        let mut books = cell.hot.aside.books.lock();
+        if books.fleet == 0 {
+            books.fleet = key::fleet_hash(&self.config.redis_key(key));
+        }
+        let elsewhere = self.hot.keys.contains_key(&books.fleet);
+        if flags & WANT_HOT == 0 && !elsewhere {
+            return;
+        }
+        if key::turn_hot(cell, &mut books, self.cold_t_ns, self.now) {
+            self.hot.turned += 1;
+            if let Synced::Listed(keys) = self.synced {
+                keys.insert(key.clone());
+            }
+        }
+    }
+}
+
+/// The rule by which a hot key returns cold at a round (the cold tier's cooling): no node
+/// announces it any more (each renews its announcement only while its demand is at or
+/// above its even share, or it ran out, or the key has a quota of its own), this node's
+/// own announcement has lapsed, and its demand here is below its even share. The round
+/// reports everything; once it is answered the key admits at its cold share again (see
+/// [`key::turn_cold`]).
+#[derive(Clone, Copy)]
+struct Cooler<'a> {
+    announced: &'a HashMap<u64, u64>,
+    server_ms: u64,
+    /// The even share's divisor: the node count (twice it for a window counter, whose
+    /// cold share is half the rate).
+    nodes: u64,
+}
+
+impl Cooler<'_> {
+    fn cools(&self, cell: &SyncCell, books: &Books, policy: &SyncPolicy) -> bool {
+        books.fleet != 0
+            && !books.pending
+            && !books.announce
+            && books.announced_until <= self.server_ms
+            && !self.announced.contains_key(&books.fleet)
+            && policy.shared == SharedQuota::default()
+            && policy.cold.is_some()
+            && books.average.saturating_mul(self.nodes) < WEIGHT_ONE
+            && key::has_nothing_pending(cell)
+    }
+}
+
+/// Puts the checks of `store` in `fail_mode`: `Open` and `Closed` set every key's outage
+/// mode; `Local` runs on the books, with nothing to set.
+pub(crate) fn apply_fail_mode<K: Hash + Eq>(fail_mode: FailMode, store: &Store<K, SyncCell>) {
+    match fail_mode {
+        FailMode::Open => set_outage(store, OutageMode::Open),
+        FailMode::Closed => set_outage(store, OutageMode::Closed),
+        FailMode::Local => {}
+    }
+}
+
+fn set_outage<K: Hash + Eq>(store: &Store<K, SyncCell>, outage: OutageMode) {
+    let policy = store.default_policy();
+    store.set_policy(SyncPolicy { outage, ..policy }, 0);
+}
+
+/// The local fallback of a node whose task died: [`FailMode::Local`]'s refill of every
+/// hot key, once per interval (cold keys spend their share by themselves).
+pub(crate) fn refill_dead<K: Hash + Eq>(
+    config: &NodeConfig,
+    store: &Store<K, SyncCell>,
     nodes: u64,
     now: u64,
-) -> bool {
-    let nodes = nodes.max(1);
-    // A cold key admits at its share by itself.
-    if is_cold(cell) {
-        return false;
-    }
-    if now.saturating_sub(books.last_active) >= p.idle_ns && !cell_wants(cell) {
-        return false;
-    }
-    cell.hot.expires.store(u64::MAX, Ordering::Release);
-    let (pool, base) = if p.reconcile {
-        (&cell.hot.overdraft, &mut books.overdraft_base)
-    } else {
-        (&cell.hot.allowance, &mut books.lease_base)
-    };
-    let reserved = now < books.share_until && books.share > 0;
-    let (tokens, cap) = if reserved {
-        books.local_credit += scale(p.interval_ns / 1_000, books.share);
-        let tokens = books.local_credit / p.ticks;
-        books.local_credit %= p.ticks;
-        (tokens, scale(p.capacity, books.share).max(1))
-    } else if !books.budget_spent {
-        books.budget_spent = true;
-        let budget = (p.capacity / nodes).max(1);
-        (budget, budget)
-    } else {
-        return false;
-    };
-    let mut added = 0;
-    let _ = pool.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
-        added = cap.saturating_sub(left).min(tokens);
-        (added > 0).then_some(left + added)
+) {
+    let p = config.node_params;
+    store.for_each(|_, cell, policy| {
+        if key::is_cold(cell) {
+            return;
+        }
+        let mut books = cell.hot.aside.books.lock();
+        key::refill_locally(cell, &mut books, &key::key_params(&p, policy), nodes, now);
     });
-    *base += added;
-    books.local += added;
-    if !reserved {
-        books.beyond += added;
-    }
-    if added > 0 {
-        books.released = false;
-    }
-    !reserved
-}
-
-fn cell_wants(cell: &SyncCell) -> bool {
-    cell.hot.flags.load(Ordering::Acquire) & (WANTED | QUOTA) != 0
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::RateLimiter;
 
-    fn params() -> NodeParams {
-        NodeParams {
-            ticks: 10_000,
-            capacity: 100,
-            interval_ns: 50_000_000,
-            hold_us: 100_000,
-            idle_ns: 15_000_000_000,
-            reconcile: false,
-            demand_tau_us: 1_000_000,
-            timeout_ns: 0,
+    const MS: u64 = 1_000_000;
+
+    /// A node of `config` for a limiter of `quota`, on a store as the limiter builds it.
+    fn node(config: RedisSync, quota: Quota) -> (Node<String>, Store<String, SyncCell>) {
+        let settings = config.validate(quota.period_ns()).unwrap();
+        let (shape, capacity) = Shape::with_capacity(Algorithm::TokenBucket, quota).unwrap();
+        let node_config = NodeConfig::new(
+            7,
+            &config,
+            &settings,
+            Algorithm::TokenBucket,
+            quota,
+            capacity,
+        )
+        .unwrap();
+        let mut policy = SyncPolicy::new(quota, capacity, 0, node_config.timing.interval_ns);
+        policy.ticks = shape.ticks_per_token();
+        let (_, limits, _) = RateLimiter::<String>::builder(quota).into_parts().unwrap();
+        let store = Store::new(limits, node_config.initial_policy(policy));
+        (Node::new(node_config, 1, 0), store)
+    }
+
+    /// Runs the node to `until` (ns) with every transmit failing at once (Redis refuses
+    /// the connection), waking it at each of its timeouts.
+    fn refused(node: &mut Node<String>, store: &Store<String, SyncCell>, from: u64, until: u64) {
+        let mut now = from;
+        while now < until {
+            if let Some(t) = node.poll_transmit(now, store) {
+                let failure = Failure {
+                    kind: "unavailable",
+                    message: "refused".into(),
+                };
+                node.handle_replies(now, store, t.id, vec![Err(failure); t.pipelines.len()]);
+                continue;
+            }
+            now = node.poll_timeout().max(now + 1).min(until);
+            node.handle_timeout(now, store);
         }
     }
 
     #[test]
-    fn demand_is_what_was_used_over_the_time_it_lasted() {
-        let tau = 1_000_000;
-        let seen = |used, ran_out_after_us| Observed {
-            used,
-            elapsed_us: 50_000,
-            ran_out_after_us,
-        };
-        // 5 tokens every 50 ms at 10 ms per token is the whole rate: the average
-        // converges to it, and the report is a thirty-second above.
-        let mut average = 0;
-        let mut reported = 0;
-        for _ in 0..200 {
-            reported = estimate(&mut average, seen(5, None), 10_000, tau);
-        }
-        assert!(average.abs_diff(WEIGHT_ONE) < WEIGHT_ONE / 100, "{average}");
-        assert_eq!(reported, average + average / 32);
-        // The same 5 spent in the first 10 ms, then denies: five times the rate.
-        let mut short = average;
-        estimate(&mut short, seen(5, Some(10_000)), 10_000, tau);
-        assert_eq!(short, 5 * WEIGHT_ONE);
-        // Run out with nothing at all: doubled.
-        let mut empty = average;
-        estimate(&mut empty, seen(0, Some(0)), 10_000, tau);
-        assert_eq!(empty, 2 * average);
-        // Idle: decays slowly.
-        let mut idle = average;
-        estimate(&mut idle, seen(0, None), 10_000, tau);
-        assert!(idle < average && idle > average * 9 / 10, "{idle}");
-        let mut capped = MAX_DEMAND;
-        assert_eq!(estimate(&mut capped, seen(0, Some(0)), 1, tau), MAX_DEMAND);
-    }
-
-    /// A cell whose lease never expires.
-    fn cell() -> SyncCell {
-        let cell = SyncCell::default();
-        cell.hot.expires.store(u64::MAX, Ordering::Release);
-        cell
-    }
-
-    #[test]
-    fn a_round_reports_what_was_spent_and_keeps_its_target() {
-        let p = params();
-        let cell = cell();
-        let mut books = Books::default();
-        cell.hot.allowance.store(10, Ordering::Release);
-        books.lease_base = 10;
-        books.average = WEIGHT_ONE / 2; // 5 tokens over the 100 ms horizon
-        // 4 admitted.
-        cell.hot.allowance.store(6, Ordering::Release);
-        let r = collect(&cell, &mut books, &p, 1, 50_000_000, false, Some(0));
-        assert_eq!(books.spent, 4);
-        assert_eq!(r.keep, cell.hot.allowance.load(Ordering::Acquire));
-        assert_eq!(r.floor, 4 + r.keep);
-        // Two more admitted while the round is in flight; the answer grants 3.
-        cell.hot.allowance.fetch_sub(2, Ordering::AcqRel);
-        let answer = Answer {
-            grant: 3,
-            reserved: r.floor + 3,
-            ..Answer::default()
-        };
-        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX, 0));
-        assert_eq!(cell.hot.allowance.load(Ordering::Acquire), r.keep - 2 + 3);
-        let r2 = collect(&cell, &mut books, &p, 2, 100_000_000, false, Some(0));
-        assert_eq!(books.spent, 6);
-        assert_eq!(r2.floor, 6 + r2.keep);
-    }
-
-    /// `charge` spends the lease, then the overdraft, and reports the rest as consumed
-    /// beyond (the floor rises by the whole charge); `refund` lowers the next floor by
-    /// as many, but never by more than the node reported spent; either makes the key
-    /// need a round, and keeps it from being released or evicted until then.
-    #[test]
-    fn settlements_move_the_floor_by_exactly_their_units() {
-        use crate::algorithm::Settle;
-        use crate::store::state::State;
-        let p = params();
-        let policy = SyncPolicy::new(crate::Quota::per_second(100).unwrap(), 100, 0, 50_000_000);
-        let cell = cell();
-        let mut books = Books::default();
-        cell.hot.allowance.store(10, Ordering::Release);
-        cell.hot.overdraft.store(3, Ordering::Release);
-        books.lease_base = 10;
-        books.overdraft_base = 3;
-        books.average = WEIGHT_ONE / 2;
-        // 4 admitted, then a charge of 25: the 6 leased and 3 overdrawn left, 16 beyond.
-        cell.hot.allowance.store(6, Ordering::Release);
-        cell.settle(&policy, 1, Settle::Charge(25));
-        assert_eq!(cell.hot.allowance.load(Ordering::Acquire), 0);
-        assert_eq!(cell.hot.overdraft.load(Ordering::Acquire), 0);
-        assert_eq!(cell.hot.aside.overdrawn.load(Ordering::Acquire), 16);
-        assert!(!cell.check(&policy, 1, 1, u64::MAX).is_allowed());
-        assert!(!cell.evictable() && !cell.is_released());
-        assert_eq!(need(&cell, &books, &p, 2), Some(Need::Lease));
-        let r = collect(&cell, &mut books, &p, 1, 50_000_000, false, Some(0));
-        assert_eq!(r.floor, 4 + 25);
-        assert_eq!(r.keep, 0);
-        let answer = Answer {
-            reserved: r.floor,
-            ..Answer::default()
-        };
-        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX, 0));
-        // A refund of 10 lowers the next floor by 10 and makes the key report.
-        assert!(!cell.is_released());
-        cell.settle(&policy, 2, Settle::Refund(10));
-        assert!(!cell.evictable());
-        assert_eq!(need(&cell, &books, &p, 3), Some(Need::Report));
-        let r = collect(&cell, &mut books, &p, 2, 100_000_000, false, Some(0));
-        assert_eq!(r.floor, 29 - 10);
-        let answer = Answer {
-            reserved: r.floor,
-            ..Answer::default()
-        };
-        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX, 0));
-        // Beyond what the node spent, a refund stops at zero: nothing is minted.
-        cell.settle(&policy, 3, Settle::Refund(1_000));
-        let r = collect(&cell, &mut books, &p, 3, 150_000_000, false, Some(0));
-        assert_eq!(r.floor, 0);
-    }
-
-    /// A cold key settles on its share's GCRA: a refund gives units back at once (not
-    /// beyond a whole share), a charge beyond it leaves the key in debt and wanting to
-    /// turn hot, and turning hot reports the debt as in use.
-    #[test]
-    fn a_cold_key_settles_on_its_share_and_reports_its_debt_when_hot() {
-        use crate::algorithm::Settle;
-        use crate::store::state::State;
-        const SECOND: u64 = 1_000_000_000;
-        // 100/s shared by 2 nodes: 50 at once and one per 20 ms here.
-        let mut policy =
-            SyncPolicy::new(crate::Quota::per_second(100).unwrap(), 100, 0, SECOND / 20);
-        policy.cold = super::super::cell::Cold::share(100, 10_000, 2, false, 10 * SECOND);
-        let cell = SyncCell::fresh(&policy);
-        let t_ns = 20_000_000;
-        let now = SECOND;
-        for _ in 0..50 {
-            assert!(cell.check(&policy, now, 1, u64::MAX).is_allowed());
-        }
-        assert!(!cell.check(&policy, now, 1, u64::MAX).is_allowed());
-        cell.hot.flags.fetch_and(!WANT_HOT, Ordering::AcqRel);
-        cell.settle(&policy, now, Settle::Refund(5));
-        for _ in 0..5 {
-            assert!(cell.check(&policy, now, 1, u64::MAX).is_allowed());
-        }
-        assert!(!cell.check(&policy, now, 1, u64::MAX).is_allowed());
-        cell.settle(&policy, now, Settle::Refund(1_000));
-        assert_eq!(cell.peek(&policy, now, 1).remaining(), 50);
-        cell.hot.flags.fetch_and(!WANT_HOT, Ordering::AcqRel);
-        // 50 whole, a charge of 80: 30 in debt.
-        cell.settle(&policy, now, Settle::Charge(80));
-        assert_ne!(cell.hot.flags.load(Ordering::Acquire) & WANT_HOT, 0);
-        let mut books = Books::default();
-        assert!(turn_hot(&cell, &mut books, t_ns, now));
-        assert_eq!(books.spent, 80);
-    }
-
-    /// The fallback: at the key's share while Redis reserves it, then a one-time budget,
-    /// then nothing; a budget handed out while a round was in flight is not lost when its
-    /// answer comes (it goes into the next floor, as the node's own debt); and while the
-    /// node still owes, a new outage gets no new budget.
-    #[test]
-    fn the_fallback_spends_its_share_then_one_budget() {
-        let p = NodeParams {
-            interval_ns: 100_000_000,
-            ..params()
-        };
-        let cell = cell();
-        let mut books = cell.hot.aside.books.lock();
-        books.share = WEIGHT_ONE / 2;
-        books.share_until = 1_000_000_000;
-        // 100/s at half the rate: 5 tokens per 100 ms interval.
-        refill_locally(&cell, &mut books, &p, 2, 500_000_000);
-        assert_eq!((books.local, books.beyond), (5, 0));
-        // Past the share's end: the budget (⌊100 / 2⌋) once, then nothing.
-        cell.hot.allowance.store(0, Ordering::Release);
-        refill_locally(&cell, &mut books, &p, 2, 1_000_000_000);
-        assert_eq!((books.local, books.beyond), (55, 50));
-        refill_locally(&cell, &mut books, &p, 2, 1_100_000_000);
-        assert_eq!(books.local, 55);
-        // A round collected now reports them; the answer comes after 10 more were
-        // handed out (by a budget of a later outage, say): they stay on the books.
-        cell.hot.allowance.store(0, Ordering::Release);
-        let r = collect(&cell, &mut books, &p, 1, 1_200_000_000, false, Some(0));
-        assert_eq!((r.local, r.beyond), (55, 50));
-        books.local += 10;
-        books.beyond += 10;
-        let answer = Answer {
-            reserved: r.floor,
-            owes: 50,
-            ..Answer::default()
-        };
-        assert!(settle(
-            &cell,
-            &mut books,
-            &p,
-            &r,
-            &answer,
-            u64::MAX,
-            2_000_000_000
-        ));
-        assert_eq!((books.local, books.beyond), (10, 10));
-        // Still owing: once the share ends again, no new budget.
-        assert!(books.budget_spent);
-        refill_locally(&cell, &mut books, &p, 2, 3_000_000_000);
-        assert_eq!(books.local, 10);
-    }
-
-    /// A key released without a round gives up its lease, but only with nothing to
-    /// report: a token spent since the last round (even one racing with the release)
-    /// keeps it in use.
-    #[test]
-    fn a_key_is_released_locally_only_with_nothing_to_report() {
-        let cell = cell();
-        let mut books = cell.hot.aside.books.lock();
-        cell.hot.allowance.store(3, Ordering::Release);
-        books.lease_base = 3;
-        cell.hot.overdraft.store(2, Ordering::Release);
-        books.overdraft_base = 2;
-        // One token spent since the last round: it must be reported first.
-        cell.hot.allowance.store(2, Ordering::Release);
-        assert!(!release_locally(&cell, &mut books));
-        assert_eq!(cell.hot.allowance.load(Ordering::Acquire), 2);
-        // A round pending: its answer must be applied first.
-        cell.hot.allowance.store(3, Ordering::Release);
-        books.pending = true;
-        assert!(!release_locally(&cell, &mut books));
-        books.pending = false;
-        assert!(release_locally(&cell, &mut books));
-        assert_eq!(cell.hot.allowance.load(Ordering::Acquire), 0);
-        assert_eq!(cell.hot.overdraft.load(Ordering::Acquire), 0);
-        assert!(books.released);
-        drop(books);
-        assert!(cell.is_released());
-    }
-
-    #[test]
-    fn before_redis_is_measured_a_round_has_no_deadline_nor_anchor() {
-        let p = NodeParams {
-            timeout_ns: 200_000_000,
-            ..params()
-        };
-        let cell = cell();
-        let mut books = Books {
-            last_ok: 5,
-            ..Books::default()
-        };
-        let r = collect(&cell, &mut books, &p, 1, 1_000, false, None);
-        assert_eq!((r.deadline, r.anchor), (0, 0));
-        // Once measured, both are in Redis's clock.
-        let r = collect(&cell, &mut books, &p, 2, 1_000, false, Some(1_000_000_000));
-        assert_eq!(r.deadline, (1_000 + 200_000_000 + 1_000_000_000) / 1_000);
-        assert_eq!(r.anchor, (5 + 1_000_000_000) / 1_000);
-    }
-
-    #[test]
-    fn an_idle_key_gives_everything_back_and_is_released() {
-        let p = params();
-        let cell = cell();
-        let mut books = cell.hot.aside.books.lock();
-        cell.hot.allowance.store(3, Ordering::Release);
-        books.lease_base = 3;
-        books.last_active = 1;
-        books.demand = WEIGHT_ONE;
-        let now = p.idle_ns + 10;
-        assert_eq!(need(&cell, &books, &p, now), Some(Need::Release));
-        let r = collect(&cell, &mut books, &p, 7, now, false, Some(0));
-        assert_eq!((r.floor, r.keep, r.want), (0, 0, 0));
-        let answer = Answer {
-            reserved: 0,
-            ..Answer::default()
-        };
-        assert!(settle(&cell, &mut books, &p, &r, &answer, u64::MAX, 0));
-        assert_eq!(need(&cell, &books, &p, now), None);
-        drop(books);
-        assert!(cell.is_released());
-        // A check after the release makes it a key in use again.
-        cell.want(now);
-        assert!(!cell.is_released());
+    fn a_node_that_never_reached_redis_serves_its_keys_from_the_fallback() {
+        let quota = Quota::per_second(100).unwrap();
+        let config = RedisSync::new("redis://127.0.0.1:1/")
+            .interval(Duration::from_millis(10))
+            .timeout(Duration::from_millis(20));
+        let (mut node, store) = node(config, quota);
+        let check =
+            |key: &str, now: u64| store.check(key, || now, 1, u64::MAX).unwrap().is_allowed();
+        assert!(
+            !check("a", 0) && !check("b", 0),
+            "nothing before the first round"
+        );
+        refused(&mut node, &store, 0, 100 * MS);
+        assert!(node.stats().fallback_active);
+        // Keys seen after the fallback began start hot, and get their budget at the
+        // next refill: `⌊100 / 1⌋` each (no node count known), then nothing more.
+        let _ = (check("a", 100 * MS), check("b", 100 * MS));
+        refused(&mut node, &store, 100 * MS, 200 * MS);
+        let admitted = (0..150).filter(|_| check("a", 200 * MS)).count();
+        assert_eq!(admitted, 100);
+        assert!(check("b", 200 * MS));
+        assert_eq!(node.stats().keys_on_budget, 2, "{:?}", node.stats());
+        refused(&mut node, &store, 200 * MS, 2_000 * MS);
+        assert!(!check("a", 2_000 * MS), "one budget per outage");
     }
 }

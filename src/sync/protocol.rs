@@ -168,6 +168,24 @@ impl Shape {
             Self::FixedWindow { limit, period } => ("fw", limit, period),
         }
     }
+
+    #[cfg(test)]
+    /// The shape the script reads from its name and two numbers (`None` for another
+    /// name, or a window of no length or no limit).
+    pub(crate) fn from_script_args(tag: &[u8], a: u64, b: u64) -> Option<Self> {
+        match tag {
+            b"tb" if a >= 1 => Some(Self::TokenBucket { t: a, tau: b }),
+            b"sw" if a >= 1 && b >= 1 => Some(Self::SlidingWindow {
+                limit: a,
+                period: b,
+            }),
+            b"fw" if a >= 1 && b >= 1 => Some(Self::FixedWindow {
+                limit: a,
+                period: b,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// A key's own quota, as it travels with the key's rounds: the highest one (by version,

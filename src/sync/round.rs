@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use super::node::Need;
+use super::key::Need;
 
 /// The keys one round carries: at most `max`, the most urgent first (a lease before a
 /// report before a release).

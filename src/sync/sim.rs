@@ -1,9 +1,10 @@
-//! A deterministic simulation of the sync protocol: N nodes running the real node-side
-//! code (`node::need`, `collect`, `settle`, `refill_locally`) on real cells, scheduled by
-//! the real [`Driver`] with the real [`plan`] of their configuration, against a model of
-//! Redis running `model::serve`, with simulated time, latency, lost requests, lost and
-//! late replies, pauses and restarts. Proptest generates the scenarios; every property is
-//! checked at every instant of a 60 s run.
+//! A deterministic simulation of the sync protocol: N nodes, each the real [`Node`] on a
+//! real store (the one a synced limiter's checks use, checked through the same calls),
+//! against the model of Redis ([`Server`]), which decodes what the nodes send and
+//! answers as the scripts do. The simulation owns time, the network and Redis, and no
+//! node logic: latency, lost requests, lost and late replies, pauses, restarts and
+//! partial partitions are its; every decision a node makes is the node's. Proptest
+//! generates the scenarios; every property is checked at every instant of a 60 s run.
 //!
 //! Time has a 1 ms resolution and advances by events: from one ms to the next in which
 //! something happens (a request arrives, a message reaches Redis, a reply or a timeout
@@ -11,22 +12,23 @@
 //! would change nothing, and `Scenario::run_every_ms` (which visits each of them) must give
 //! the same outcome, as a test checks.
 
-use std::rc::Rc;
 use std::sync::atomic::Ordering;
-
-use proptest::prelude::*;
-
 use std::time::Duration;
 
-use super::cell::{Cold, QUOTA, SyncCell, SyncPolicy, WANT_HOT};
-use super::driver::{self, Driver, plan};
-use super::model::{self, KeyState};
-use super::node::{self, NodeParams};
-use super::protocol::{Answer, Request, Shape, SharedQuota};
+use proptest::prelude::*;
+use redis::Value;
+
+use super::cell::{SyncCell, SyncPolicy};
+use super::driver;
+use super::key;
+use super::model::{KeyState, Server};
+use super::node::{Failure, Node, NodeConfig, Replies, Transmit};
+use super::protocol::{Answer, Shape, SharedQuota};
+use super::wire::{Command, RoundCall, RoundReply, Script};
 use super::{RedisSync, SyncMode};
 use crate::algorithm::Algorithm;
 use crate::quota::Quota;
-use crate::store::state::State;
+use crate::store::Store;
 
 /// Milliseconds simulated.
 const RUN_MS: u64 = 60_000;
@@ -228,6 +230,10 @@ pub(super) struct Outcome {
     /// them that granted a lease or an overdraft: debt is enforced, so none.
     pub(super) answered_in_debt: u64,
     pub(super) granted_in_debt: u64,
+    /// Round-script calls Redis ran per ms (all nodes, the heartbeat's among them).
+    pub(super) round_ms: Vec<u32>,
+    /// Each node's keys returned cold, at the end.
+    pub(super) cooled: Vec<u64>,
 }
 
 struct Rng(u64);
@@ -246,66 +252,120 @@ impl Rng {
     }
 }
 
-/// A message on its way to Redis.
+/// A pipeline on its way to Redis.
 struct Message {
+    /// When (µs) it reaches Redis, and in what order among those that reach it then.
     apply_at: u64,
     order: u64,
     node: usize,
-    seq: u64,
-    request: Request,
-    /// Whether the node will see the reply (before its timeout).
+    /// The transmit it belongs to, and its place in it.
+    transmit: u64,
+    pipeline: usize,
+    commands: Vec<Command>,
+    /// Whether its reply gets back (the link does not lose it).
     answered: bool,
-    /// The registry as the node last read it, sent with the round (as the task does).
-    heard: Registry,
-    /// The node announces the key as hot before this round (the cold tier).
-    announce: bool,
-    /// The node's settlements (`Settlements`) up to this round: units charged less
-    /// refunded, all of which its floor carries.
+    /// The node's settlements (`Settlements`) when the round was collected: units
+    /// charged less refunded, all of which its floor carries.
     settled: i64,
 }
 
+/// A transmit the node waits for: each pipeline's reply, once Redis ran it, with when it
+/// reaches the node (µs).
 struct Flight {
-    seq: u64,
-    sent_at: u64,
-    /// None for a round with nothing to send for the key (it only heartbeats).
-    request: Option<Request>,
-    timeout_at: u64,
-    /// When the reply arrives, what it says, and Redis's time when it ran.
-    reply: Option<(u64, Answer, u64)>,
-    /// The registry the reply's heartbeat read.
-    registry: Option<Registry>,
-    /// Whether the key was announced as hot when the round ran (the cold tier's read).
-    hot: bool,
+    id: u64,
+    /// When (µs) the sender stops waiting: a pipeline with no reply by then is fed back
+    /// as a timeout.
+    deadline: u64,
+    replies: Vec<Option<(u64, Vec<Value>)>>,
 }
 
+impl Flight {
+    /// When (µs) the node gets the replies: once the last reaches it, or at the
+    /// deadline.
+    fn complete_at(&self) -> u64 {
+        self.replies
+            .iter()
+            .map(|r| r.as_ref().map(|(at, _)| *at))
+            .try_fold(0, |last, at| at.map(|at| last.max(at)))
+            .map_or(self.deadline, |at| at.min(self.deadline))
+    }
+
+    /// The replies as the node gets them at `now` (µs): a timeout for each that had not
+    /// reached it.
+    fn replies(self, now: u64) -> Replies {
+        self.replies
+            .into_iter()
+            .map(|r| match r {
+                Some((at, values)) if at <= now => Ok(values),
+                _ => Err(Failure::timeout()),
+            })
+            .collect()
+    }
+
+    /// What the answers on their way grant (leases and overdrafts), all keys together.
+    fn granted(&self) -> u64 {
+        self.replies
+            .iter()
+            .flatten()
+            .flat_map(|(_, values)| values)
+            .filter_map(|v| match v {
+                Value::Array(items) => {
+                    // A round reply: the registry's length tells where its answers start.
+                    let keys = items.len().checked_sub(3)?;
+                    let listed = usize::try_from(items.get(2).and_then(as_int)?).ok()?;
+                    let answers = keys.checked_sub(3 * listed)?;
+                    (answers % 12 == 0)
+                        .then(|| RoundReply::decode(v, answers / 12).ok())
+                        .flatten()
+                }
+                _ => None,
+            })
+            .flat_map(|reply| reply.answers)
+            .map(|a| a.grant + a.overdraft)
+            .sum()
+    }
+}
+
+fn as_int(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    }
+}
+
+/// One simulated node: the real [`Node`] on a real store holding the key.
 struct SimNode {
-    id: String,
-    cell: SyncCell,
-    policy: SyncPolicy,
-    params: NodeParams,
-    seq: u64,
+    node: Node<u64>,
+    store: Store<u64, SyncCell>,
     flight: Option<Flight>,
-    /// The node's schedule, backoff and staleness, on the simulation's ns.
-    driver: Driver,
-    nodes: u64,
     owed: f64,
     /// The next ms with requests for this node (`RUN_MS` if none), and how many; `owed`
     /// holds what the arrivals carry from the ms before the one after it.
     arrival: (u64, u64),
-    /// The registry as this node last read it: each node's last heartbeat (ms).
-    heard: Registry,
-    /// The cold tier: the node count its share divides by (the largest seen within the
-    /// validity) and when it was last seen (µs); whether the node has read that the key
-    /// is hot; whether its rounds announce the key (until one is answered).
-    cold_nodes: u64,
-    cold_nodes_at: u64,
-    knows_hot: bool,
-    announce: bool,
-    /// Units charged less refunded so far (a hot key's; a cold key's charges), and as
-    /// many as Redis has applied (by the last round it applied).
+    /// The round in flight was collected at its announcements (they went first).
+    announcing: bool,
+    /// Units charged less refunded so far (a hot key's; a cold key's charges), as many
+    /// when the round in flight was collected, and as many as Redis has applied (by the
+    /// last round it applied).
     settled: i64,
+    collected: i64,
     applied: i64,
 }
+
+impl SimNode {
+    /// The key's lease and overdraft on this node.
+    fn held(&self) -> u64 {
+        self.store
+            .with_state(&KEY, |cell| {
+                cell.hot.allowance.load(Ordering::Acquire)
+                    + cell.hot.overdraft.load(Ordering::Acquire)
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// The one key every simulated node checks.
+const KEY: u64 = 0;
 
 impl Scenario {
     /// The global limit as the sync task computes it (the Redis tier's arguments).
@@ -373,73 +433,45 @@ impl Scenario {
         self.simulate(true)
     }
 
-    fn simulate(&self, every_ms: bool) -> Outcome {
-        let shape = self.shape();
-        let interval_us = self.interval_ms * 1_000;
+    /// Node `i` as a synced limiter builds it: the store under the limiter's policy and
+    /// the node of the scenario's configuration.
+    fn node(&self, i: usize) -> SimNode {
         let quota = self.quota();
-        // The nodes run by what the task derives from this configuration: Redis's
-        // arguments, the node side's parameters, the schedule and the staleness.
         let config = self.config();
         let settings = config
             .validate(quota.period_ns())
             .expect("a valid configuration");
-        let plan = plan(
-            &config,
-            &settings,
-            shape,
-            self.capacity(),
-            quota.period_ns(),
-        );
-        let params = plan.params;
-        let node_params = plan.node_params;
-        let windowed = self.windowed();
-        let capacity = self.capacity();
-        let node_ttl_us = u64::try_from(settings.node_ttl.as_micros()).expect("an hour at most");
+        let (shape, capacity) =
+            Shape::with_capacity(self.algorithm, quota).expect("a quota the sync holds");
+        let id = i as u64;
+        let node_config = NodeConfig::new(id, &config, &settings, self.algorithm, quota, capacity)
+            .expect("a valid node");
+        let mut policy = SyncPolicy::new(quota, capacity, 0, node_config.timing.interval_ns);
+        policy.ticks = shape.ticks_per_token();
+        let (_, limits, _) = crate::RateLimiter::<u64>::builder(quota)
+            .into_parts()
+            .expect("a valid limiter");
+        let store = Store::new(limits, node_config.initial_policy(policy));
+        SimNode {
+            node: Node::new(node_config, driver::seed(id), 0),
+            store,
+            flight: None,
+            owed: 0.0,
+            arrival: (0, 0),
+            announcing: false,
+            settled: 0,
+            collected: 0,
+            applied: 0,
+        }
+    }
+
+    fn simulate(&self, every_ms: bool) -> Outcome {
         let n = self.nodes();
         let mut rng = Rng(self.seed | 1);
-        // A node may admit on its cold keys for `share_ttl` (at least the staleness) after
-        // its last read of the keys turned hot.
-        let valid_us = plan.cold_valid_ns / 1_000;
-        let cold_share = |nodes: u64, until_us: u64| {
-            Cold::share(
-                capacity,
-                shape.ticks_per_token(),
-                nodes,
-                windowed,
-                until_us * 1_000,
-            )
-        };
-        let mut hot_since: Option<u64> = None;
-        let mut nodes: Vec<SimNode> = (0..n)
-            .map(|i| {
-                let mut policy = SyncPolicy::new(quota, capacity, 0, interval_us * 1_000);
-                policy.ticks = shape.ticks_per_token();
-                if self.cold {
-                    policy.cold = cold_share(n as u64, valid_us);
-                }
-                SimNode {
-                    id: node_id(i),
-                    cell: SyncCell::fresh(&policy),
-                    policy,
-                    params: node_params,
-                    seq: 0,
-                    flight: None,
-                    driver: Driver::new(plan.timing, jitter_seed(i), 0),
-                    nodes: 1,
-                    owed: 0.0,
-                    arrival: (0, 0),
-                    heard: Registry::default(),
-                    cold_nodes: n as u64,
-                    cold_nodes_at: 0,
-                    knows_hot: false,
-                    announce: false,
-                    settled: 0,
-                    applied: 0,
-                }
-            })
-            .collect();
-        let mut redis = KeyState::default();
-        let mut heartbeats: Vec<Option<u64>> = vec![None; n];
+        let mut nodes: Vec<SimNode> = (0..n).map(|i| self.node(i)).collect();
+        let key = nodes[0].node.config().redis_key(&KEY);
+        let horizon = nodes[0].node.config().params.overdraft_horizon;
+        let mut redis = Server::default();
         let mut queue: Vec<Message> = Vec::new();
         let mut order = 0;
         let mut out = Outcome {
@@ -457,6 +489,8 @@ impl Scenario {
             reserved_at_charge_ms: vec![0; RUN_MS as usize],
             answered_in_debt: 0,
             granted_in_debt: 0,
+            round_ms: vec![0; RUN_MS as usize],
+            cooled: Vec::new(),
         };
         // The settlements' draws, apart, so that a scenario without them runs as before.
         let mut settle_rng = Rng(self.seed.rotate_left(17) | 1);
@@ -477,8 +511,7 @@ impl Scenario {
             let now = ms * 1_000;
             let down = (down_from..down_until).contains(&now);
             if wipes && down && !wiped {
-                redis = KeyState::default();
-                heartbeats.fill(None);
+                redis = Server::default();
                 // A killed Redis ran nothing that was still queued.
                 queue.clear();
                 wiped = true;
@@ -491,71 +524,48 @@ impl Scenario {
                 queue.sort_by_key(|m| (m.apply_at, m.order));
                 let due = queue.iter().take_while(|m| m.apply_at <= now).count();
                 for m in queue.drain(..due) {
-                    heartbeats[m.node] = Some(now);
-                    if m.announce {
-                        hot_since.get_or_insert(now);
-                    }
-                    // What the token bucket has in use when a key's quota reaches Redis.
-                    if m.request.quota > redis.global.quota && out.in_use_at_change.is_none() {
-                        if let Shape::TokenBucket { t, .. } = redis.global.quota.shape(shape) {
-                            out.in_use_at_change =
-                                Some(redis.global.tat.saturating_sub(now).div_ceil(t));
-                        }
-                    }
-                    let answer = model::serve(
-                        &params,
-                        &mut redis,
-                        &nodes[m.node].id,
-                        &m.request,
-                        now,
-                        &*m.heard,
-                    );
-                    if let Shape::TokenBucket { t, tau } = redis.global.quota.shape(shape) {
-                        // In debt beyond what refills by the node's next round (the
-                        // overdraft's horizon), before this answer's own grant.
-                        let before_grant = redis.global.tat - answer.grant * t;
-                        let horizon = params.overdraft_horizon;
-                        if before_grant > now + tau + t + horizon && !answer.stale {
-                            out.answered_in_debt += 1;
-                            if answer.grant > 0 || answer.overdraft > 0 {
-                                out.granted_in_debt += 1;
+                    let mut values = Vec::with_capacity(m.commands.len());
+                    for command in &m.commands {
+                        self.observe_before(&redis, &key, command, now, &mut out);
+                        let value = redis
+                            .run(command, now)
+                            .expect("the model of Redis runs what the node sends");
+                        if command.script == Script::Round {
+                            out.round_ms[ms as usize] += 1;
+                            let keys = command.keys.len()
+                                - usize::from(command.keys.first() != Some(&key));
+                            let reply =
+                                RoundReply::decode(&value, keys).expect("the model's reply");
+                            if let Some(answer) = reply.answers.first().filter(|_| keys > 0) {
+                                let state = redis.key(&key).expect("the key's state");
+                                self.observe_answer(state, answer, horizon, now, &mut out);
+                                let node = &mut nodes[m.node];
+                                if !answer.stale && m.settled != node.applied {
+                                    // Floors are cumulative: what Redis learns now is
+                                    // everything the node settled since the last round
+                                    // it applied.
+                                    out.settled_ms[ms as usize] += m.settled - node.applied;
+                                    node.applied = m.settled;
+                                    // What is reserved already when a charge lands:
+                                    // every node's lease and overdraft, and what answers
+                                    // on their way grant.
+                                    out.reserved_at_charge_ms[ms as usize] = nodes
+                                        .iter()
+                                        .map(|n| {
+                                            n.held() + n.flight.as_ref().map_or(0, Flight::granted)
+                                        })
+                                        .sum();
+                                }
                             }
                         }
+                        values.push(value);
                     }
-                    if !answer.stale && m.settled != nodes[m.node].applied {
-                        let node = &mut nodes[m.node];
-                        // Floors are cumulative: what Redis learns now is everything the
-                        // node settled since the last round it applied.
-                        out.settled_ms[ms as usize] += m.settled - node.applied;
-                        node.applied = m.settled;
-                        // What is reserved already when a charge lands: every node's
-                        // lease and overdraft, and what answers on their way grant.
-                        out.reserved_at_charge_ms[ms as usize] = nodes
-                            .iter()
-                            .map(|n| {
-                                let in_answer = n
-                                    .flight
-                                    .as_ref()
-                                    .and_then(|f| f.reply.as_ref())
-                                    .map_or(0, |(_, a, _)| a.grant + a.overdraft);
-                                n.cell.hot.allowance.load(Ordering::Acquire)
-                                    + n.cell.hot.overdraft.load(Ordering::Acquire)
-                                    + in_answer
-                            })
-                            .sum();
-                    }
-                    let node = &mut nodes[m.node];
                     let cut_back = self.cut.is_some_and(|c| c.at(m.node, ms).1);
-                    if m.answered && !cut_back {
-                        if let Some(f) = node.flight.as_mut() {
-                            if f.seq == m.seq && now < f.timeout_at {
-                                let latency = rng.below(self.max_latency_us) / 2 + 1;
-                                let registry = live(&heartbeats, node_ttl_us, now);
-                                f.reply = Some((now + latency, answer, now));
-                                node.nodes = (registry.count as u64).max(1);
-                                f.registry = Some(registry);
-                                f.hot = hot_since.is_some();
-                            }
+                    let node = &mut nodes[m.node];
+                    if let Some(f) = node.flight.as_mut().filter(|f| f.id == m.transmit) {
+                        if m.answered && !cut_back {
+                            let latency = rng.below(self.max_latency_us) / 2 + 1;
+                            f.replies[m.pipeline] = Some((now + latency, values));
                         }
                     }
                 }
@@ -564,193 +574,43 @@ impl Scenario {
             }
             for (i, node) in nodes.iter_mut().enumerate() {
                 let now_ns = now * 1_000;
-                if let Some(c) = self.change.filter(|c| c.at_ms == ms && c.node == i) {
-                    node.policy = node
-                        .policy
+                let change = self.change.filter(|c| c.at_ms == ms && c.node == i);
+                let replies = node.flight.as_ref().map(Flight::complete_at);
+                // Nothing for this node in this ms.
+                if change.is_none()
+                    && node.arrival.0 != ms
+                    && replies.is_none_or(|at| at > now)
+                    && now_ns < node.node.poll_timeout()
+                {
+                    continue;
+                }
+                if let Some(c) = change {
+                    let policy = node
+                        .store
+                        .default_policy()
                         .for_key(self.algorithm, c.quota(), 1)
                         .expect("a quota the sync holds");
-                    node.params = node::key_params(&node_params, &node.policy);
-                    // As `SyncedLimiter::set_quota`: the next round carries it.
-                    node.cell.hot.flags.fetch_or(QUOTA, Ordering::AcqRel);
+                    super::limiter::set_key_policy(&node.store, &KEY, Some(policy), now_ns);
                 }
-                // Answers and timeouts.
-                if let Some(f) = &node.flight {
-                    if let Some((at, answer, ran_at)) = f.reply {
-                        if at <= now {
-                            if let Some(request) = &f.request {
-                                // A window counter's lease (lease mode) is void when
-                                // Redis's window it was granted in ends, less a round
-                                // trip, as the task sets it.
-                                let expires = match answer.quota.shape(shape).period() {
-                                    Some(period) if !self.reconcile => {
-                                        ((ran_at / period + 1) * period)
-                                            .saturating_sub(now - ran_at)
-                                            * 1_000
-                                    }
-                                    _ => u64::MAX,
-                                };
-                                // The share's end, a round trip early (as the task
-                                // sets it; Redis's clock is the simulation's).
-                                let share_until = (answer.until * 1_000)
-                                    .saturating_sub((now - f.sent_at) * 1_000);
-                                let settled = node::settle(
-                                    &node.cell,
-                                    &mut node.cell.hot.aside.books.lock(),
-                                    &node.params,
-                                    request,
-                                    &answer,
-                                    expires,
-                                    share_until,
-                                );
-                                // A higher quota than its own is the key's here too (as
-                                // the task's `adopt_quota`).
-                                if settled && answer.quota > node.policy.shared {
-                                    node.policy = match answer.quota.quota() {
-                                        Some(q) => node
-                                            .policy
-                                            .for_key(self.algorithm, q, answer.quota.version)
-                                            .expect("a quota the sync holds"),
-                                        None => SyncPolicy {
-                                            quota,
-                                            capacity,
-                                            ticks: shape.ticks_per_token(),
-                                            shared: SharedQuota::default(),
-                                            ..node.policy
-                                        },
-                                    };
-                                    node.params = node::key_params(&node_params, &node.policy);
-                                }
-                            }
-                            if let Some(registry) = f.registry.clone() {
-                                node.heard = registry;
-                            }
-                            if self.cold {
-                                // The read of the keys turned hot went with the round.
-                                node.knows_hot |= f.hot;
-                                node.announce = false;
-                                if node.nodes >= node.cold_nodes
-                                    || now >= node.cold_nodes_at + valid_us
-                                {
-                                    node.cold_nodes = node.nodes;
-                                    node.cold_nodes_at = now;
-                                }
-                                node.policy.cold =
-                                    cold_share(node.cold_nodes, f.sent_at + valid_us);
-                            }
-                            node.flight = None;
-                            node.driver.on_success(now_ns);
-                            node.policy.fresh = node::fresh_overdraft(
-                                node.policy.capacity,
-                                node.nodes,
-                                self.reconcile,
-                            );
-                        }
-                    } else if now >= f.timeout_at {
-                        node.flight = None;
-                        node.driver.on_failure(now_ns);
-                    }
+                // Replies, once all of a transmit's have come; and the node's timers.
+                if replies.is_some_and(|at| at <= now) {
+                    let f = node.flight.take().expect("a flight");
+                    let id = f.id;
+                    node.node
+                        .handle_replies(now_ns, &node.store, id, f.replies(now));
                 }
-                // The driver's timer: a round, and the fallback (as the task, which
-                // cannot start a round while one is in flight).
-                if now_ns >= node.driver.poll_timeout() {
-                    if node.driver.handle_timeout(now_ns) && node.flight.is_none() {
-                        node.seq += 1;
-                        // The cold tier: a key whose share ran out, or that another node
-                        // turned hot, turns hot at the round (as the task's `choose`).
-                        let wants_hot = node.cell.hot.flags.load(Ordering::Acquire) & WANT_HOT != 0;
-                        if node::is_cold(&node.cell) && (wants_hot || node.knows_hot) {
-                            let t_ns =
-                                Cold::t_ns(shape.ticks_per_token(), node.cold_nodes, windowed);
-                            node::turn_hot(
-                                &node.cell,
-                                &mut node.cell.hot.aside.books.lock(),
-                                t_ns,
-                                now_ns,
-                            );
-                            node.announce = true;
-                        }
-                        let need = node::need(
-                            &node.cell,
-                            &node.cell.hot.aside.books.lock(),
-                            &node.params,
-                            now_ns,
-                        );
-                        let request = need.map(|_| Request {
-                            quota: node.policy.shared,
-                            ..node::collect(
-                                &node.cell,
-                                &mut node.cell.hot.aside.books.lock(),
-                                &node.params,
-                                node.seq,
-                                now_ns,
-                                false,
-                                // Redis's clock is the simulation's.
-                                Some(0),
-                            )
-                        });
-                        // An empty round still heartbeats; model it as a message with
-                        // nothing to apply for the key.
-                        let latency = rng.below(self.max_latency_us) / 2 + 1;
-                        let (cut_out, cut_back) = self.cut.map_or((false, false), |c| c.at(i, ms));
-                        let lost = rng.below(1_000) < self.lost_per_mille || cut_out;
-                        let reply_lost = rng.below(1_000) < self.lost_per_mille || cut_back;
-                        let late = rng.below(1_000) < self.late_per_mille;
-                        let apply_at = if late {
-                            now + TIMEOUT_US + rng.below(3 * TIMEOUT_US)
-                        } else {
-                            now + latency
-                        };
-                        node.flight = Some(Flight {
-                            seq: node.seq,
-                            sent_at: now,
-                            request,
-                            timeout_at: now + TIMEOUT_US,
-                            reply: None,
-                            registry: None,
-                            hot: false,
-                        });
-                        match request {
-                            Some(request) if !lost => {
-                                order += 1;
-                                queue.push(Message {
-                                    apply_at,
-                                    order,
-                                    node: i,
-                                    seq: node.seq,
-                                    request,
-                                    answered: !reply_lost,
-                                    heard: node.heard.clone(),
-                                    announce: node.announce,
-                                    settled: node.settled,
-                                });
-                            }
-                            Some(_) => {}
-                            None => {
-                                if !lost && !late && !down {
-                                    heartbeats[i] = Some(now);
-                                }
-                                if !lost && !reply_lost && !late && !down {
-                                    let registry = live(&heartbeats, node_ttl_us, now);
-                                    node.nodes = (registry.count as u64).max(1);
-                                    if let Some(f) = node.flight.as_mut() {
-                                        f.registry = Some(registry);
-                                        f.reply = Some((now + 2 * latency, Answer::default(), now));
-                                        f.hot = hot_since.is_some();
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    let (silent, _) = node.driver.poll_health(now_ns);
-                    if silent {
-                        node::refill_locally(
-                            &node.cell,
-                            &mut node.cell.hot.aside.books.lock(),
-                            &node.params,
-                            node.nodes,
-                            now_ns,
-                        );
-                    }
+                if now_ns >= node.node.poll_timeout() {
+                    node.node.handle_timeout(now_ns, &node.store);
+                }
+                if node
+                    .flight
+                    .as_ref()
+                    .is_some_and(|f| node.node.awaiting() != Some(f.id))
+                {
+                    node.flight = None;
+                }
+                if let Some(t) = node.node.poll_transmit(now_ns, &node.store) {
+                    self.transmit(i, node, t, now, ms, down, &mut rng, &mut queue, &mut order);
                 }
                 // Requests.
                 let offered = if node.arrival.0 == ms {
@@ -760,7 +620,7 @@ impl Scenario {
                 } else {
                     0
                 };
-                let admitted = admit(&node.cell, &node.policy, now_ns, offered);
+                let admitted = admit(&node.store, now_ns, offered);
                 out.per_ms[ms as usize] += admitted as u32;
                 if let Some(settle) = self.settle.filter(|_| admitted > 0) {
                     use crate::algorithm::Settle;
@@ -771,8 +631,9 @@ impl Scenario {
                     } else {
                         Settle::Refund(0)
                     };
-                    let cold = node::is_cold(&node.cell);
-                    node.cell.settle(&node.policy, now_ns, op);
+                    let cold = node.store.with_state(&KEY, key::is_cold).unwrap_or(false);
+                    node.store
+                        .update(&KEY, |cell, policy| cell.settle(policy, now_ns, op));
                     let units = match op {
                         Settle::Charge(n) => n as i64,
                         Settle::Refund(n) => -(n as i64),
@@ -805,17 +666,135 @@ impl Scenario {
                 self.next_event(ms, &nodes, &queue, (down_from, down_until, wipes))
             };
         }
-        out.quotas = nodes.iter().map(|n| n.policy.shared).collect();
-        out.redis_quota = redis.global.quota;
+        out.quotas = nodes
+            .iter()
+            .map(|n| n.store.policy_of(&KEY).shared)
+            .collect();
+        out.cooled = nodes.iter().map(|n| n.node.stats().keys_cooled).collect();
+        out.redis_quota = redis
+            .key(&key)
+            .map_or(SharedQuota::default(), |k| k.global.quota);
         out
+    }
+
+    /// Puts node `i`'s transmit on the network: each pipeline a message to Redis that may
+    /// be lost (or cut off), applied late (after the node gave up on it), or answered
+    /// into the void.
+    #[allow(clippy::too_many_arguments)]
+    fn transmit(
+        &self,
+        i: usize,
+        node: &mut SimNode,
+        t: Transmit,
+        now: u64,
+        ms: u64,
+        down: bool,
+        rng: &mut Rng,
+        queue: &mut Vec<Message>,
+        order: &mut u64,
+    ) {
+        let rounds = t
+            .pipelines
+            .iter()
+            .flatten()
+            .any(|c| c.script == Script::Round);
+        // The round's requests were collected with its first transmit: the
+        // announcements, when they go first.
+        if !rounds {
+            node.announcing = t
+                .pipelines
+                .iter()
+                .flatten()
+                .any(|c| c.script == Script::HotKeys);
+            node.collected = node.settled;
+        } else if !std::mem::take(&mut node.announcing) {
+            node.collected = node.settled;
+        }
+        node.flight = Some(Flight {
+            id: t.id,
+            deadline: t.deadline / 1_000,
+            replies: vec![None; t.pipelines.len()],
+        });
+        let _ = down;
+        for (pipeline, commands) in t.pipelines.into_iter().enumerate() {
+            let latency = rng.below(self.max_latency_us) / 2 + 1;
+            let (cut_out, cut_back) = self.cut.map_or((false, false), |c| c.at(i, ms));
+            let lost = rng.below(1_000) < self.lost_per_mille || cut_out;
+            let reply_lost = rng.below(1_000) < self.lost_per_mille || cut_back;
+            let late = rng.below(1_000) < self.late_per_mille;
+            let apply_at = if late {
+                now + TIMEOUT_US + rng.below(3 * TIMEOUT_US)
+            } else {
+                now + latency
+            };
+            if lost {
+                continue;
+            }
+            *order += 1;
+            queue.push(Message {
+                apply_at,
+                order: *order,
+                node: i,
+                transmit: t.id,
+                pipeline,
+                commands,
+                answered: !reply_lost,
+                settled: node.collected,
+            });
+        }
+    }
+
+    /// What the token bucket has in use when a key's quota reaches Redis (observed before
+    /// a round that carries a higher quota than Redis holds runs).
+    fn observe_before(
+        &self,
+        redis: &Server,
+        key: &[u8],
+        command: &Command,
+        now: u64,
+        out: &mut Outcome,
+    ) {
+        if command.script != Script::Round || out.in_use_at_change.is_some() {
+            return;
+        }
+        let Some(state) = redis.key(key) else { return };
+        let Ok(call) = RoundCall::decode(&command.args) else {
+            return;
+        };
+        if call.requests.iter().any(|r| r.quota > state.global.quota) {
+            if let Shape::TokenBucket { t, .. } = state.global.quota.shape(self.shape()) {
+                out.in_use_at_change = Some(state.global.tat.saturating_sub(now).div_ceil(t));
+            }
+        }
+    }
+
+    /// Whether an answer came while the key's global state stood in debt beyond what
+    /// refills by the node's next round (the overdraft's horizon), before the answer's
+    /// own grant; and whether it granted anything then.
+    fn observe_answer(
+        &self,
+        state: &KeyState,
+        answer: &Answer,
+        horizon: u64,
+        now: u64,
+        out: &mut Outcome,
+    ) {
+        if let Shape::TokenBucket { t, tau } = state.global.quota.shape(self.shape()) {
+            let before_grant = state.global.tat - answer.grant * t;
+            if before_grant > now + tau + t + horizon && !answer.stale {
+                out.answered_in_debt += 1;
+                if answer.grant > 0 || answer.overdraft > 0 {
+                    out.granted_in_debt += 1;
+                }
+            }
+        }
     }
 }
 
 impl Scenario {
     /// The first ms after `ms` in which something can happen: a node's requests, a reply
-    /// or a timeout reaching it, its driver's timer, a message reaching Redis, a fault
-    /// starting or ending, or the quota change. `down` is Redis's outage (µs) and whether
-    /// it wipes Redis.
+    /// reaching it, its timers, a message reaching Redis, a fault starting or ending, or
+    /// the quota change. `down` is Redis's outage (µs) and whether it wipes Redis.
     fn next_event(
         &self,
         ms: u64,
@@ -829,13 +808,9 @@ impl Scenario {
         let mut consider = |at_ms: u64| next = next.min(at_ms.max(after));
         for node in nodes {
             consider(node.arrival.0);
-            consider(node.driver.poll_timeout().div_ceil(1_000_000));
+            consider(node.node.poll_timeout().div_ceil(1_000_000));
             if let Some(f) = &node.flight {
-                consider(
-                    f.reply
-                        .map_or(f.timeout_at, |(at, _, _)| at)
-                        .div_ceil(1_000),
-                );
+                consider(f.complete_at().div_ceil(1_000));
             }
         }
         if let Some(first) = queue.iter().map(|m| m.apply_at.div_ceil(1_000)).min() {
@@ -863,89 +838,22 @@ impl Scenario {
     }
 }
 
-/// The node id of the simulation's node `i`: two hex digits, ordered as the indices are
-/// (as the real ids' 16 digits would be), and short, because the model's registry and
-/// records look ids up and compare them on every round.
-fn node_id(i: usize) -> String {
-    format!("{i:02x}")
-}
-
-/// The jitter seed of node `i`: the driver's seed of a real 16-digit id, so that the
-/// schedules are those of the real ids.
-fn jitter_seed(i: usize) -> u64 {
-    driver::seed(&format!("{i:016x}"))
-}
-
-/// A registry as a node read it: each live node's last heartbeat, in ms, by the node's
-/// index (its id is `node_id(index)`). Shared, not copied, by the messages and replies
-/// that carry it.
-type Registry = Rc<Live>;
-
-#[derive(Debug, Default)]
-struct Live {
-    last_ms: Vec<Option<u64>>,
-    count: usize,
-}
-
-impl model::Heard for Live {
-    fn last_ms(&self, id: &str) -> Option<u64> {
-        let i = usize::from_str_radix(id, 16).ok()?;
-        self.last_ms.get(i).copied().flatten()
+/// Offers `count` unit requests for the key at `now`: the store's check, which inserts
+/// the key the first time, then the cell's [`SyncCell::check_many`] (noted as the store
+/// notes its checks).
+fn admit(store: &Store<u64, SyncCell>, now: u64, count: u64) -> u64 {
+    if count == 0 {
+        return 0;
     }
-
-    fn live(&self) -> usize {
-        self.count
-    }
-}
-
-/// The registry as Redis holds it at `now` (µs), which a heartbeat's reply tells the
-/// node: `heartbeats` holds each node's last (µs), by index.
-fn live(heartbeats: &[Option<u64>], node_ttl_us: u64, now: u64) -> Registry {
-    let last_ms: Vec<Option<u64>> = heartbeats
-        .iter()
-        .map(|at| {
-            at.filter(|&at| at + node_ttl_us >= now)
-                .map(|at| at / 1_000)
-        })
-        .collect();
-    let count = last_ms.iter().flatten().count();
-    Rc::new(Live { last_ms, count })
-}
-
-/// Offers `count` unit requests at `now`: the real check for a few, the same arithmetic
-/// in bulk for many (lease first, then overdraft; a shortfall marks the key wanted).
-fn admit(cell: &SyncCell, policy: &SyncPolicy, now: u64, count: u64) -> u64 {
-    if node::is_cold(cell) {
-        // Checks until the first deny: at one instant the rest are denied too.
-        return (0..count)
-            .take_while(|_| cell.check(policy, now, 1, u64::MAX).is_allowed())
-            .count() as u64;
-    }
-    if count <= 4 {
-        return (0..count)
-            .filter(|_| cell.check(policy, now, 1, u64::MAX).is_allowed())
-            .count() as u64;
-    }
-    let lease_valid = now < cell.hot.expires.load(Ordering::Acquire);
-    let mut admitted = 0;
-    for (pool, valid) in [
-        (&cell.hot.allowance, lease_valid),
-        (&cell.hot.overdraft, true),
-    ] {
-        if !valid {
-            continue;
-        }
-        let mut took = 0;
-        let _ = pool.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
-            took = left.min(count - admitted);
-            Some(left - took)
-        });
-        admitted += took;
-    }
-    if admitted < count {
-        cell.want(now);
-    }
-    admitted
+    let first = u64::from(
+        store
+            .check(&KEY, || now, 1, u64::MAX)
+            .is_ok_and(|d| d.is_allowed()),
+    );
+    first
+        + store
+            .update(&KEY, |cell, policy| cell.check_many(policy, now, count - 1))
+            .unwrap_or(0)
 }
 
 /// The largest `count − r·length` over any interval of the run (ms granularity: the
@@ -1594,7 +1502,14 @@ mod properties {
             let out = s.run();
             let set = SharedQuota::new(1, s.change.map(|c| c.quota()).expect("a change"));
             prop_assert_eq!(out.redis_quota, set);
-            prop_assert!(out.quotas.iter().all(|&q| q == set), "{:?}", out.quotas);
+            // Every node that saw the key since the change: a node learns a key's quota
+            // with its rounds on the key.
+            let setter = who % weights.len();
+            let seen: Vec<SharedQuota> = (0..s.nodes())
+                .filter(|&i| i == setter || out.node_ms[i][at_ms as usize + 2_000..].iter().any(|&c| c > 0))
+                .map(|i| out.quotas[i])
+                .collect();
+            prop_assert!(seen.iter().all(|&q| q == set), "{:?}", out.quotas);
             let after = Scenario {
                 rate: new_rate,
                 burst: new_burst,

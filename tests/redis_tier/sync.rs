@@ -993,7 +993,6 @@ async fn eviction_never_drops_unreported_consumption() {
                 .timeout(Duration::from_millis(20)),
         )
         .unwrap();
-    let _ = (limiter.check("a"), limiter.check("b"));
     // The fallback begins after the first failed round; on a loaded machine that round
     // may start late, so wait for it (with a deadline) rather than for a fixed time.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1001,8 +1000,10 @@ async fn eviction_never_drops_unreported_consumption() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(handle.stats().fallback_active, "{:?}", handle.stats());
-    // The fallback's local share refills every interval: waits for the sync task's
-    // refill, on its real-time schedule.
+    // Keys first seen now start under the fallback, whose local budget comes with its
+    // next refill (every interval): waits for the sync task's refill, on its real-time
+    // schedule.
+    let _ = (limiter.check("a"), limiter.check("b"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(limiter.check("a").is_allowed() && limiter.check("b").is_allowed());
     // A third key would need an eviction: refused, and both owing keys kept.

@@ -9,6 +9,8 @@
 //!
 //! Run with: `cargo run --release --all-features --example sync_cost [-- --quick]`
 //! (needs redis-server, which ./scripts/test.sh installs). `--quick` stops at 100k keys.
+//! `-- --rounds COLD HOT` measures what a round costs with that many cold and hot keys
+//! (rounds a second, the sync thread's CPU, memory per key).
 //! `-- --soak MINUTES` instead rotates through 1,000,000 keys (each far under its quota)
 //! as fast as the loop goes for that long, and prints each minute's checks, denies, Redis
 //! commands, keys held and the process's resident memory.
@@ -225,11 +227,182 @@ async fn soak(server: &LocalRedis, minutes: u64) {
     println!("shutdown: {:.2?}", stopping.elapsed());
 }
 
+/// CPU seconds (user and system) a thread has used, from its `/proc/<pid>/task/<tid>/stat`.
+fn thread_cpu(task: &std::path::Path) -> f64 {
+    let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis: utime and stime are the 12th
+    // and 13th of them, in clock ticks (100 a second on Linux).
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// `--rounds COLD HOT`: what a round costs with `COLD` cold keys held and in use (each
+/// far under its quota) and `HOT` keys over theirs. The sync task runs alone on a thread
+/// of its own (a current-thread runtime), so that its CPU is its own; one thread checks
+/// every key in turn, each hot key at 3 times its quota and each cold key at a tenth of
+/// it, as far as it keeps up. After every key
+/// has been checked twice, it measures 10 s: rounds a second (the interval asks for 20),
+/// the sync thread's CPU, checks a second, and the memory the keys hold.
+fn rounds(url: &str, cold: u64, hot: u64) {
+    let (to_main, from_sync) = std::sync::mpsc::channel();
+    let (to_sync, from_main) = tokio::sync::oneshot::channel::<tollgate::sync::SyncHandle>();
+    let rss_before = rss_mib();
+    let url = url.to_owned();
+    let url_for_info = url.clone();
+    let sync = std::thread::Builder::new()
+        .name("tollgate-sync".into())
+        .spawn(move || {
+            let task = std::path::Path::new("/proc")
+                .join(std::fs::read_link("/proc/thread-self").expect("/proc/thread-self"));
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move {
+                let (limiter, handle) =
+                    RateLimiter::<u64>::builder(Quota::per_second(100).unwrap())
+                        .max_keys(usize::MAX)
+                        .build_synced(
+                            RedisSync::new(&url)
+                                .mode(SyncMode::Reconcile)
+                                .interval(Duration::from_millis(50))
+                                .prefix(&format!("rounds-{cold}-{hot}"))
+                                .allow_shared_prefix(true),
+                        )
+                        .expect("a synced limiter");
+                handle.ready().await;
+                to_main.send((limiter, handle, task)).expect("main waits");
+                let handle = from_main.await.expect("main sends the handle back");
+                handle.shutdown().await;
+            });
+        })
+        .expect("a thread");
+    let (limiter, handle, task) = from_sync.recv().expect("the limiter");
+    let all = cold + hot;
+    // Each hot key at 3 times its quota and each cold key at a tenth of it, as far as the
+    // loop keeps up (paced, should it go faster): a share `hot_share` of the checks goes
+    // to the hot keys (a tenth at least, so that they stay hot however many cold keys
+    // share the loop), the rest to the cold keys in turn.
+    let (hot_rate, cold_rate) = (hot as f64 * 300.0, cold as f64 * 10.0);
+    let hot_share = if hot == 0 {
+        0.0
+    } else {
+        (hot_rate / (hot_rate + cold_rate)).max(0.1)
+    };
+    let most_per_s = if hot == 0 {
+        cold_rate
+    } else {
+        hot_rate / hot_share
+    };
+    // Checks 100,000 keys from `next` on.
+    let check = |next: u64| {
+        for n in next..next + 100_000 {
+            let hot_before = (n as f64 * hot_share) as u64;
+            let is_hot = ((n + 1) as f64 * hot_share) as u64 > hot_before;
+            let key = if is_hot {
+                hot_before % hot
+            } else {
+                // The cold checks so far, so that each cold key comes in turn.
+                hot + (n - hot_before) % cold.max(1)
+            };
+            std::hint::black_box(limiter.check(&key));
+        }
+        next + 100_000
+    };
+    let paced = |from: u64, began: Instant| {
+        let ahead = from as f64 / most_per_s.max(1.0) - began.elapsed().as_secs_f64();
+        if ahead > 0.0 {
+            std::thread::sleep(Duration::from_secs_f64(ahead));
+        }
+    };
+    let mut next = 0u64;
+    let warm = Instant::now();
+    let warm_checks = (2 * all) as f64 / (1.0 - hot_share).max(0.1);
+    while (next as f64) < warm_checks {
+        next = check(next);
+    }
+    let warmed = warm.elapsed();
+    let rss = rss_mib();
+    let mut redis = redis::Client::open(url_for_info.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("a connection");
+    let redis_cpu = |con: &mut redis::Connection| -> f64 {
+        let info: String = redis::cmd("INFO").arg("cpu").query(con).unwrap_or_default();
+        info.lines()
+            .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
+            .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+            .sum()
+    };
+    let redis_before = redis_cpu(&mut redis);
+    let (before, cpu_before, start) = (handle.stats(), thread_cpu(&task), Instant::now());
+    let checked = next;
+    while start.elapsed() < Duration::from_secs(10) {
+        next = check(next);
+        paced(next - checked, start);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let after = handle.stats();
+    let cpu = (thread_cpu(&task) - cpu_before) / secs;
+    let redis_used = (redis_cpu(&mut redis) - redis_before) / secs;
+    if std::env::var_os("TOLLGATE_COMMANDSTATS").is_some() {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut redis)
+            .unwrap_or_default();
+        eprintln!(
+            "{}",
+            info.lines()
+                .filter(|l| l.contains("calls="))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    println!(
+        "| {cold} | {hot} | {:.1} | {:.1}% | {:.0}% | {:.2} M | {} | {} | {:.0} | {:.0} | {:.1?} |",
+        (after.syncs - before.syncs) as f64 / secs,
+        cpu * 100.0,
+        redis_used * 100.0,
+        (next - checked) as f64 / secs / 1e6,
+        after.hot_keys,
+        limiter.len(),
+        rss - rss_before,
+        (rss - rss_before) * 1024.0 * 1024.0 / all.max(1) as f64,
+        warmed,
+    );
+    drop(limiter);
+    to_sync.send(handle).expect("the sync thread waits");
+    sync.join().expect("the sync thread");
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let server = LocalRedis::start().expect("redis-server (./scripts/test.sh installs it)");
     let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--rounds") {
+        let number = |i: usize, default: u64| {
+            args.get(at + i)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(default)
+        };
+        let (cold, hot) = (number(1, 1_000_000), number(2, 1_000));
+        let url = server.url();
+        println!(
+            "| cold keys | hot keys | rounds/s | sync thread CPU | Redis CPU | checks/s | hot keys read | keys held | RSS (MiB) | B/key | warm-up |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        tokio::task::spawn_blocking(move || rounds(&url, cold, hot))
+            .await
+            .expect("the run");
+        return;
+    }
     if let Some(at) = args.iter().position(|a| a == "--soak") {
         let minutes = args.get(at + 1).and_then(|m| m.parse().ok()).unwrap_or(10);
         soak(&server, minutes).await;

@@ -131,12 +131,24 @@ local function accrued(r, weight, cap)
   return math.min(cap, r.credit + scale(since, weight))
 end
 
+-- A node's record: its 18 numbers as little-endian doubles (exact: every one is an
+-- integer below 2^53), which `struct` packs and unpacks in C (`Record` in model.rs).
+local RECORD = '<dddddddddddddddddd'
+local RECORD_LEN = 144
+
 local function encode(r)
-  return num(r.seq) .. ':' .. num(r.reserved) .. ':' .. num(r.credit) .. ':' .. num(r.credit_at) .. ':'
-    .. num(r.demand) .. ':' .. num(r.demand_at) .. ':' .. num(r.window) .. ':' .. num(r.epoch) .. ':'
-    .. num(r.unmet) .. ':' .. num(r.overdraft) .. ':' .. num(r.share) .. ':' .. num(r.till) .. ':'
-    .. num(r.charged_to) .. ':' .. num(r.prepaid) .. ':' .. num(r.landed) .. ':' .. num(r.landed_end)
-    .. ':' .. num(r.owes) .. ':' .. num(r.fallback)
+  return struct.pack(RECORD, r.seq, r.reserved, r.credit, r.credit_at, r.demand, r.demand_at,
+    r.window, r.epoch, r.unmet, r.overdraft, r.share, r.till, r.charged_to, r.prepaid, r.landed,
+    r.landed_end, r.owes, r.fallback)
+end
+
+local function decode(v)
+  local seq, reserved, credit, credit_at, demand, demand_at, window, epoch, unmet, overdraft,
+    share, till, charged_to, prepaid, landed, landed_end, owes, fallback = struct.unpack(RECORD, v)
+  return {seq = seq, reserved = reserved, credit = credit, credit_at = credit_at, demand = demand,
+    demand_at = demand_at, window = window, epoch = epoch, unmet = unmet, overdraft = overdraft,
+    share = share, till = till, charged_to = charged_to, prepaid = prepaid, landed = landed,
+    landed_end = landed_end, owes = owes, fallback = fallback}
 end
 
 -- Whether quota q is above quota r ({version, limit, period, burst}), as the
@@ -174,15 +186,8 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
       local n = {}
       for x in string.gmatch(v, '[^:]+') do n[#n + 1] = tonumber(x) end
       if #n == 4 then held = n end
-    else
-      local n = {}
-      for x in string.gmatch(v, '[^:]+') do n[#n + 1] = tonumber(x) end
-      if #n == 18 then
-        records[f] = {seq = n[1], reserved = n[2], credit = n[3], credit_at = n[4], demand = n[5],
-          demand_at = n[6], window = n[7], epoch = n[8], unmet = n[9], overdraft = n[10],
-          share = n[11], till = n[12], charged_to = n[13], prepaid = n[14], landed = n[15],
-          landed_end = n[16], owes = n[17], fallback = n[18]}
-      end
+    elseif #v == RECORD_LEN then
+      records[f] = decode(v)
     end
   end
   local cutoff = math.max(0, now - retain_ms * 1000)
