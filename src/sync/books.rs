@@ -16,6 +16,9 @@ pub(crate) struct Books {
     /// The demand last reported, and its running average (weights).
     pub(crate) demand: u64,
     pub(crate) average: u64,
+    /// The running average of what the key admitted (a weight; see
+    /// [`average_use`](super::key::average_use)).
+    pub(crate) usage: u64,
     /// When (limiter clock, ns) the key was last sent, last used, and when the last
     /// acknowledged round was collected.
     pub(crate) last_round: u64,

@@ -34,6 +34,9 @@ pub(crate) struct NodeParams {
     pub(crate) demand_tau_us: u64,
     /// How long a round waits for its answer (ns; 0: for ever).
     pub(crate) timeout_ns: u64,
+    /// The time constant of the key's use (µs; see [`average_use`]): the demand's, or
+    /// longer, so that it spans 20 tokens of this node's even share.
+    pub(crate) use_tau_us: u64,
 }
 
 /// The node side's parameters for a key of `policy`: `p`, with the key's own quota's
@@ -109,10 +112,19 @@ pub(crate) fn has_nothing_pending(cell: &SyncCell) -> bool {
 /// (at most the share's burst: the cooling round asks for that much), which Redis
 /// charged when it granted it; the rest of the burst, and whatever was admitted on the
 /// overdraft since the round or charged beyond, are in use, as a cold key's charges
-/// are: should the key turn hot again, its first round reports them. A released key, or
-/// one with something to report, stays hot. Returns whether the key returned cold.
+/// are: should the key turn hot again, its first round reports them. A released key, one
+/// with something to report, or one holding no token (its share would start empty, and
+/// the next request turn it hot again) stays hot. Returns whether the key returned cold.
 pub(crate) fn turn_cold(cell: &SyncCell, books: &mut Books, cold: &Cold, now: u64) -> bool {
     if is_cold(cell) || books.pending || books.released || !has_nothing_pending(cell) {
+        return false;
+    }
+    let held = if now < cell.hot.expires.load(Ordering::Acquire) {
+        cell.hot.allowance.load(Ordering::Acquire)
+    } else {
+        0
+    };
+    if held == 0 {
         return false;
     }
     let left = cell.hot.allowance.swap(0, Ordering::AcqRel);
@@ -194,6 +206,18 @@ pub(crate) fn estimate(average: &mut u64, seen: Observed, ticks: u64, tau_us: u6
     }
     *average = next.clamp(0.0, MAX_DEMAND as f64) as u64;
     (*average).saturating_add(*average / 32).min(MAX_DEMAND)
+}
+
+/// The key's use (a weight: a fraction of the rate), an exponentially weighted average
+/// over about `tau_us` of what it admitted: unlike its demand, a round that ran out
+/// early (its lease was late: a round lost) does not raise it. It tells whether the key
+/// still needs the fleet's coordination (see the cooling in [`super::node`]).
+pub(crate) fn average_use(usage: u64, seen: Observed, ticks: u64, tau_us: u64) -> u64 {
+    let elapsed = seen.elapsed_us.max(1);
+    let alpha = 1.0 - (-(elapsed as f64) / tau_us.max(1) as f64).exp();
+    let observed = seen.used as f64 * ticks as f64 * WEIGHT_ONE as f64 / elapsed as f64;
+    let next = usage as f64 + alpha * (observed - usage as f64);
+    next.clamp(0.0, MAX_DEMAND as f64) as u64
 }
 
 /// The tokens a key with `average` demand wants to hold: a quarter more than its demand
@@ -343,6 +367,7 @@ pub(crate) fn collect(
             ran_out_after_us,
         };
         let demand = estimate(&mut books.average, seen, p.ticks, p.demand_tau_us);
+        books.usage = average_use(books.usage, seen, p.ticks, p.use_tau_us);
         (demand, target(books.average, p).max(hold_at_least))
     };
     // Shrink the lease to what the key keeps: the rest goes back with this round.
@@ -553,6 +578,7 @@ mod tests {
             reconcile: false,
             demand_tau_us: 1_000_000,
             timeout_ns: 0,
+            use_tau_us: 1_000_000,
         }
     }
 

@@ -327,10 +327,12 @@ pub(crate) fn serve(
         r.prepaid += charge;
         r.charged_to = to;
     }
-    // A node whose share was charged on its behalf since its last round (it fell silent,
-    // or was in its fallback) accrued no credit meanwhile: its share of that time was
-    // charged, or (once its reservation ended) the others' to take.
-    let returning = existing.is_some_and(|r| r.charged_to > r.demand_at);
+    // A node back from silence (neither a round on the key nor a heartbeat for the
+    // silence), or whose share was charged on its behalf since its last round (it fell
+    // silent, or was in its fallback), accrued no credit meanwhile: its share of that
+    // time was charged, or the others' to take (and taken, by a work-conserving lease).
+    let away = existing.is_some_and(|r| last_heard(node, &r) < silent);
+    let returning = away || existing.is_some_and(|r| r.charged_to > r.demand_at);
     let mut record = existing.unwrap_or(Record {
         reserved: request.known
             + request

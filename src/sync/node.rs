@@ -40,7 +40,7 @@ use std::sync::atomic::Ordering;
 
 use super::SyncStats;
 use super::books::Books;
-use super::cell::{Cold, NEW, NOTED, OutageMode, SyncCell, SyncPolicy, WANT_HOT, WANTED};
+use super::cell::{Cold, NEW, NOTED, OutageMode, SyncCell, SyncPolicy, WANT_HOT};
 use super::config::{FailMode, RedisSync, Settings, SyncMode};
 use super::driver::{Driver, Health, MAX_BACKOFF, RoundSize, Timing, micros, millis, nanos};
 use super::key::{self, Need, NodeParams};
@@ -167,6 +167,8 @@ impl NodeConfig {
                 reconcile,
                 demand_tau_us: (quota.period_ns() / 1_000).clamp(1_000_000, 60_000_000),
                 timeout_ns: nanos(settings.timeout),
+                // Set per round, by the node count (see `Node::start_round`).
+                use_tau_us: 0,
             },
             timing: Timing {
                 interval_ns: nanos(config.interval),
@@ -757,6 +759,7 @@ where
         let mut released = Vec::new();
         let mut gone = Vec::new();
         let cooler = self.cooler(now, stopping);
+        let config = &self.config;
         let node_params = &self.config.node_params;
         // Whether the key is still a hot one (a key dropped and seen again starts cold).
         let offer = |key: &K, cell: &SyncCell, policy: &SyncPolicy| -> bool {
@@ -764,6 +767,11 @@ where
                 return false;
             }
             let mut books = cell.hot.aside.books.lock();
+            // (A key the fallback turned hot before the node first read the
+            // announcements was never named to them.)
+            if cooler.is_some() && books.fleet == 0 {
+                books.fleet = key::fleet_hash(&config.redis_key(key));
+            }
             let cools = cooler.is_some_and(|c| c.cools(cell, &books, policy));
             let need = if stopping && !books.released {
                 Some(Need::Release)
@@ -858,7 +866,14 @@ where
         for (key, cooling) in chosen {
             let collected = store.with_state_policy(&key, |cell, policy| {
                 let params = key::key_params(&self.config.node_params, policy);
-                let ran_out = cell.hot.flags.load(Ordering::Acquire) & WANTED != 0;
+                // The key's use is averaged over at least 20 tokens of the even share, so
+                // that a light key's few requests do not make it look heavy.
+                let params = NodeParams {
+                    use_tau_us: params
+                        .demand_tau_us
+                        .max(params.ticks.saturating_mul(even).saturating_mul(20)),
+                    ..params
+                };
                 let mut books = cell.hot.aside.books.lock();
                 // A key returning cold asks for its cold share's burst: the share starts
                 // with what it holds (see `key::turn_cold`).
@@ -881,14 +896,12 @@ where
                     )
                 };
                 let holds = request.demand > 0 || request.keep > 0 || request.want > 0;
-                // A key stays hot while its demand here is at or above this node's even
-                // share, or it ran out, or it has a quota of its own; the round that
-                // turned it hot by its own demand announces it whatever its demand.
+                // A key stays hot while its use here is near this node's even share or
+                // above (see `Cooler`), or it has a quota of its own; the round that
+                // turned it hot by its own demand announces it whatever its use.
                 let wants = books.announce
                     || (holds
-                        && (ran_out
-                            || !policy.shared.is_default()
-                            || request.demand.saturating_mul(even) >= WEIGHT_ONE));
+                        && (!policy.shared.is_default() || !Cooler::light(books.usage, even)));
                 (
                     request,
                     params,
@@ -1487,11 +1500,10 @@ impl<K: Hash + Eq + Clone + Display> Visit<'_, K> {
 }
 
 /// The rule by which a hot key returns cold at a round (the cold tier's cooling): no node
-/// announces it any more (each renews its announcement only while its demand is at or
-/// above its even share, or it ran out, or the key has a quota of its own), this node's
-/// own announcement has lapsed, and its demand here is below its even share. The round
-/// reports everything; once it is answered the key admits at its cold share again (see
-/// [`key::turn_cold`]).
+/// announces it any more (each renews its announcement only while the key's use there is
+/// near its even share or above, or the key has a quota of its own), this node's own
+/// announcement has lapsed, and its use here is light. The round reports everything;
+/// once it is answered the key admits at its cold share again (see [`key::turn_cold`]).
 #[derive(Clone, Copy)]
 struct Cooler<'a> {
     announced: &'a HashMap<u64, u64>,
@@ -1510,8 +1522,15 @@ impl Cooler<'_> {
             && !self.announced.contains_key(&books.fleet)
             && policy.shared == SharedQuota::default()
             && policy.cold.is_some()
-            && books.average.saturating_mul(self.nodes) < WEIGHT_ONE
+            && Self::light(books.usage, self.nodes)
             && key::has_nothing_pending(cell)
+    }
+
+    /// Whether a key that admits `usage` (a weight) here is light enough to return cold:
+    /// under 3/4 of this node's even share, `WEIGHT_ONE / even` (a key throttled to its
+    /// fair share under contention admits its share, and stays hot).
+    fn light(usage: u64, even: u64) -> bool {
+        usage.saturating_mul(even).saturating_mul(4) < WEIGHT_ONE * 3
     }
 }
 

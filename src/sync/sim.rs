@@ -117,6 +117,14 @@ pub(super) enum Arrivals {
     Every { period_ms: u64, from_ms: u64 },
     /// A steady rate (units per second) that steps from `low` to `high` at `at_ms`.
     Step { low: f64, high: f64, at_ms: u64 },
+    /// A steady rate (units per second), `high` from `from_ms` until `to_ms`, `low`
+    /// before and after.
+    Pulse {
+        low: f64,
+        high: f64,
+        from_ms: u64,
+        to_ms: u64,
+    },
 }
 
 impl Arrivals {
@@ -129,6 +137,18 @@ impl Arrivals {
                     low
                 } else {
                     high
+                }
+            }
+            Self::Pulse {
+                low,
+                high,
+                from_ms,
+                to_ms,
+            } => {
+                if (from_ms..to_ms).contains(&ms) {
+                    high
+                } else {
+                    low
                 }
             }
             Self::Every { period_ms, from_ms } => {
@@ -147,13 +167,14 @@ impl Arrivals {
         k
     }
 
-    /// The first ms from `from` on with requests (`RUN_MS` if none), and how many: the
-    /// ms before it offer none, and `owed` moves through each of them as `offered` does.
-    fn next(&self, from: u64, owed: &mut f64) -> (u64, u64) {
-        (from..RUN_MS)
+    /// The first ms from `from` on, before `end`, with requests (`end` if none), and how
+    /// many: the ms before it offer none, and `owed` moves through each of them as
+    /// `offered` does.
+    fn next(&self, from: u64, end: u64, owed: &mut f64) -> (u64, u64) {
+        (from..end)
             .map(|ms| (ms, self.offered(ms, owed)))
             .find(|&(_, k)| k > 0)
-            .unwrap_or((RUN_MS, 0))
+            .unwrap_or((end, 0))
     }
 }
 
@@ -186,6 +207,21 @@ pub(super) struct Scenario {
     /// Costs settled after the fact (`SyncedLimiter::charge` and `refund`).
     pub(super) settle: Option<Settlements>,
     pub(super) seed: u64,
+    /// Milliseconds simulated.
+    pub(super) run_ms: u64,
+    /// One node whose rounds are slow: every message to or from Redis takes this many
+    /// µs (the others' latency is drawn as usual).
+    pub(super) slow: Option<Slow>,
+    /// A round's timeout (µs; the task's default is 200 ms).
+    pub(super) timeout_us: u64,
+}
+
+/// A node whose link to Redis is slow (the round trip `2·leg_us`), while the others' are
+/// fast.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Slow {
+    pub(super) node: usize,
+    pub(super) leg_us: u64,
 }
 
 /// Costs settled after the fact, on every node: after a check that admitted `k` units,
@@ -234,6 +270,12 @@ pub(super) struct Outcome {
     pub(super) round_ms: Vec<u32>,
     /// Each node's keys returned cold, at the end.
     pub(super) cooled: Vec<u64>,
+    /// When each node last returned the key cold (ms).
+    pub(super) cooled_at: Vec<Option<u64>>,
+    /// Each node's keys turned hot, at the end.
+    pub(super) turned_hot: Vec<u64>,
+    /// Round-script calls that carried the key, per ms (all nodes).
+    pub(super) key_rounds_ms: Vec<u32>,
 }
 
 struct Rng(u64);
@@ -339,7 +381,7 @@ struct SimNode {
     store: Store<u64, SyncCell>,
     flight: Option<Flight>,
     owed: f64,
-    /// The next ms with requests for this node (`RUN_MS` if none), and how many; `owed`
+    /// The next ms with requests for this node (the run's end if none), and how many; `owed`
     /// holds what the arrivals carry from the ms before the one after it.
     arrival: (u64, u64),
     /// The round in flight was collected at its announcements (they went first).
@@ -414,7 +456,7 @@ impl Scenario {
             })
             .interval(Duration::from_millis(self.interval_ms))
             .share_ttl(Duration::from_millis(self.share_ttl_ms))
-            .timeout(Duration::from_micros(TIMEOUT_US))
+            .timeout(Duration::from_micros(self.timeout_us))
             .cold_keys(self.cold)
     }
 
@@ -475,9 +517,9 @@ impl Scenario {
         let mut queue: Vec<Message> = Vec::new();
         let mut order = 0;
         let mut out = Outcome {
-            per_ms: vec![0; RUN_MS as usize],
+            per_ms: vec![0; self.run_ms as usize],
             node_admitted: vec![0; n],
-            node_ms: vec![vec![0; RUN_MS as usize]; n],
+            node_ms: vec![vec![0; self.run_ms as usize]; n],
             node_offered: vec![0; n],
             later_offered: vec![0; n],
             later_admitted: vec![0; n],
@@ -485,12 +527,15 @@ impl Scenario {
             quotas: Vec::new(),
             redis_quota: SharedQuota::default(),
             in_use_at_change: None,
-            settled_ms: vec![0; RUN_MS as usize],
-            reserved_at_charge_ms: vec![0; RUN_MS as usize],
+            settled_ms: vec![0; self.run_ms as usize],
+            reserved_at_charge_ms: vec![0; self.run_ms as usize],
             answered_in_debt: 0,
             granted_in_debt: 0,
-            round_ms: vec![0; RUN_MS as usize],
+            round_ms: vec![0; self.run_ms as usize],
             cooled: Vec::new(),
+            cooled_at: vec![None; n],
+            turned_hot: Vec::new(),
+            key_rounds_ms: vec![0; self.run_ms as usize],
         };
         // The settlements' draws, apart, so that a scenario without them runs as before.
         let mut settle_rng = Rng(self.seed.rotate_left(17) | 1);
@@ -504,10 +549,10 @@ impl Scenario {
         };
         let mut wiped = false;
         for (i, node) in nodes.iter_mut().enumerate() {
-            node.arrival = self.arrivals[i].next(0, &mut node.owed);
+            node.arrival = self.arrivals[i].next(0, self.run_ms, &mut node.owed);
         }
         let mut ms = 0;
-        while ms < RUN_MS {
+        while ms < self.run_ms {
             let now = ms * 1_000;
             let down = (down_from..down_until).contains(&now);
             if wipes && down && !wiped {
@@ -536,6 +581,9 @@ impl Scenario {
                                 - usize::from(command.keys.first() != Some(&key));
                             let reply =
                                 RoundReply::decode(&value, keys).expect("the model's reply");
+                            if keys > 0 {
+                                out.key_rounds_ms[ms as usize] += 1;
+                            }
                             if let Some(answer) = reply.answers.first().filter(|_| keys > 0) {
                                 let state = redis.key(&key).expect("the key's state");
                                 self.observe_answer(state, answer, horizon, now, &mut out);
@@ -564,7 +612,7 @@ impl Scenario {
                     let node = &mut nodes[m.node];
                     if let Some(f) = node.flight.as_mut().filter(|f| f.id == m.transmit) {
                         if m.answered && !cut_back {
-                            let latency = rng.below(self.max_latency_us) / 2 + 1;
+                            let latency = self.latency(m.node, &mut rng);
                             f.replies[m.pipeline] = Some((now + latency, values));
                         }
                     }
@@ -596,8 +644,12 @@ impl Scenario {
                 if replies.is_some_and(|at| at <= now) {
                     let f = node.flight.take().expect("a flight");
                     let id = f.id;
+                    let cooled = node.node.stats().keys_cooled;
                     node.node
                         .handle_replies(now_ns, &node.store, id, f.replies(now));
+                    if node.node.stats().keys_cooled > cooled {
+                        out.cooled_at[i] = Some(ms);
+                    }
                 }
                 if now_ns >= node.node.poll_timeout() {
                     node.node.handle_timeout(now_ns, &node.store);
@@ -615,7 +667,7 @@ impl Scenario {
                 // Requests.
                 let offered = if node.arrival.0 == ms {
                     let offered = node.arrival.1;
-                    node.arrival = self.arrivals[i].next(ms + 1, &mut node.owed);
+                    node.arrival = self.arrivals[i].next(ms + 1, self.run_ms, &mut node.owed);
                     offered
                 } else {
                     0
@@ -671,6 +723,10 @@ impl Scenario {
             .map(|n| n.store.policy_of(&KEY).shared)
             .collect();
         out.cooled = nodes.iter().map(|n| n.node.stats().keys_cooled).collect();
+        out.turned_hot = nodes
+            .iter()
+            .map(|n| n.node.stats().keys_turned_hot)
+            .collect();
         out.redis_quota = redis
             .key(&key)
             .map_or(SharedQuota::default(), |k| k.global.quota);
@@ -717,13 +773,13 @@ impl Scenario {
         });
         let _ = down;
         for (pipeline, commands) in t.pipelines.into_iter().enumerate() {
-            let latency = rng.below(self.max_latency_us) / 2 + 1;
+            let latency = self.latency(i, rng);
             let (cut_out, cut_back) = self.cut.map_or((false, false), |c| c.at(i, ms));
             let lost = rng.below(1_000) < self.lost_per_mille || cut_out;
             let reply_lost = rng.below(1_000) < self.lost_per_mille || cut_back;
             let late = rng.below(1_000) < self.late_per_mille;
             let apply_at = if late {
-                now + TIMEOUT_US + rng.below(3 * TIMEOUT_US)
+                now + self.timeout_us + rng.below(3 * self.timeout_us)
             } else {
                 now + latency
             };
@@ -741,6 +797,14 @@ impl Scenario {
                 answered: !reply_lost,
                 settled: node.collected,
             });
+        }
+    }
+
+    /// The latency (µs) of one message between node `i` and Redis.
+    fn latency(&self, i: usize, rng: &mut Rng) -> u64 {
+        match self.slow {
+            Some(slow) if slow.node == i => slow.leg_us,
+            _ => rng.below(self.max_latency_us) / 2 + 1,
         }
     }
 
@@ -804,7 +868,7 @@ impl Scenario {
     ) -> u64 {
         let after = ms + 1;
         let is_down = |at_ms: u64| (down_from..down_until).contains(&(at_ms * 1_000));
-        let mut next = RUN_MS;
+        let mut next = self.run_ms;
         let mut consider = |at_ms: u64| next = next.min(at_ms.max(after));
         for node in nodes {
             consider(node.arrival.0);
@@ -920,7 +984,7 @@ pub(super) fn ideal(s: &Scenario) -> Vec<u32> {
     };
     let mut owed = vec![0.0f64; s.nodes()];
     let mut tat = 0u64;
-    (0..RUN_MS)
+    (0..s.run_ms)
         .map(|ms| {
             let now = ms * 1_000;
             let mut offered = 0;
@@ -972,14 +1036,14 @@ pub(super) fn bound(s: &Scenario) -> f64 {
     let outage = match s.outage {
         Outage::Restart { .. } => 3.0 * b + 2.0 * n,
         Outage::Pause { .. } => 2.0 * (b + n),
-        Outage::None if lossy || s.cut.is_some() => 2.0 * (b + n),
+        Outage::None if lossy || s.cut.is_some() || s.slow.is_some() => 2.0 * (b + n),
         Outage::None => 0.0,
     };
     if s.reconcile {
         // Under contention each node's overdraft is its credit (at most a token plus its
         // share of the larger of `B` and `r·H`) plus its accrual over `H`.
         let overdrafts = (b + hold).max(n + b.max(hold) + hold);
-        b + held + overdrafts + r * (s.interval_ms * 1_000 + TIMEOUT_US) as f64 + outage
+        b + held + overdrafts + r * (s.interval_ms * 1_000 + s.timeout_us) as f64 + outage
     } else {
         b + held + outage
     }
@@ -1125,6 +1189,9 @@ mod properties {
             cold: false,
             settle: None,
             seed,
+            run_ms: RUN_MS,
+            slow: None,
+            timeout_us: TIMEOUT_US,
         }
     }
 
@@ -1301,7 +1368,7 @@ mod properties {
             let out = s.run();
             let excess = excess(&out.per_ms, s.rate_per_us());
             prop_assert!(excess <= bound(&s), "excess {excess} > {}: {s:?}", bound(&s));
-            let span = (RUN_MS - MEASURE_FROM_MS) as f64 / 1_000.0;
+            let span = (s.run_ms - MEASURE_FROM_MS) as f64 / 1_000.0;
             let r = s.rate_per_us() * 1e6;
             let demands: Vec<f64> = out.node_offered.iter().map(|&o| o as f64 / span).collect();
             let fair = max_min(&demands, r);
@@ -1399,7 +1466,7 @@ mod properties {
                 (got, reference, slack)
             };
             let (soon, soon_ref, soon_slack) = window(resumed + 2_000, resumed + 4_000);
-            let (after, after_ref, after_slack) = window(resumed + 2_000, RUN_MS);
+            let (after, after_ref, after_slack) = window(resumed + 2_000, s.run_ms);
             record("faults", |w| {
                 w.excess = w.excess.max(excess / bound(&s));
                 w.low = w.low.min(soon - (soon_ref.min(1.0) - soon_slack));
@@ -1429,7 +1496,7 @@ mod properties {
             let fresh = s.capacity() as f64 / 2.0 / r;
             prop_assert!(soon <= soon_ref.max(1.0) + 0.10 + soon_slack + fresh, "2 s after: {soon} r: {s:?}");
             let fresh_after =
-                s.capacity() as f64 / ((RUN_MS - resumed - 2_000) as f64 / 1_000.0) / r;
+                s.capacity() as f64 / ((s.run_ms - resumed - 2_000) as f64 / 1_000.0) / r;
             prop_assert!(after <= after_ref.max(1.0) + 0.03 + after_slack + fresh_after, "after: {after} r: {s:?}");
         }
 
@@ -1523,8 +1590,8 @@ mod properties {
             prop_assert!(excess <= limit, "excess {excess} > {limit}: {s:?}");
             // (A raised quota's burst may be spent a few seconds after the change, while
             // the nodes' demands catch up: the rate is measured once it is.)
-            let long_run = per_second(&out.per_ms, at_ms + 10_000, RUN_MS) / new_rate as f64;
-            let span = (RUN_MS - at_ms - 10_000) as f64 / 1_000.0;
+            let long_run = per_second(&out.per_ms, at_ms + 10_000, s.run_ms) / new_rate as f64;
+            let span = (s.run_ms - at_ms - 10_000) as f64 / 1_000.0;
             let slack = (s.nodes() as f64 + 2.0) / span / new_rate as f64;
             prop_assert!(long_run <= 1.03 + slack, "rate {long_run} of the new limit: {s:?}");
             if !reconcile {
@@ -1644,10 +1711,11 @@ mod properties {
             cut_fraction in 0.0f64..1.0,
             reconcile: bool,
             kind in 0u8..3,
-            long: bool,
+            length in prop_oneof![1_000u64..10_000, 10_000u64..=120_000],
             at in 8_000u64..12_000,
-            (down_ms, up_ms) in (100u64..3_000, 100u64..3_000),
+            (down_ms, up_ms) in (500u64..=5_000, 500u64..=5_000),
             share_ttl_ms in prop::sample::select(vec![0u64, 5_000, 10_000, 30_000]),
+            slow in prop::option::weighted(0.3, 0.5f64..3.0),
             seed: u64,
         ) {
             let mut s = base(rate, burst, interval_ms, reconcile, seed);
@@ -1656,13 +1724,23 @@ mod properties {
             let n = s.nodes();
             // One node in two scenarios of three, else k of N (all of them included).
             let k = if seed % 3 == 0 { 1 + ((n as f64 - 1.0) * cut_fraction).round() as usize } else { 1 };
-            let length = if long { 30_000 } else { 10_000 };
-            let kind = match kind {
-                0 => CutKind::Blackhole,
-                1 => CutKind::RepliesLost,
-                _ => CutKind::Flapping { down_ms, up_ms },
+            // A flapping link goes down and up for a minute.
+            let (kind, length) = match kind {
+                0 => (CutKind::Blackhole, length),
+                1 => (CutKind::RepliesLost, length),
+                _ => (CutKind::Flapping { down_ms, up_ms }, 60_000),
             };
             s.cut = Some(Cut { nodes: k, at, length, kind });
+            s.run_ms = RUN_MS.max(at + length + 15_000);
+            // One of the healthy nodes (the last) with a round trip of half to three
+            // intervals, within a timeout set to twice it (as its operator would).
+            s.slow = slow.map(|x| Slow {
+                node: n - 1,
+                leg_us: (x * (interval_ms * 1_000) as f64 / 2.0) as u64,
+            });
+            if let Some(slow) = s.slow {
+                s.timeout_us = s.timeout_us.max(4 * slow.leg_us);
+            }
             let out = s.run();
             let excess = excess(&out.per_ms, s.rate_per_us());
             let r = s.rate_per_us() * 1e6;
@@ -1709,7 +1787,8 @@ mod properties {
                 let fair = max_min(&demands[k..], capacity);
                 let fair_uncut = max_min(&demands, r);
                 for (j, share) in fair.iter().enumerate() {
-                    if share * span < 100.0 {
+                    // (The slow node's rounds run by its link, not by its share.)
+                    if share * span < 100.0 || s.slow.is_some_and(|slow| slow.node == k + j) {
                         continue;
                     }
                     let got = rate_in(&out.node_ms[k + j]) / share;
@@ -1723,17 +1802,11 @@ mod properties {
                 w.unfair = w.unfair.max(unfair);
             });
             if census() {
-                println!("CENSUS partitions k={k} n={n} kind={kind:?} long={long} rec={reconcile} excess={:.3} after={after:.4} unfair={unfair:.4}", excess / bound(&s));
+                println!("CENSUS partitions k={k} n={n} kind={kind:?} length={length} rec={reconcile} slow={} excess={:.3} after={after:.4} unfair={unfair:.4} {s:?}", s.slow.is_some(), excess / bound(&s));
                 return Ok(());
             }
             prop_assert!(excess <= bound(&s), "excess {excess} > {}: {s:?}", bound(&s));
-            // The issue asks 70% of r in each of the 3 s after the heal and shares within
-            // ±20%: over 1,000 scenarios 2 fell below 70% (worst 40%, both in reconcile
-            // mode, one with 7 of 11 nodes cut, one flapping) and 4 had a healthy node off
-            // by more than 20% (worst 42%, with 5 of 6 or 6 of 8 nodes cut, so one or two
-            // healthy nodes): this asserts what holds everywhere, the closing note says
-            // the rest.
-            prop_assert!(after >= -0.35, "after the heal: {after}: {s:?}");
+            prop_assert!(after >= 0.0, "after the heal: {after}: {s:?}");
             prop_assert!(unfair <= 0.45, "healthy nodes' shares off by {unfair}: {s:?}");
         }
     }
@@ -1781,8 +1854,8 @@ mod properties {
             let excess = excess(&out.per_ms, s.rate_per_us());
             let ideal = ideal(&s);
             let from = at + 5_000;
-            let got = per_second(&out.per_ms, from, RUN_MS) / r;
-            let reference = per_second(&ideal, from, RUN_MS) / r;
+            let got = per_second(&out.per_ms, from, s.run_ms) / r;
+            let reference = per_second(&ideal, from, s.run_ms) / r;
             let ratio = excess / (bound(&s) + cold_term(&s));
             record("cold", |w| {
                 w.excess = w.excess.max(ratio);
@@ -1800,6 +1873,117 @@ mod properties {
                 prop_assert!(got >= reference.min(1.0) * 0.9 - slack(&s), "rate {got} against {reference}: {s:?}");
             }
         }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Cooling: `k` of the `N` nodes push a cold key past their share for 10 s (it
+        /// turns hot), then every node's demand falls back below its even share. No node
+        /// renews the announcement any more; once it lapses, each node returns the key
+        /// cold at its next rounds (`cooling_time`), after which no round carries it: it
+        /// costs Redis nothing. The bound with the cold tier's term holds at every `t`,
+        /// through the turn to hot and the return to cold.
+        #[test]
+        fn hot_keys_return_cold_within_the_bound(
+            (rate, burst) in quota(),
+            interval_ms in 10u64..=200,
+            load in 1.0f64..10.0,
+            n in 1usize..=16,
+            many: bool,
+            under in 0.0f64..0.5,
+            reconcile: bool,
+            at in 3_000u64..8_000,
+            lossy: bool,
+            share_ttl_ms in prop::sample::select(vec![0u64, 2_000, 5_000]),
+            seed: u64,
+        ) {
+            let mut s = base(rate, burst, interval_ms, reconcile, seed);
+            s.cold = true;
+            s.share_ttl_ms = share_ttl_ms;
+            if lossy {
+                s.lost_per_mille = 10;
+                s.late_per_mille = 10;
+            }
+            let r = s.rate_per_us() * 1e6;
+            let k = if many { 1 + (seed as usize >> 8) % n } else { 1 };
+            let share = r / n as f64;
+            let to_ms = at + 10_000;
+            s.arrivals = (0..n)
+                .map(|i| Arrivals::Pulse {
+                    low: share * under,
+                    high: if i < k { load * r / k as f64 } else { share * under },
+                    from_ms: at,
+                    to_ms,
+                })
+                .collect();
+            // The cold tier is off below a token of burst per node: nothing to cool.
+            prop_assume!(s.capacity() >= n as u64);
+            // Long enough for the key to return cold (a few minutes at most).
+            prop_assume!(cooling_time(&s) <= 200_000);
+            s.run_ms = RUN_MS.max(to_ms + cooling_time(&s) + 5_000);
+            let out = s.run();
+            let excess = excess(&out.per_ms, s.rate_per_us());
+            let ratio = excess / (bound(&s) + cold_term(&s));
+            let turned = out.turned_hot.iter().any(|&t| t > 0);
+            // The last round that carried the key (a round sent before the key returned
+            // cold may be applied late, up to four timeouts after it was sent): the key
+            // returned cold everywhere, or was released where idle, before.
+            let late = 4 * s.timeout_us / 1_000 + 1;
+            let last_round = out.key_rounds_ms.iter().rposition(|&c| c > 0).map(|at| at as u64);
+            let took = last_round.map(|at| at.saturating_sub(to_ms + late));
+            let after_cold = out.cooled_at.iter().flatten().max().map_or(0, |&at| {
+                out.key_rounds_ms.get((at + late) as usize..).map_or(0, |r| r.iter().sum())
+            });
+            record("cooling", |w| {
+                w.excess = w.excess.max(ratio);
+                w.high = w.high.max(took.unwrap_or(0) as f64 / 1_000.0);
+            });
+            if census() {
+                println!("CENSUS cooling n={n} k={k} rec={reconcile} lossy={lossy} ttl={share_ttl_ms} r={rate} b={burst} i={interval_ms} ratio={ratio:.3} turned={turned} cooled={:?} took={took:?} after_cold={after_cold} {s:?}", out.cooled);
+                return Ok(());
+            }
+            prop_assert!(ratio <= 1.0, "excess {excess} > {}: {s:?}", bound(&s) + cold_term(&s));
+            // (A pulse just over a share with a large burst may not spend it in 10 s.)
+            if !turned {
+                return Ok(());
+            }
+            // Every node returned the key cold (or released it, idle), in time: no round
+            // carries it after. With late rounds, a renewal sent before the return may be
+            // applied after it and announce the key once more: one lifetime more.
+            let mut limit = to_ms + cooling_time(&s) + late;
+            if lossy {
+                limit += lifetime_ms(&s);
+            }
+            prop_assert!(
+                last_round.is_some_and(|at| at <= limit),
+                "a round carried the key at {last_round:?}, later than {limit}: {:?} {s:?}", out.cooled
+            );
+        }
+    }
+
+    /// How long after every node's use of a key falls under half its even share the key
+    /// may stay hot: its use's average falls under 3/4 of the share (its time constant
+    /// `τ` is the quota's period within 1 to 60 s, or 20 tokens of the even share if
+    /// longer: from the whole rate, the most one node admits, to 1/4 of the share above
+    /// what it uses, among 16 nodes, takes `ln(64)·τ`, under 5 `τ`), the last
+    /// announcement lapses (its lifetime `L`, four times `max(share_ttl, staleness)`, 10 s
+    /// at least), and each node reads that at its next round and returns the key cold at
+    /// the one after (each up to 1.25 intervals and a timeout).
+    fn cooling_time(s: &Scenario) -> u64 {
+        // The key's use is averaged over 20 tokens of the even share at least.
+        let share_ms = s.shape().ticks_per_token() * s.nodes() as u64 / 1_000;
+        let tau_ms = (s.quota().period_ns() / 1_000_000)
+            .clamp(1_000, 60_000)
+            .max(20 * share_ms);
+        5 * tau_ms + lifetime_ms(s) + 2 * (s.interval_ms * 5 / 4 + s.timeout_us / 1_000)
+    }
+
+    /// An announcement's lifetime `L` (ms): four times `max(share_ttl, staleness)`, 10 s
+    /// at least.
+    fn lifetime_ms(s: &Scenario) -> u64 {
+        let staleness_ms = (3 * s.interval_ms).max(500);
+        (4 * s.share_ttl_ms.max(staleness_ms)).max(10_000)
     }
 
     proptest! {
@@ -1884,7 +2068,7 @@ mod properties {
                 // debt of the last charges, not repaid when the run ends.
                 let consumed =
                     out.per_ms.iter().map(|&c| i64::from(c)).sum::<i64>() + charged + refunded;
-                let limit = (s.rate_per_us() * RUN_MS as f64 * 1_000.0) as i64;
+                let limit = (s.rate_per_us() * s.run_ms as f64 * 1_000.0) as i64;
                 let last_debt = 2 * burst as i64;
                 assert!(
                     consumed <= limit + bound as i64 + last_debt && consumed >= limit * 9 / 10,
@@ -1907,7 +2091,7 @@ mod properties {
     /// global state refills at the whole rate meanwhile.
     fn cold_term(s: &Scenario) -> f64 {
         let r = s.rate_per_us();
-        r * (2.5 * (s.interval_ms * 1_000) as f64 + 2.0 * TIMEOUT_US as f64)
+        r * (2.5 * (s.interval_ms * 1_000) as f64 + 2.0 * s.timeout_us as f64)
     }
 
     /// What rounds that time out cost a saturated node's long-run rate, as a fraction of
@@ -1920,7 +2104,7 @@ mod properties {
     fn timeouts_cost(s: &Scenario) -> f64 {
         let p = (2 * s.lost_per_mille + s.late_per_mille) as f64 / 1_000.0;
         let interval = (s.interval_ms * 1_000) as f64;
-        let stall = TIMEOUT_US as f64 + interval;
+        let stall = s.timeout_us as f64 + interval;
         let held = s.capacity() as f64 / s.rate_per_us() + s.hold_us() as f64;
         p * (stall - held).max(0.0) / interval
     }
@@ -1930,7 +2114,7 @@ mod properties {
     /// timeout.
     fn lease_rides_out_timeouts(s: &Scenario) -> bool {
         s.reconcile
-            || s.capacity() as f64 >= s.rate_per_us() * (s.hold_us() + TIMEOUT_US) as f64 + 1.0
+            || s.capacity() as f64 >= s.rate_per_us() * (s.hold_us() + s.timeout_us) as f64 + 1.0
     }
 
     /// Max-min fair shares of `capacity` among `demands`.
@@ -1949,7 +2133,7 @@ mod properties {
 
     /// The long-run rate over the measured span, as a fraction of `r`.
     fn rate_of(per_ms: &[u32], s: &Scenario) -> f64 {
-        per_second(per_ms, MEASURE_FROM_MS, RUN_MS) / (s.rate_per_us() * 1e6)
+        per_second(per_ms, MEASURE_FROM_MS, s.run_ms) / (s.rate_per_us() * 1e6)
     }
 
     /// What a finite span adds to the long-run ±3%, as a fraction of `r`: the standing
@@ -1957,7 +2141,7 @@ mod properties {
     /// each end.
     fn slack(s: &Scenario) -> f64 {
         (s.nodes() as f64 + 2.0)
-            / ((RUN_MS - MEASURE_FROM_MS) as f64 / 1_000.0)
+            / ((s.run_ms - MEASURE_FROM_MS) as f64 / 1_000.0)
             / (s.rate_per_us() * 1e6)
     }
 
@@ -1974,6 +2158,7 @@ mod properties {
         report("fixed");
         report("quota");
         report("cold");
+        report("cooling");
         report("settle");
     }
 }

@@ -286,9 +286,10 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
     demand_at = 0, window = window, epoch = epoch, unmet = 0, overdraft = 0,
     share = 0, till = 0, charged_to = 0, prepaid = 0, landed = 0, landed_end = 0, owes = 0,
     fallback = 0}
-  -- A node whose share was charged on its behalf since its last round accrued no credit
-  -- meanwhile.
-  local returning = existing ~= nil and existing.charged_to > existing.demand_at
+  -- A node back from silence, or whose share was charged on its behalf since its last
+  -- round, accrued no credit meanwhile.
+  local away = existing ~= nil and last_heard(node, existing) < scut
+  local returning = away or (existing ~= nil and existing.charged_to > existing.demand_at)
 
   -- A window counter's lease (lease mode) is void once its window ends: what the node
   -- kept of one reserved in an earlier window goes back to that window.
