@@ -1347,7 +1347,13 @@ where
         }
         let p = &self.config.node_params;
         let want = match h.read_at {
+            // Not before the node has read the announcements and the node count (a read
+            // whose round's heartbeat failed tells no count: a share of 0 nodes would be
+            // the whole quota).
             None => Some(Cold::unvouched().for_new_keys(!self.driver.in_fallback())),
+            Some(_) if h.nodes == 0 => {
+                Some(Cold::unvouched().for_new_keys(!self.driver.in_fallback()))
+            }
             Some(at) => {
                 let until = at.saturating_add(tier.valid_ns);
                 Cold::share(p.capacity, p.ticks, h.nodes, tier.windowed, until)
