@@ -113,6 +113,18 @@ pub enum ConfigError {
     UnknownSentinelMaster(String),
     /// Another synced limiter of this process already uses this prefix and algorithm.
     PrefixInUse(String),
+    /// Another node of this synced limiter's prefix syncs by other terms (seen in Redis
+    /// at build, with [`RedisSync::require_connection`](crate::sync::RedisSync::require_connection)):
+    /// nodes that share a prefix share its keys' state, and must agree on the algorithm,
+    /// the mode, the cold tier and the default quota.
+    SyncSettingsDiffer {
+        /// `algorithm`, `mode`, `cold_keys` or `quota`.
+        setting: &'static str,
+        /// This limiter's value.
+        ours: String,
+        /// The other node's.
+        theirs: String,
+    },
     /// A quota string such as `"100/s burst 200"` could not be parsed.
     InvalidQuotaString {
         /// The string as given.
@@ -227,6 +239,16 @@ impl fmt::Display for ConfigError {
             Self::UnknownSentinelMaster(master) => write!(
                 f,
                 "no sentinel monitors a primary named {master:?}: check the master name"
+            ),
+            Self::SyncSettingsDiffer {
+                setting,
+                ours,
+                theirs,
+            } => write!(
+                f,
+                "another node of this prefix syncs with {setting} {theirs}, this one with \
+                 {ours}: every node sharing a prefix must use the same algorithm, mode, \
+                 cold_keys and default quota (or give this limiter a prefix of its own)"
             ),
             Self::PrefixInUse(what) => write!(
                 f,

@@ -371,22 +371,28 @@ impl Client {
         }
     }
 
-    /// Connects and pings once, blocking for at most about `timeout`.
-    pub(crate) fn ping_blocking(&self, timeout: Duration) -> redis::RedisResult<()> {
+    /// Connects, pings once (behind Sentinel: checks that the server is the primary),
+    /// then runs `cmd`, blocking for at most about `timeout` a step.
+    pub(crate) fn query_blocking(
+        &self,
+        timeout: Duration,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<Value> {
         match self {
             Self::Single(client) => {
                 let mut connection = client.get_connection_with_timeout(timeout)?;
                 connection.set_read_timeout(Some(timeout))?;
                 redis::cmd("PING").query::<String>(&mut connection)?;
+                cmd.query(&mut connection)
             }
             Self::Cluster(client, _) => {
                 let mut connection = client.get_connection()?;
                 connection.set_read_timeout(Some(timeout))?;
                 redis::cmd("PING").query::<String>(&mut connection)?;
+                cmd.query(&mut connection)
             }
-            Self::Sentinel(sentinels) => sentinels.ping_blocking(timeout)?,
+            Self::Sentinel(sentinels) => sentinels.query_blocking(timeout, cmd),
         }
-        Ok(())
     }
 
     /// This client with `nodes` added to a cluster's seeds (itself if it is not a

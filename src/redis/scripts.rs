@@ -35,6 +35,8 @@ pub const FIXED_WINDOW: &str = concat!(
 pub const SYNC_ROUND: &str = include_str!("lua/sync_round.lua");
 /// The background sync's cold tier: announces and reads the keys turned hot.
 pub const SYNC_HOT_KEYS: &str = include_str!("lua/sync_hot_keys.lua");
+/// The background sync's settings: each node writes its own and reads every node's.
+pub const SYNC_SETTINGS: &str = include_str!("lua/sync_settings.lua");
 
 #[cfg(test)]
 mod tests {
@@ -51,6 +53,7 @@ mod tests {
             ("FIXED_WINDOW", super::FIXED_WINDOW),
             ("SYNC_ROUND", super::SYNC_ROUND),
             ("SYNC_HOT_KEYS", super::SYNC_HOT_KEYS),
+            ("SYNC_SETTINGS", super::SYNC_SETTINGS),
         ] {
             let first = script.lines().next().unwrap_or_default();
             assert_eq!(first, "#!lua", "{name}");

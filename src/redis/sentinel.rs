@@ -243,20 +243,23 @@ impl Sentinels {
         event.split(' ').next() == Some(self.master.as_str())
     }
 
-    /// Whether the primary answers, blocking: the address the first sentinel names,
-    /// checked with `ROLE`.
-    pub(crate) fn ping_blocking(&self, timeout: Duration) -> redis::RedisResult<()> {
+    /// Runs `cmd` on the primary, blocking: the address the first sentinel names,
+    /// checked with `ROLE` first.
+    pub(crate) fn query_blocking(
+        &self,
+        timeout: Duration,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<Value> {
         let address = self.primary_address_blocking(timeout)?;
         let mut connection = self
             .data_client(&address)?
             .get_connection_with_timeout(timeout)?;
         connection.set_read_timeout(Some(timeout))?;
         let role: Value = redis::cmd("ROLE").query(&mut connection)?;
-        if is_primary(&role) {
-            Ok(())
-        } else {
-            Err(not_primary())
+        if !is_primary(&role) {
+            return Err(not_primary());
         }
+        cmd.query(&mut connection)
     }
 }
 

@@ -289,6 +289,7 @@
 //! `d` refills `min(r·d, B)` at once, and a step back withholds `r·d`. Run Redis's host
 //! with a slewing clock (chrony, ntpd), not a stepping one.
 
+mod agree;
 mod books;
 mod build;
 mod cell;
@@ -371,6 +372,11 @@ pub struct SyncStats {
     /// Keys whose reserved share ran out during an outage, so that they got the
     /// fallback's one-time budget (counted each time; each is a `warn` event).
     pub keys_on_budget: u64,
+    /// The first setting on which another node of this prefix differs, as last read
+    /// (`algorithm`, `mode`, `cold_keys` or `quota`; a `warn` event says whose value):
+    /// nodes that share a prefix share its keys' state, and must agree on them, or the
+    /// bound does not hold. `None` while they agree.
+    pub settings_differ: Option<&'static str>,
 }
 
 impl SyncStats {
@@ -397,6 +403,7 @@ impl SyncStats {
             keys_turned_hot: self.keys_turned_hot + other.keys_turned_hot,
             keys_cooled: self.keys_cooled + other.keys_cooled,
             keys_on_budget: self.keys_on_budget + other.keys_on_budget,
+            settings_differ: self.settings_differ.or(other.settings_differ),
         }
     }
 }
@@ -593,8 +600,10 @@ impl SyncHandle {
     }
 
     /// Stops the task after a last round that reports all pending consumption, returns
-    /// every leased token and leaves the node registry. The limiter gets no leases after
-    /// it: shut down when the node is about to stop serving.
+    /// every leased token and leaves the node registry. The limiter denies every check
+    /// after it (with no round to report them, its admissions would go uncharged, and its
+    /// share is the other nodes' again): shut down when the node is about to stop
+    /// serving.
     pub async fn shutdown(mut self) {
         for also in &self.also {
             also.shared.stop.notify_one();

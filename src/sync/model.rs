@@ -9,7 +9,8 @@ use redis::Value;
 
 use super::protocol::{Answer, MAX_DEMAND, Params, Request, Shape, SharedQuota, WEIGHT_ONE, scale};
 use super::wire::{
-    Args, Command, HotCall, HotReply, RoundCall, RoundReply, Script, WireError, parse_id,
+    Args, Command, HotCall, HotReply, RoundCall, RoundReply, Script, SettingsCall, SettingsReply,
+    WireError, parse_id,
 };
 
 impl Shape {
@@ -684,6 +685,8 @@ pub(crate) struct Server {
     announcements: HashMap<Vec<u8>, BTreeMap<Vec<u8>, u64>>,
     /// Each limiter key's state (a hash).
     keys: HashMap<Vec<u8>, KeyState>,
+    /// Each prefix's settings (a hash): field to when it was written (ms) and terms.
+    settings: HashMap<Vec<u8>, BTreeMap<Vec<u8>, (u64, Vec<u8>)>>,
 }
 
 impl Server {
@@ -693,6 +696,7 @@ impl Server {
         match command.script {
             Script::Round => self.round(&command.keys, &command.args, now),
             Script::HotKeys => self.hot_keys(&command.keys, &command.args, now),
+            Script::Settings => self.settings(&command.keys, &command.args, now),
             Script::Leave => {
                 let invalid = || WireError::invalid("ZREM's arguments");
                 let [registry] = &command.keys[..] else {
@@ -792,6 +796,28 @@ impl Server {
                 .push(serve(p, state, call.node, request, now, &heard));
         }
         Ok(reply.encode())
+    }
+
+    /// `sync_settings.lua`.
+    fn settings(&mut self, keys: &[Vec<u8>], args: &Args, now: u64) -> Result<Value, WireError> {
+        let invalid = || WireError::invalid("TOLLGATE invalid settings arguments");
+        let ([key], Ok(call)) = (keys, SettingsCall::decode(args)) else {
+            return Err(invalid());
+        };
+        if call.stale_ms == 0 {
+            return Err(invalid());
+        }
+        let now_ms = now / 1_000;
+        let hash = self.settings.entry(key.clone()).or_default();
+        if !call.terms.is_empty() {
+            hash.insert(call.field.into_bytes(), (now_ms, call.terms.into_bytes()));
+        }
+        hash.retain(|_, (at, _)| now_ms - (*at).min(now_ms) <= call.stale_ms);
+        let entries = hash
+            .iter()
+            .map(|(field, (_, terms))| (field.clone(), terms.clone()))
+            .collect();
+        Ok(SettingsReply { entries }.encode())
     }
 
     /// `sync_hot_keys.lua`.

@@ -39,6 +39,7 @@ use std::hash::Hash;
 use std::sync::atomic::Ordering;
 
 use super::SyncStats;
+use super::agree::{self, Disagreement, Terms};
 use super::books::Books;
 use super::cell::{Cold, NEW, NOTED, OutageMode, SyncCell, SyncPolicy, WANT_HOT};
 use super::config::{FailMode, RedisSync, Settings, SyncMode};
@@ -46,7 +47,9 @@ use super::driver::{Driver, Health, MAX_BACKOFF, RoundSize, Timing, micros, mill
 use super::key::{self, Need, NodeParams};
 use super::protocol::{Params, Request, Shape, SharedQuota, WEIGHT_ONE};
 use super::round::{self, Call, Selection};
-use super::wire::{self, Command, HotCall, HotReply, RoundCall, RoundReply};
+use super::wire::{
+    self, Command, HotCall, HotReply, RoundCall, RoundReply, SettingsCall, SettingsReply,
+};
 use crate::algorithm::Algorithm;
 use crate::error::ConfigError;
 use crate::quota::Quota;
@@ -88,6 +91,9 @@ pub(crate) struct NodeConfig {
     pub(crate) round_keys: usize,
     /// The cold tier, if on.
     pub(crate) cold: Option<ColdTier>,
+    /// What every node of the prefix must sync by, and the prefix's hash of them.
+    pub(crate) terms: Terms,
+    pub(crate) terms_key: Vec<u8>,
 }
 
 /// The cold tier's settings (see [`RedisSync::cold_keys`]).
@@ -184,6 +190,8 @@ impl NodeConfig {
             batch_size: config.batch_size,
             round_keys: config.round_keys,
             cold,
+            terms: Terms::new(config, algorithm, quota),
+            terms_key: format!("{{{prefix}}}:sync:settings").into_bytes(),
         })
     }
 
@@ -280,6 +288,8 @@ pub(crate) enum Event {
     Fallback { entered: bool, nodes: u64 },
     /// `keys` keys got their one-time budget in an outage; 0: the cold tier lapsed.
     Budget { keys: u64 },
+    /// Another node of the prefix syncs by other terms (see [`super::agree`]).
+    Disagreement(Disagreement),
 }
 
 /// What this node knows of the keys turned hot, and of its cold tier.
@@ -327,6 +337,8 @@ struct Round<K> {
     plan: Vec<Vec<Call>>,
     /// Each call's encoded command, by pipeline.
     commands: Vec<Vec<Command>>,
+    /// The settings went along, in the last pipeline.
+    settings_along: bool,
     /// Keys that needed a round and did not fit.
     waiting: usize,
     /// When the read of the announcements was sent, and what it read (the announcing
@@ -391,6 +403,8 @@ pub(crate) struct Node<K> {
     due: bool,
     flight: Option<Flight<K>>,
     closing: Option<Closing>,
+    /// When (ns) the node last sent its terms (see [`super::agree`]).
+    terms_sent: Option<u64>,
     stats: SyncStats,
     events: VecDeque<Event>,
     settled: bool,
@@ -421,6 +435,7 @@ where
             due: false,
             flight: None,
             closing: None,
+            terms_sent: None,
             stats: SyncStats::default(),
             events: VecDeque::new(),
             settled: false,
@@ -502,8 +517,7 @@ where
         }
         if let Some(Closing::Leaving { deadline, .. }) = self.closing {
             if now >= self.give_up(deadline) {
-                self.closing = Some(Closing::Closed);
-                self.settled = true;
+                self.stopped(store);
             }
         }
         // The schedule's timer (not a round's deadline) turns the local fallback.
@@ -558,7 +572,7 @@ where
         let stopping = match self.closing {
             None => false,
             Some(Closing::Flushing { rounds_left }) if rounds_left > 0 => true,
-            Some(Closing::Flushing { .. }) => return self.leave(now),
+            Some(Closing::Flushing { .. }) => return self.leave(now, store),
             Some(_) => return None,
         };
         // A round due while another was in flight waits for it, and for the backoff.
@@ -616,8 +630,7 @@ where
     ) {
         if let Some(Closing::Leaving { id: leaving, .. }) = self.closing {
             if leaving == id {
-                self.closing = Some(Closing::Closed);
-                self.settled = true;
+                self.stopped(store);
                 return;
             }
         }
@@ -690,10 +703,9 @@ where
 
     /// The command that leaves the registry, once the flush is done (if Redis was ever
     /// heard: otherwise there is nothing to leave).
-    fn leave(&mut self, now: u64) -> Option<Transmit> {
+    fn leave(&mut self, now: u64, store: &Store<K, SyncCell>) -> Option<Transmit> {
         if self.stats.syncs == 0 {
-            self.closing = Some(Closing::Closed);
-            self.settled = true;
+            self.stopped(store);
             return None;
         }
         let id = self.next_id;
@@ -708,6 +720,16 @@ where
                 self.config.id,
             )]],
         })
+    }
+
+    /// The node has stopped: its leases are returned and no round will report what a
+    /// check admits, so every check is denied from now on (a new key's fresh overdraft, a
+    /// cold key's share, would be admitted uncharged, and the share of a node that left
+    /// the registry is the others' again).
+    fn stopped(&mut self, store: &Store<K, SyncCell>) {
+        self.closing = Some(Closing::Closed);
+        self.settled = true;
+        set_outage(store, OutageMode::Closed);
     }
 
     /// A flush round ended: another follows while it succeeded and keys remain.
@@ -949,6 +971,19 @@ where
             };
             commands.push(vec![wire::hot_command(&tier.key, &call)]);
         }
+        // The terms go with the first round, then every `agree::EVERY`.
+        let settings_along = !stopping
+            && self
+                .terms_sent
+                .is_none_or(|at| now >= at.saturating_add(nanos(agree::EVERY)));
+        if settings_along {
+            let call = SettingsCall {
+                field: self.config.terms.field(self.config.id),
+                terms: self.config.terms.encode(),
+                stale_ms: agree::STALE_MS,
+            };
+            commands.push(vec![wire::settings_command(&self.config.terms_key, &call)]);
+        }
         Round {
             stopping,
             items,
@@ -956,6 +991,7 @@ where
             announce,
             plan,
             commands,
+            settings_along,
             waiting,
             hot_sent: now,
             hot_read: None,
@@ -1042,6 +1078,18 @@ where
             }
             Some(Err(f)) => failure = Some(f),
             None => {}
+        }
+        // The others' terms (a failed read is tried again at the next round).
+        if round.settings_along {
+            let read = replies.next().and_then(Result::ok);
+            if let Some(Ok(read)) = read
+                .as_ref()
+                .and_then(|v| v.first())
+                .map(SettingsReply::decode)
+            {
+                self.terms_sent = Some(now);
+                self.heard_terms(&read);
+            }
         }
         // What each call answered: the number of nodes and the clock from the heartbeat,
         // and each key's answer with the clock of the server that holds it.
@@ -1309,6 +1357,19 @@ where
         }
     }
 
+    /// Takes in the terms the prefix's nodes sync by: the first that differs from this
+    /// node's is published (once, until it changes) and shown in the stats.
+    fn heard_terms(&mut self, read: &SettingsReply) {
+        let found = self.config.terms.differ(self.config.id, &read.entries);
+        let setting = found.as_ref().map(|d| d.setting);
+        if setting != self.stats.settings_differ {
+            if let Some(d) = found {
+                self.events.push_back(Event::Disagreement(d));
+            }
+        }
+        self.stats.settings_differ = setting;
+    }
+
     // ---- The cold tier ----
 
     /// Takes in a read of the announcements sent at `sent` (limiter clock, ns), whose
@@ -1339,9 +1400,8 @@ where
             return;
         };
         let h = &mut self.hot;
-        if self.nodes > 0
-            && (self.nodes >= h.nodes || now.saturating_sub(h.nodes_at) >= tier.valid_ns)
-        {
+        // (Before the first heartbeat both are 0: see `want` below for what that means.)
+        if self.nodes >= h.nodes || now.saturating_sub(h.nodes_at) >= tier.valid_ns {
             h.nodes = self.nodes;
             h.nodes_at = now;
         }
@@ -1618,6 +1678,128 @@ mod tests {
             now = node.poll_timeout().max(now + 1).min(until);
             node.handle_timeout(now, store);
         }
+    }
+
+    /// Runs the node to `until` (ns) against the model of Redis, every reply coming at
+    /// once.
+    fn served(
+        node: &mut Node<String>,
+        store: &Store<String, SyncCell>,
+        redis: &mut crate::sync::model::Server,
+        from: u64,
+        until: u64,
+    ) {
+        let mut now = from;
+        while now < until && !node.is_closed() {
+            if let Some(t) = node.poll_transmit(now, store) {
+                let replies = t
+                    .pipelines
+                    .iter()
+                    .map(|p| {
+                        Ok(p.iter()
+                            .map(|c| redis.run(c, now / 1_000).unwrap())
+                            .collect())
+                    })
+                    .collect();
+                node.handle_replies(now, store, t.id, replies);
+                continue;
+            }
+            now = node.poll_timeout().max(now + 1).min(until);
+            node.handle_timeout(now, store);
+        }
+    }
+
+    /// After its last rounds, a stopped node denies every check: a new key's fresh
+    /// overdraft (reconcile mode), or a cold key's share, would be admitted with no
+    /// round to report it.
+    #[test]
+    fn a_stopped_node_denies_every_check() {
+        let quota = Quota::per_second(100).unwrap();
+        for cold in [false, true] {
+            let config = RedisSync::new("redis://127.0.0.1:1/").cold_keys(cold);
+            let (mut node, store) = node(config, quota);
+            let mut redis = crate::sync::model::Server::default();
+            served(&mut node, &store, &mut redis, 0, 500 * MS);
+            let check = |key: &str, now: u64| store.check(key, || now, 1, u64::MAX).unwrap();
+            assert!(check("before", 500 * MS).is_allowed(), "cold {cold}");
+            node.close(500 * MS);
+            served(&mut node, &store, &mut redis, 500 * MS, 600 * MS);
+            assert!(node.is_closed() && node.is_settled());
+            for key in ["before", "new"] {
+                let decision = check(key, 700 * MS);
+                assert!(!decision.is_allowed(), "cold {cold}, {key}: {decision:?}");
+            }
+        }
+    }
+
+    /// Nodes of one prefix that sync by other terms find out from what Redis holds: the
+    /// first setting that differs is in the stats and an event, and goes once they agree.
+    #[test]
+    fn nodes_that_differ_in_their_terms_say_so() {
+        let quota = Quota::per_second(100).unwrap();
+        let config = RedisSync::new("redis://127.0.0.1:1/");
+        let mut redis = crate::sync::model::Server::default();
+        let (mut a, store_a) = node(config.clone(), quota);
+        served(&mut a, &store_a, &mut redis, 0, 100 * MS);
+        assert_eq!(a.stats().settings_differ, None);
+        for (other, setting) in [
+            (config.clone().cold_keys(false), "cold_keys"),
+            (config.clone().mode(SyncMode::Lease), "mode"),
+        ] {
+            let (mut b, store_b) = node(other, quota);
+            b.config.id = 8;
+            served(&mut b, &store_b, &mut redis, 100 * MS, 200 * MS);
+            assert_eq!(b.stats().settings_differ, Some(setting));
+            let events: Vec<Event> = std::iter::from_fn(|| b.poll_event()).collect();
+            assert!(
+                events
+                    .iter()
+                    .any(|e| matches!(e, Event::Disagreement(d) if d.setting == setting)),
+                "{events:?}"
+            );
+        }
+        // Node A sees them too at its next write of its terms (every 10 s).
+        served(&mut a, &store_a, &mut redis, 100 * MS, 10_200 * MS);
+        assert!(a.stats().settings_differ.is_some());
+        // Once they have gone stale (30 s), it agrees again.
+        served(&mut a, &store_a, &mut redis, 10_200 * MS, 45_000 * MS);
+        assert_eq!(a.stats().settings_differ, None);
+    }
+
+    /// A first round whose read of the announcements comes back while its heartbeat is
+    /// lost tells no node count: the node admits nothing on its cold keys until one
+    /// does (a share "of no node" would be the whole quota).
+    #[test]
+    fn a_read_without_a_node_count_vouches_for_no_share() {
+        let quota = Quota::per_second(100).unwrap();
+        let (mut node, store) = node(RedisSync::new("redis://127.0.0.1:1/"), quota);
+        let mut redis = crate::sync::model::Server::default();
+        node.handle_timeout(1, &store);
+        let t = node.poll_transmit(1, &store).unwrap();
+        // The round's calls (the heartbeat) time out; the read of the announcements (and
+        // of the terms) comes back.
+        let replies = t
+            .pipelines
+            .iter()
+            .map(|p| {
+                if p.iter().any(|c| c.script == wire::Script::Round) {
+                    Err(Failure::timeout())
+                } else {
+                    Ok(p.iter().map(|c| redis.run(c, 0).unwrap()).collect())
+                }
+            })
+            .collect();
+        node.handle_replies(2 * MS, &store, t.id, replies);
+        let admitted = (0..100)
+            .filter(|_| {
+                store
+                    .check("k", || 3 * MS, 1, u64::MAX)
+                    .unwrap()
+                    .is_allowed()
+            })
+            .count();
+        assert_eq!(admitted, 0);
+        assert!(!node.stats().cold_tier, "{:?}", node.stats());
     }
 
     #[test]

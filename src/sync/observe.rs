@@ -103,3 +103,18 @@ pub(crate) fn sync_fallback(name: &str, entered: bool, policy: &dyn std::fmt::De
         tracing::info!(target: "tollgate", limiter = name, "sync: Redis answers again; fallback over");
     }
 }
+
+/// Another node of a synced limiter's prefix syncs by other terms (`warn`): which setting,
+/// and both values.
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+pub(crate) fn sync_disagreement(name: &str, setting: &str, ours: &str, theirs: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        target: "tollgate",
+        limiter = name,
+        setting,
+        ours,
+        theirs,
+        "sync: another node of this prefix syncs by other terms; every node of a prefix must agree, or the bound does not hold"
+    );
+}

@@ -15,16 +15,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use redis::Value;
 
+use super::agree;
 use super::config::Settings;
 use super::driver;
 use super::limiter::SyncedLimiter;
 use super::node::{self, Event, Failure, Node, NodeConfig, Replies, Transmit};
-use super::wire::{Command, Script};
+use super::wire::{Command, Script, SettingsCall, SettingsReply};
 use super::{FailMode, RedisSync, Shared, SyncHandle};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::redis::connection::Link;
-use crate::redis::scripts::{SYNC_HOT_KEYS, SYNC_ROUND};
+use crate::redis::scripts::{SYNC_HOT_KEYS, SYNC_ROUND, SYNC_SETTINGS};
 
 /// How often the task looks whether the limiter's users have all dropped it.
 const ALIVE_EVERY: Duration = Duration::from_millis(250);
@@ -73,6 +74,7 @@ struct Io {
     config: RedisSync,
     round: redis::Script,
     hot_keys: redis::Script,
+    settings_script: redis::Script,
     shared: Arc<Shared>,
     /// The limiter's name, for metrics.
     name: Arc<str>,
@@ -122,9 +124,21 @@ where
         config.shared_prefix,
     )?;
     if config.require_connection {
-        settings
+        // Reaches Redis, and reads the terms the prefix's other nodes sync by (writing
+        // none: the node's first round writes its own).
+        let call = SettingsCall {
+            field: node_config.terms.field(id),
+            terms: String::new(),
+            stale_ms: agree::STALE_MS,
+        };
+        let mut read = redis::cmd("EVAL");
+        read.arg(SYNC_SETTINGS)
+            .arg(1)
+            .arg(&node_config.terms_key)
+            .arg(call.encode());
+        let reply = settings
             .client
-            .ping_blocking(settings.timeout)
+            .query_blocking(settings.timeout, &read)
             .map_err(|e| {
                 crate::redis::sentinel::master_unknown(&e).unwrap_or_else(|| {
                     ConfigError::RedisUnreachable {
@@ -133,6 +147,15 @@ where
                     }
                 })
             })?;
+        if let Ok(read) = SettingsReply::decode(&reply) {
+            if let Some(d) = node_config.terms.differ(id, &read.entries) {
+                return Err(ConfigError::SyncSettingsDiffer {
+                    setting: d.setting,
+                    ours: d.ours,
+                    theirs: d.theirs,
+                });
+            }
+        }
     }
     let store = limiter.store();
     store.set_policy(node_config.initial_policy(store.default_policy()), 0);
@@ -146,6 +169,7 @@ where
         config,
         round: redis::Script::new(SYNC_ROUND),
         hot_keys: redis::Script::new(SYNC_HOT_KEYS),
+        settings_script: redis::Script::new(SYNC_SETTINGS),
         shared: Arc::clone(&shared),
         // `limiter` and `for_run`: every clone but the caller's (`build_synced` keeps
         // one, which it returns).
@@ -309,6 +333,9 @@ impl Io {
                     super::observe::sync_fallback(&self.name, entered, &self.config.fail_mode);
                 }
                 Event::Budget { keys } => super::observe::sync_budget(&self.name, keys),
+                Event::Disagreement(d) => {
+                    super::observe::sync_disagreement(&self.name, d.setting, &d.ours, &d.theirs);
+                }
             }
         }
         let mut cell = self.shared.stats.lock();
@@ -393,6 +420,10 @@ impl Io {
                     (Script::Leave, _) => pipe.cmd("ZREM"),
                     (Script::Round, true) => pipe.cmd("EVAL").arg(SYNC_ROUND),
                     (Script::HotKeys, true) => pipe.cmd("EVAL").arg(SYNC_HOT_KEYS),
+                    (Script::Settings, true) => pipe.cmd("EVAL").arg(SYNC_SETTINGS),
+                    (Script::Settings, false) => {
+                        pipe.cmd("EVALSHA").arg(self.settings_script.get_hash())
+                    }
                     (Script::Round, false) => pipe.cmd("EVALSHA").arg(self.round.get_hash()),
                     (Script::HotKeys, false) => pipe.cmd("EVALSHA").arg(self.hot_keys.get_hash()),
                 };

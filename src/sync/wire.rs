@@ -47,6 +47,8 @@ pub(crate) enum Script {
     Round,
     /// `sync_hot_keys.lua`: announce keys turned hot, read the announcements.
     HotKeys,
+    /// `sync_settings.lua`: write this node's terms, read every node's.
+    Settings,
     /// `ZREM registry node`: a node that stops leaves the registry.
     Leave,
 }
@@ -547,6 +549,86 @@ impl HotReply {
             now_ms: int(now, "hot-key reply: clock")?,
             read,
         })
+    }
+}
+
+/// One call of the settings script: this node's field and terms (none: read only), and
+/// the staleness.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SettingsCall {
+    pub(crate) field: String,
+    pub(crate) terms: String,
+    pub(crate) stale_ms: u64,
+}
+
+impl SettingsCall {
+    pub(crate) fn encode(&self) -> Args {
+        let mut args = Args::with_capacity(3);
+        args.push(self.field.as_bytes());
+        args.push(self.terms.as_bytes());
+        args.push_num(self.stale_ms);
+        args
+    }
+
+    #[cfg(test)]
+    pub(crate) fn decode(args: &Args) -> Result<Self, WireError> {
+        let invalid = || WireError::invalid("settings call: arguments");
+        let mut args = args.iter();
+        let (Some(field), Some(terms), Some(stale), None) =
+            (args.next(), args.next(), args.next(), args.next())
+        else {
+            return Err(invalid());
+        };
+        let text = |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|_| invalid());
+        Ok(Self {
+            field: text(field)?,
+            terms: text(terms)?,
+            stale_ms: parse(stale, "settings call: staleness")?,
+        })
+    }
+}
+
+/// What the settings script answers: each entry within the staleness, as (field, terms).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SettingsReply {
+    pub(crate) entries: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl SettingsReply {
+    #[cfg(test)]
+    pub(crate) fn encode(&self) -> Value {
+        Value::Array(
+            self.entries
+                .iter()
+                .flat_map(|(f, t)| [Value::BulkString(f.clone()), Value::BulkString(t.clone())])
+                .collect(),
+        )
+    }
+
+    pub(crate) fn decode(value: &Value) -> Result<Self, WireError> {
+        let items = array(value, "settings reply: not an array")?;
+        if items.len() % 2 != 0 {
+            return Err(WireError::invalid(
+                "settings reply: a field without its terms",
+            ));
+        }
+        let mut entries = Vec::with_capacity(items.len() / 2);
+        for pair in items.chunks_exact(2) {
+            let [Value::BulkString(field), Value::BulkString(terms)] = pair else {
+                return Err(WireError::invalid("settings reply: an entry"));
+            };
+            entries.push((field.clone(), terms.clone()));
+        }
+        Ok(Self { entries })
+    }
+}
+
+/// The command of a settings call on the prefix's settings hash.
+pub(crate) fn settings_command(key: &[u8], call: &SettingsCall) -> Command {
+    Command {
+        script: Script::Settings,
+        keys: vec![key.to_vec()],
+        args: call.encode(),
     }
 }
 

@@ -1580,3 +1580,174 @@ async fn a_synced_window_refunds_and_refuses_charges() {
         stop(nodes).await;
     }
 }
+
+/// Nodes of one prefix that sync by other terms (the algorithm, the mode, the cold tier,
+/// the default quota) are found from what Redis holds: a build that requires the
+/// connection fails with a typed error naming the setting; a running node says so in its
+/// stats (and a `warn` event), and no longer once the other node is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_of_one_prefix_that_differ_are_found() {
+    let server = server();
+    let quota = Quota::per_second(100).unwrap();
+    let (first, first_handle) = RateLimiter::<String>::builder(quota)
+        .build_synced(
+            settings(&server.url(), SyncMode::Reconcile, "differ").require_connection(true),
+        )
+        .unwrap();
+    first_handle.ready().await;
+    for (other, algorithm, setting) in [
+        (
+            settings(&server.url(), SyncMode::Lease, "differ"),
+            Algorithm::TokenBucket,
+            "mode",
+        ),
+        (
+            settings(&server.url(), SyncMode::Reconcile, "differ"),
+            Algorithm::SlidingWindow,
+            "algorithm",
+        ),
+        (
+            settings(&server.url(), SyncMode::Reconcile, "differ").cold_keys(false),
+            Algorithm::TokenBucket,
+            "cold_keys",
+        ),
+    ] {
+        let err = RateLimiter::<String>::builder(quota)
+            .algorithm(algorithm)
+            .build_synced(other.clone().require_connection(true))
+            .unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::SyncSettingsDiffer { setting: s, .. } if *s == setting),
+            "{err}"
+        );
+        assert!(err.to_string().contains(setting), "{err}");
+    }
+    let err = RateLimiter::<String>::builder("100/s burst 10".parse().unwrap())
+        .build_synced(
+            settings(&server.url(), SyncMode::Reconcile, "differ").require_connection(true),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::SyncSettingsDiffer {
+                setting: "quota",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Without the required connection it builds, and its first round finds out.
+    let (_second, second_handle) = RateLimiter::<String>::builder(quota)
+        .build_synced(settings(&server.url(), SyncMode::Lease, "differ"))
+        .unwrap();
+    second_handle.ready().await;
+    assert_eq!(second_handle.stats().settings_differ, Some("mode"));
+    second_handle.shutdown().await;
+    first_handle.shutdown().await;
+    drop(first);
+}
+
+/// A key that spikes turns hot, and once its use falls back under half each node's even
+/// share it returns cold (within the announcement's lifetime and the use's decay, as the
+/// simulation's `hot_keys_return_cold_within_the_bound` asserts), after which it costs
+/// Redis nothing: no round touches its state, while both nodes go on checking it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spiking_key_turns_hot_then_returns_cold() {
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    let quota = Quota::per_second(100).unwrap();
+    // A share_ttl of 1 s: announcements last 10 s (their least).
+    let config =
+        settings(&server.url(), SyncMode::Reconcile, "cooling").share_ttl(Duration::from_secs(1));
+    let nodes: Vec<_> = (0..2)
+        .map(|_| {
+            RateLimiter::<String>::builder(quota)
+                .build_synced(config.clone())
+                .unwrap()
+        })
+        .collect();
+    for (_, handle) in &nodes {
+        handle.ready().await;
+    }
+    let redis_key = "cooling:sync:tb:{k}";
+    let mut con = server.connection().await.unwrap();
+    let state = |mut con: redis::aio::MultiplexedConnection| async move {
+        let state: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL")
+            .arg(redis_key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        state
+    };
+    // Each node at `per_s` checks a second, node 0 at `spike` more, for `span`.
+    let offer = |per_s: u64, spike: u64, span: Duration| {
+        let nodes = &nodes;
+        async move {
+            let start = Instant::now();
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            let mut owed = [0.0f64; 2];
+            while start.elapsed() < span {
+                tick.tick().await;
+                for (i, (limiter, _)) in nodes.iter().enumerate() {
+                    owed[i] += (per_s + if i == 0 { spike } else { 0 }) as f64 / 100.0;
+                    while owed[i] >= 1.0 {
+                        owed[i] -= 1.0;
+                        limiter.check("k");
+                    }
+                }
+            }
+        }
+    };
+    // Light use: cold on both nodes, nothing in Redis.
+    offer(5, 0, Duration::from_secs(1)).await;
+    assert!(
+        state(con.clone()).await.is_empty(),
+        "a cold key costs Redis nothing"
+    );
+    // A spike on node 0 (three times the quota): hot on both, synced.
+    offer(5, 300, Duration::from_secs(2)).await;
+    for (_, handle) in &nodes {
+        assert!(handle.stats().keys_turned_hot >= 1, "{:?}", handle.stats());
+    }
+    assert!(!state(con.clone()).await.is_empty());
+    // Light use again: both return it cold once the announcement lapses, within the
+    // simulation's `cooling_time` (5 s of the use's decay, the 10 s lifetime, two rounds)
+    // and the test's own wait on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while nodes.iter().any(|(_, h)| h.stats().keys_cooled == 0) {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            nodes.iter().map(|(_, h)| h.stats()).collect::<Vec<_>>()
+        );
+        offer(5, 0, Duration::from_millis(200)).await;
+    }
+    for (_, handle) in &nodes {
+        assert_eq!(handle.stats().hot_keys, 0, "{:?}", handle.stats());
+    }
+    // From now on no round carries the key: its state in Redis stays as it was, while
+    // both nodes keep checking it (and admitting: a light key is served at its shares).
+    let before = state(con.clone()).await;
+    let admitted = {
+        let start = Instant::now();
+        let mut admitted = 0;
+        while start.elapsed() < Duration::from_secs(2) {
+            for (limiter, _) in &nodes {
+                admitted += u32::from(limiter.check("k").is_allowed());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        admitted
+    };
+    assert!(admitted >= 38, "{admitted} of 40");
+    assert_eq!(
+        state(con.clone()).await,
+        before,
+        "a round touched the cold key"
+    );
+    let _ = redis::cmd("PING").query_async::<String>(&mut con).await;
+    for (_, handle) in nodes {
+        handle.shutdown().await;
+    }
+}
