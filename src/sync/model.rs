@@ -685,9 +685,12 @@ pub(crate) struct Server {
     announcements: HashMap<Vec<u8>, BTreeMap<Vec<u8>, u64>>,
     /// Each limiter key's state (a hash).
     keys: HashMap<Vec<u8>, KeyState>,
-    /// Each prefix's settings (a hash): field to when it was written (ms) and terms.
-    settings: HashMap<Vec<u8>, BTreeMap<Vec<u8>, (u64, Vec<u8>)>>,
+    /// Each prefix's settings (a hash).
+    settings: HashMap<Vec<u8>, Terms>,
 }
+
+/// A prefix's settings hash: each field with when it was written (ms) and its terms.
+type Terms = BTreeMap<Vec<u8>, (u64, Vec<u8>)>;
 
 impl Server {
     /// Runs `command` at `now` (µs of Redis's clock): its reply, or the error reply the
