@@ -304,7 +304,7 @@ mod model;
 mod node;
 mod observe;
 mod protocol;
-mod round;
+
 #[cfg(test)]
 mod sim;
 mod task;
