@@ -529,16 +529,20 @@ pub(crate) fn serve(
     // 8.
     let overdraft = if params.overdraft_horizon > 0 && !late {
         // What the global state holds after the lease, plus its refill until the node's
-        // next round (in debt, the refill first repays it), in whole tokens; under
-        // contention no more than the node's credit will cover by then (each node's
-        // credit caps its own), otherwise shared with the overdrafts already out.
+        // next round (in debt, the refill first repays it), in whole tokens, shared with
+        // the overdrafts already out; under contention at least the node's share of it
+        // (so that a scarce room still reaches every node), and no more than the node's
+        // credit will cover by then (each node's credit caps its own). (Each node's
+        // whole room, added up over the nodes, overdraws the global state: the nodes
+        // then all stand idle while the debt is repaid, and the rate swings.)
         let room = room(shape, g, now, elapsed, params.overdraft_horizon);
+        let lent: u64 = others.iter().map(|r| r.overdraft).sum();
+        let left = room.saturating_sub(lent);
         if contended {
             let by_then = record.credit + scale(params.overdraft_horizon, weight);
-            room.min(by_then / ticks)
+            left.max(scale(room, weight)).min(by_then / ticks)
         } else {
-            let lent: u64 = others.iter().map(|r| r.overdraft).sum();
-            room.saturating_sub(lent)
+            left
         }
     } else {
         0

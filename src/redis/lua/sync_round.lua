@@ -417,12 +417,14 @@ local function serve(key, epoch, floor, keep, known, demand, want, anchor, deadl
     else
       room = math.max(0, a - cur)
     end
+    -- Shared with the overdrafts already out; contended, at least the node's share of
+    -- the room, and no more than its credit covers by then.
+    local lent = 0
+    for _, r in ipairs(others) do lent = lent + r.overdraft end
+    overdraft = math.max(0, room - lent)
     if contended then
-      overdraft = math.min(room, idiv(rec.credit + scale(horizon, weight), ticks))
-    else
-      local lent = 0
-      for _, r in ipairs(others) do lent = lent + r.overdraft end
-      overdraft = math.max(0, room - lent)
+      overdraft = math.min(math.max(overdraft, scale(room, weight)),
+        idiv(rec.credit + scale(horizon, weight), ticks))
     end
   end
   local holds = demand > 0 or keep > 0 or grant > 0
