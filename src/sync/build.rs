@@ -1,17 +1,31 @@
-//! [`Builder::build_synced`]: builds a [`SyncedLimiter`] and starts its sync tasks.
+//! [`Builder::build_synced`]: builds a [`SyncedLimiter`], checks its terms against the
+//! prefix's other nodes, and starts its sync tasks.
 
-use std::fmt;
+use std::collections::HashSet;
+use std::fmt::{self, Display};
+use std::hash::Hash;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
 
+use parking_lot::Mutex;
+
+use super::agree;
 use super::cell::{SyncCell, SyncPolicy};
+use super::driver;
 use super::limiter::SyncedLimiter;
+use super::node::{Node, NodeConfig};
 use super::protocol::Shape;
-use super::{RedisSync, SyncHandle};
+use super::task::{self, Io};
+use super::transport::Transport;
+use super::wire::{SettingsCall, SettingsReply};
+use super::{RedisSync, Shared, SyncHandle};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::limiter::{Builder, Common, Key};
 use crate::quota::Quota;
+use crate::redis::scripts::SYNC_SETTINGS;
 use crate::store::{Limits, Store, check_room};
 
 impl<K: Key, C: Clock> Builder<K, C> {
@@ -100,6 +114,133 @@ where
         ..limits
     };
     let limiter = SyncedLimiter::new(Store::new(limits, policy), common, also);
-    let handle = super::task::start(limiter.clone(), sync)?;
+    let handle = start_task(limiter.clone(), sync)?;
     Ok((limiter, handle))
+}
+
+/// Validates `config` for the limiter's algorithm and spawns the task for `limiter`.
+fn start_task<K, C>(
+    limiter: SyncedLimiter<K, C>,
+    config: RedisSync,
+) -> Result<SyncHandle, ConfigError>
+where
+    K: Hash + Eq + Clone + Display + Send + Sync + 'static,
+    C: Clock,
+{
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?;
+    let algorithm = limiter.algorithm();
+    let quota = limiter.quota();
+    let settings = config.validate(quota.period_ns())?;
+    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seed = (
+        std::process::id(),
+        STARTED.fetch_add(1, Ordering::Relaxed),
+        SystemTime::now(),
+    );
+    let id = ahash::RandomState::new().hash_one(seed);
+    let node_config = NodeConfig::new(
+        id,
+        &config,
+        &settings,
+        algorithm,
+        quota,
+        limiter.quota_capacity(),
+    )?;
+    let quota_part = match config.quota_index {
+        0 => String::new(),
+        i => format!(", quota {i}"),
+    };
+    let guard = PrefixGuard::claim(
+        format!(
+            "prefix {:?} with {}{quota_part}",
+            config.options.prefix,
+            algorithm.name()
+        ),
+        config.shared_prefix,
+    )?;
+    if config.require_connection {
+        // Reaches Redis, and reads the terms the prefix's other nodes sync by (writing
+        // none: the node's first round writes its own).
+        let call = SettingsCall {
+            field: node_config.terms.field(id),
+            terms: String::new(),
+            stale_ms: agree::STALE_MS,
+        };
+        let mut read = redis::cmd("EVAL");
+        read.arg(SYNC_SETTINGS)
+            .arg(1)
+            .arg(&node_config.terms_key)
+            .arg(call.encode());
+        let reply = settings
+            .client
+            .query_blocking(settings.timeout, &read)
+            .map_err(|e| {
+                crate::redis::sentinel::master_unknown(&e).unwrap_or_else(|| {
+                    ConfigError::RedisUnreachable {
+                        url: config.options.target.redacted(),
+                        reason: config.options.target.scrub(&e.to_string()),
+                    }
+                })
+            })?;
+        if let Ok(read) = SettingsReply::decode(&reply) {
+            if let Some(d) = node_config.terms.differ(id, &read.entries) {
+                return Err(ConfigError::SyncSettingsDiffer {
+                    setting: d.setting,
+                    ours: d.ours,
+                    theirs: d.theirs,
+                });
+            }
+        }
+    }
+    let store = limiter.store();
+    store.set_policy(node_config.initial_policy(store.default_policy()), 0);
+    let shared = Arc::new(Shared::default());
+    let now = limiter.clock().now_ns();
+    let node = Node::new(node_config, driver::seed(id), now);
+    let for_run = limiter.clone();
+    let io = Io {
+        name: Arc::from(limiter.name()),
+        transport: Arc::new(Transport::new(settings, config.options.target.clone())),
+        config,
+        shared: Arc::clone(&shared),
+        // `limiter` and `for_run`: every clone but the caller's (`build_synced` keeps
+        // one, which it returns).
+        own_handles: limiter.handles() - 1,
+    };
+    let handle = runtime.spawn(task::supervise(Arc::new(io), node, limiter, for_run, guard));
+    Ok(SyncHandle {
+        name: format!("tollgate-sync-{id:016x}"),
+        shared,
+        task: Some(handle),
+        also: Vec::new(),
+    })
+}
+
+/// The prefixes (with the algorithm) in use by this process's synced limiters.
+static IN_USE: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// Holds a prefix for as long as its limiter's task runs.
+pub(super) struct PrefixGuard(Option<String>);
+
+impl PrefixGuard {
+    fn claim(name: String, shared: bool) -> Result<Self, ConfigError> {
+        if shared {
+            return Ok(Self(None));
+        }
+        let mut in_use = IN_USE.lock();
+        if !in_use.get_or_insert_with(HashSet::new).insert(name.clone()) {
+            return Err(ConfigError::PrefixInUse(name));
+        }
+        Ok(Self(Some(name)))
+    }
+}
+
+impl Drop for PrefixGuard {
+    fn drop(&mut self) {
+        if let Some(name) = self.0.take() {
+            if let Some(set) = IN_USE.lock().as_mut() {
+                set.remove(&name);
+            }
+        }
+    }
 }

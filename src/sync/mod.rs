@@ -44,10 +44,22 @@
 //! node's share left off. Every node reads the announcements with each round (one more
 //! small call) and turns the key hot at its next round, reporting its own share's use
 //! the same way; a node that sees the key for the first time after the announcement
-//! turns it hot at its next round too. From then on the key is synced as above; it turns
-//! cold again once no node has synced it for the announcement's lifetime (four times
-//! `share_ttl`, at least 10 s) and a node sees it anew. Keys turn hot one by one,
-//! so the 1,000 hottest keys cost what 1,000 synced keys cost, and the rest nothing.
+//! turns it hot at its next round too. From then on the key is synced as above. Keys
+//! turn hot one by one, so the 1,000 hottest keys cost what 1,000 synced keys cost, and
+//! the rest nothing.
+//!
+//! A hot key **returns cold** once it is in light use everywhere. Each node averages the
+//! key's use (what it admitted, over `τ`: the quota's period within 1 to 60 s, or 20
+//! tokens of the even share if that is longer) and renews the announcement only while
+//! that use is at least 3/4 of its even share `r / N` (or the key has a quota of its
+//! own). Once no node renews it, the announcement lapses after its lifetime `L` (four
+//! times `max(share_ttl, staleness)`, at least 10 s); each node then returns the key
+//! cold at its next round, if its own use is still light: that round reports everything
+//! and gives the lease back, and from its answer the key admits at the node's cold
+//! share again, with no round. So a key whose demand falls under half its even share on
+//! every node costs Redis nothing again within `5·τ + L + 2` rounds (the simulation
+//! asserts it over 1,000 runs). A key throttled to its fair share under contention uses
+//! its share, and stays hot.
 //!
 //! While a key turns hot, the other nodes go on admitting at their shares until they
 //! have turned it hot (at most two rounds: `2.5·I + 2·Δ`), and the global state refills at
@@ -102,6 +114,10 @@
 //! In reconcile mode a node may also admit an **overdraft** beyond its lease: its share
 //! of what the global state holds plus what it refills over two intervals (in debt, the
 //! refill repays the debt first, and nothing is handed out), charged at its next round.
+//! The overdrafts out are shared: a node is handed what the others' leave of that room,
+//! or under contention at least its share of it (so the fleet overdraws by at most one
+//! room, and the admitted rate stays near the limit second by second instead of
+//! swinging between bursts and repaid debt).
 //! Debt is enforced: leases and overdrafts stop until it is repaid, so the long-run rate
 //! converges to the limit.
 //!
@@ -244,6 +260,29 @@
 //! decision is the one with the fewest units left. [`charge`](SyncedLimiter::charge)
 //! and [`refund`](SyncedLimiter::refund) settle every quota.
 //!
+//! # Inside a node
+//!
+//! Every decision a node makes — which keys a round carries, turning keys hot and cold,
+//! the heartbeat and its node count, clock offsets, lease deadlines, settling, quota
+//! adoption, shares, entering and leaving the fallback, the terms check — is made by one
+//! I/O-free state machine, `node::Node`, with time as an argument: `poll_transmit` gives
+//! the encoded commands of the next round, `handle_replies` takes what came back (a
+//! timeout or an error is a reply too), `handle_timeout` and `poll_timeout` run its
+//! timers, and `poll_event` says what to log and count. The tokio task only sleeps until
+//! the node's deadline, sends each pipeline within it over one connection, and feeds the
+//! replies back; the deterministic simulation drives the same `Node`, over a model of
+//! the scripts that the Lua is tested against, so the bounds it asserts are the code's.
+//! Commands and replies are encoded and decoded in one place (`wire`), used by the node,
+//! the model and the differential test.
+//!
+//! A round costs what changed, not every key held: a check that changes what a key
+//! needs from Redis (it ran out, turned hot, got a quota of its own) notes the key on a
+//! list of its store, and a round reads only the notes and the keys it already carries
+//! (leases to renew, reports to acknowledge). Idle keys are swept a few at a time (256
+//! per shard and round), so releasing them costs nothing per key held either. With the
+//! cold tier on, 1M cold keys in use and 1,000 hot ones sync at the configured interval
+//! (see `benches/README.md`, "The sync's cost").
+//!
 //! # Nodes
 //!
 //! Each node heartbeats a sorted set in Redis every round; a node whose heartbeat is
@@ -252,6 +291,15 @@
 //! first lease; then, in reconcile mode, a new key may spend `⌊B / N⌋` before it.
 //! Each key's state is its own Redis hash, `prefix:sync:algorithm:{key}` (one Cluster
 //! slot per key), holding the global state and one record per node.
+//!
+//! Nodes of one prefix share its keys' state, so they must sync by the same terms: the
+//! algorithm, the mode, the cold tier and the default quota. Each node writes its terms
+//! to `{prefix}:sync:settings` with its first round and every 10 s, and reads the
+//! others': a build with [`RedisSync::require_connection`] fails with
+//! [`ConfigError::SyncSettingsDiffer`](crate::ConfigError::SyncSettingsDiffer), and a
+//! running node says so ([`SyncStats::settings_differ`], a `warn` event).
+//! A node that was shut down, or whose limiter its users all dropped, has given its
+//! leases back and left: its limiter denies every check from then on.
 //!
 //! # Redis Cluster
 //!
@@ -308,6 +356,7 @@ mod protocol;
 #[cfg(test)]
 mod sim;
 mod task;
+mod transport;
 mod wire;
 
 use std::sync::Arc;
