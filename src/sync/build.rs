@@ -1,14 +1,11 @@
 //! [`Builder::build_synced`]: builds a [`SyncedLimiter`], checks its terms against the
 //! prefix's other nodes, and starts its sync tasks.
 
-use std::collections::HashSet;
 use std::fmt::{self, Display};
 use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
-
-use parking_lot::Mutex;
 
 use super::agree;
 use super::cell::{SyncCell, SyncPolicy};
@@ -16,7 +13,7 @@ use super::driver;
 use super::limiter::SyncedLimiter;
 use super::node::{Node, NodeConfig};
 use super::protocol::Shape;
-use super::task::{self, Io};
+use super::task::{self, Io, PrefixGuard};
 use super::transport::Transport;
 use super::wire::{SettingsCall, SettingsReply};
 use super::{RedisSync, Shared, SyncHandle};
@@ -214,33 +211,4 @@ where
         task: Some(handle),
         also: Vec::new(),
     })
-}
-
-/// The prefixes (with the algorithm) in use by this process's synced limiters.
-static IN_USE: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-
-/// Holds a prefix for as long as its limiter's task runs.
-pub(super) struct PrefixGuard(Option<String>);
-
-impl PrefixGuard {
-    fn claim(name: String, shared: bool) -> Result<Self, ConfigError> {
-        if shared {
-            return Ok(Self(None));
-        }
-        let mut in_use = IN_USE.lock();
-        if !in_use.get_or_insert_with(HashSet::new).insert(name.clone()) {
-            return Err(ConfigError::PrefixInUse(name));
-        }
-        Ok(Self(Some(name)))
-    }
-}
-
-impl Drop for PrefixGuard {
-    fn drop(&mut self) {
-        if let Some(name) = self.0.take() {
-            if let Some(set) = IN_USE.lock().as_mut() {
-                set.remove(&name);
-            }
-        }
-    }
 }

@@ -3,6 +3,7 @@
 //! replies back, and publishes the node's events and counters. Everything a node decides
 //! is in `node` (which the simulation drives too).
 
+use std::collections::HashSet;
 use std::fmt::Display;
 use std::future::Future;
 use std::hash::Hash;
@@ -12,16 +13,47 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::build::PrefixGuard;
+use parking_lot::Mutex;
+
 use super::limiter::SyncedLimiter;
 use super::node::{self, Event, Node, Replies};
 use super::transport::{Transport, send};
 use super::{FailMode, RedisSync, Shared};
 use crate::clock::Clock;
+use crate::error::ConfigError;
 use crate::redis::connection::Link;
 
 /// How often the task looks whether the limiter's users have all dropped it.
 const ALIVE_EVERY: Duration = Duration::from_millis(250);
+
+/// The prefixes (with the algorithm) in use by this process's synced limiters.
+static IN_USE: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// Holds a prefix for as long as its limiter's task runs.
+pub(super) struct PrefixGuard(Option<String>);
+
+impl PrefixGuard {
+    pub(super) fn claim(name: String, shared: bool) -> Result<Self, ConfigError> {
+        if shared {
+            return Ok(Self(None));
+        }
+        let mut in_use = IN_USE.lock();
+        if !in_use.get_or_insert_with(HashSet::new).insert(name.clone()) {
+            return Err(ConfigError::PrefixInUse(name));
+        }
+        Ok(Self(Some(name)))
+    }
+}
+
+impl Drop for PrefixGuard {
+    fn drop(&mut self) {
+        if let Some(name) = self.0.take() {
+            if let Some(set) = IN_USE.lock().as_mut() {
+                set.remove(&name);
+            }
+        }
+    }
+}
 
 /// Aborts a spawned task when dropped (so that aborting the supervisor stops it too).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
