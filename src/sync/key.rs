@@ -738,6 +738,41 @@ mod tests {
         assert_eq!(books.spent, 80);
     }
 
+    /// A key returning cold starts its share with what it holds of its lease: the rest of
+    /// the share's burst, and what it admitted on its overdraft since the round, are in
+    /// use (its GCRA stands that many tokens ahead). One holding no token stays hot.
+    #[test]
+    fn a_key_returns_cold_with_its_lease_as_its_share() {
+        use crate::store::state::State;
+        const SECOND: u64 = 1_000_000_000;
+        // 100/s shared by 2 nodes: 50 at once and one per 20 ms here.
+        let mut policy =
+            SyncPolicy::new(crate::Quota::per_second(100).unwrap(), 100, 0, SECOND / 20);
+        policy.cold = super::super::cell::Cold::share(100, 10_000, 2, false, 10 * SECOND);
+        let cold = policy.cold.unwrap();
+        let cell = cell();
+        let mut books = Books::default();
+        let now = SECOND;
+        assert!(
+            !turn_cold(&cell, &mut books, &cold, now),
+            "it holds nothing"
+        );
+        // 20 of the lease held; 3 admitted on the overdraft since the round.
+        cell.hot.allowance.store(20, Ordering::Release);
+        books.overdraft_base = 4;
+        cell.hot.overdraft.store(1, Ordering::Release);
+        assert!(turn_cold(&cell, &mut books, &cold, now));
+        assert!(is_cold(&cell));
+        assert_eq!(
+            cell.cold_tat.load(Ordering::Acquire),
+            now + (50 - 20 + 3) * 20_000_000
+        );
+        for _ in 0..17 {
+            assert!(cell.check(&policy, now, 1, u64::MAX).is_allowed());
+        }
+        assert!(!cell.check(&policy, now, 1, u64::MAX).is_allowed());
+    }
+
     /// The fallback: at the key's share while Redis reserves it, then a one-time budget,
     /// then nothing; a budget handed out while a round was in flight is not lost when its
     /// answer comes (it goes into the next floor, as the node's own debt); and while the

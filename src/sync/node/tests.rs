@@ -13,17 +13,18 @@ const MS: u64 = 1_000_000;
 
 /// A node of `config` for a limiter of `quota`, on a store as the limiter builds it.
 fn node(config: RedisSync, quota: Quota) -> (Node<String>, Store<String, SyncCell>) {
+    node_of(Algorithm::TokenBucket, config, quota)
+}
+
+/// [`node`] for the limiter's `algorithm`.
+fn node_of(
+    algorithm: Algorithm,
+    config: RedisSync,
+    quota: Quota,
+) -> (Node<String>, Store<String, SyncCell>) {
     let settings = config.validate(quota.period_ns()).unwrap();
-    let (shape, capacity) = Shape::with_capacity(Algorithm::TokenBucket, quota).unwrap();
-    let node_config = NodeConfig::new(
-        7,
-        &config,
-        &settings,
-        Algorithm::TokenBucket,
-        quota,
-        capacity,
-    )
-    .unwrap();
+    let (shape, capacity) = Shape::with_capacity(algorithm, quota).unwrap();
+    let node_config = NodeConfig::new(7, &config, &settings, algorithm, quota, capacity).unwrap();
     let mut policy = SyncPolicy::new(quota, capacity, 0, node_config.timing.interval_ns);
     policy.ticks = shape.ticks_per_token();
     let (_, limits, _) = RateLimiter::<String>::builder(quota).into_parts().unwrap();
@@ -75,6 +76,102 @@ fn served(
         }
         now = node.poll_timeout().max(now + 1).min(until);
         node.handle_timeout(now, store);
+    }
+}
+
+/// Runs the node to `until` (ns) against the model of Redis, which runs each transmit
+/// when it is sent; its replies come `round_trip` ns later.
+fn served_after(
+    node: &mut Node<String>,
+    store: &Store<String, SyncCell>,
+    redis: &mut crate::sync::model::Server,
+    round_trip: u64,
+    from: u64,
+    until: u64,
+) {
+    let mut now = from;
+    while now < until {
+        if let Some(t) = node.poll_transmit(now, store) {
+            let replies = t
+                .pipelines
+                .iter()
+                .map(|p| {
+                    Ok(p.iter()
+                        .map(|c| redis.run(c, now / 1_000).unwrap())
+                        .collect())
+                })
+                .collect();
+            now += round_trip;
+            node.handle_replies(now, store, t.id, replies);
+            continue;
+        }
+        now = node.poll_timeout().max(now + 1).min(until);
+        node.handle_timeout(now, store);
+    }
+}
+
+/// What a round grants ends, on the node, no later than Redis ends it, whatever the
+/// round trip: the share Redis reserves for the node (the answer's `until`, by Redis's
+/// clock when the round ran, which the node hears a round trip later at most), and a
+/// window counter's lease in lease mode (its window ends by Redis's clock).
+#[test]
+fn what_a_round_grants_ends_before_redis_ends_it() {
+    let quota = Quota::per_second(100).unwrap();
+    for (algorithm, mode) in [
+        (Algorithm::TokenBucket, SyncMode::Reconcile),
+        (Algorithm::SlidingWindow, SyncMode::Lease),
+    ] {
+        let config = RedisSync::new("redis://127.0.0.1:1/")
+            .mode(mode)
+            .cold_keys(false)
+            .share_ttl(Duration::from_secs(2));
+        let (mut node, store) = node_of(algorithm, config, quota);
+        let key = node.config().redis_key(&"k".to_string());
+        let mut redis = crate::sync::model::Server::default();
+        let round_trip = 30 * MS;
+        served_after(&mut node, &store, &mut redis, round_trip, 0, 400 * MS);
+        for at in [400, 930, 1_970] {
+            let now = at * MS;
+            assert!(store.check("k", || now, 1, u64::MAX).is_ok());
+            served_after(
+                &mut node,
+                &store,
+                &mut redis,
+                round_trip,
+                now,
+                now + 150 * MS,
+            );
+            let (share_until, expires) = store
+                .with_state(&"k".to_string(), |cell| {
+                    (
+                        cell.hot.aside.books.lock().share_until,
+                        cell.hot.expires.load(std::sync::atomic::Ordering::Acquire),
+                    )
+                })
+                .unwrap();
+            let record = redis.key(&key).unwrap().nodes[&7];
+            assert!(
+                record.until > 0,
+                "{algorithm:?} at {at} ms: a share reserved"
+            );
+            // (Redis's clock is in whole µs: the node's end may fall within its last µs.)
+            assert!(
+                share_until < (record.until + 1) * 1_000,
+                "{algorithm:?} at {at} ms: share until {share_until}, Redis {}",
+                record.until * 1_000
+            );
+            if mode == SyncMode::Lease {
+                assert!(
+                    expires < u64::MAX,
+                    "{algorithm:?} at {at} ms: a lease that ends"
+                );
+                let window_end = (record.window + 1) * 1_000_000_000;
+                assert!(
+                    expires < window_end + 1_000,
+                    "{algorithm:?} at {at} ms: lease until {expires}, window until {window_end}"
+                );
+            }
+        }
     }
 }
 
