@@ -175,6 +175,58 @@ fn what_a_round_grants_ends_before_redis_ends_it() {
     }
 }
 
+/// In the fallback a reserved share refills once per turn of the schedule's timer:
+/// neither rounds asked for early (a key that is denied wakes the node) nor rounds that
+/// time out add to it, so a node cut off from Redis (refused, or blackholed) admits at
+/// its share's rate and no faster.
+#[test]
+fn the_fallback_refills_a_share_once_an_interval() {
+    let quota = Quota::per_second(100).unwrap();
+    for blackholed in [false, true] {
+        let config = RedisSync::new("redis://127.0.0.1:1/")
+            .cold_keys(false)
+            .share_ttl(Duration::from_secs(30));
+        let (mut node, store) = node(config, quota);
+        let mut redis = crate::sync::model::Server::default();
+        served(&mut node, &store, &mut redis, 0, 1_000 * MS);
+        assert!(store.check("k", || 1_000 * MS, 1, u64::MAX).is_ok());
+        served(&mut node, &store, &mut redis, 1_000 * MS, 1_500 * MS);
+        // Cut off from now on; a check every ms, a wake at each deny.
+        let mut admitted = [0u64; 6];
+        let mut now = 1_500 * MS;
+        while now < 6_000 * MS {
+            if let Some(t) = node.poll_transmit(now, &store) {
+                if !blackholed {
+                    let failure = Failure {
+                        kind: "unavailable",
+                        message: "refused".into(),
+                    };
+                    let replies = vec![Err(failure); t.pipelines.len()];
+                    node.handle_replies(now, &store, t.id, replies);
+                }
+                continue;
+            }
+            if now >= node.poll_timeout() {
+                node.handle_timeout(now, &store);
+            }
+            if store.check("k", || now, 1, u64::MAX).unwrap().is_allowed() {
+                admitted[(now / 1_000 / MS) as usize] += 1;
+            } else {
+                node.wake(now, &store);
+            }
+            now += MS;
+        }
+        assert!(node.stats().fallback_active, "blackholed {blackholed}");
+        // One node: its share is the whole rate, 5 tokens a turn of the 50 ms timer:
+        // over 3 s, 60 turns, give or take one at each end.
+        let total: u64 = admitted[3..6].iter().sum();
+        assert!(
+            (295..=305).contains(&total),
+            "blackholed {blackholed}: {admitted:?}"
+        );
+    }
+}
+
 /// After its last rounds, a stopped node denies every check: a new key's fresh
 /// overdraft (reconcile mode), or a cold key's share, would be admitted with no
 /// round to report it.
