@@ -59,28 +59,11 @@ fn served(
     from: u64,
     until: u64,
 ) {
-    let mut now = from;
-    while now < until && !node.is_closed() {
-        if let Some(t) = node.poll_transmit(now, store) {
-            let replies = t
-                .pipelines
-                .iter()
-                .map(|p| {
-                    Ok(p.iter()
-                        .map(|c| redis.run(c, now / 1_000).unwrap())
-                        .collect())
-                })
-                .collect();
-            node.handle_replies(now, store, t.id, replies);
-            continue;
-        }
-        now = node.poll_timeout().max(now + 1).min(until);
-        node.handle_timeout(now, store);
-    }
+    served_after(node, store, redis, 0, from, until);
 }
 
-/// Runs the node to `until` (ns) against the model of Redis, which runs each transmit
-/// when it is sent; its replies come `round_trip` ns later.
+/// Runs the node to `until` (ns), or until it closes, against the model of Redis, which
+/// runs each transmit when it is sent; its replies come `round_trip` ns later.
 fn served_after(
     node: &mut Node<String>,
     store: &Store<String, SyncCell>,
@@ -90,7 +73,7 @@ fn served_after(
     until: u64,
 ) {
     let mut now = from;
-    while now < until {
+    while now < until && !node.is_closed() {
         if let Some(t) = node.poll_transmit(now, store) {
             let replies = t
                 .pipelines
