@@ -105,6 +105,8 @@ pub mod clock;
 pub mod config;
 mod decision;
 mod error;
+#[cfg(feature = "redis")]
+mod fail_mode;
 pub mod guide;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
@@ -134,6 +136,9 @@ pub use algorithm::{
 };
 pub use decision::Decision;
 pub use error::{ConfigError, InsufficientCapacity, SettleError};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use fail_mode::FailMode;
 pub use limiter::{Builder, Key, MAX_SHARDS, RateLimiter};
 pub use quota::Quota;
 pub use store::{StoreStats, WhenFull};

@@ -6,7 +6,7 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::algorithm::{Algorithm, Plan, Policy, Settle, WordPolicy};
+use crate::algorithm::{Algorithm, AnyPolicy, Policy, Settle, WordPolicy};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, unit};
 use crate::error::{ConfigError, InsufficientCapacity, SettleError};
@@ -994,12 +994,12 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// [`also`](Self::also) with the sliding log (which cannot give units back).
     pub fn build(self) -> Result<RateLimiter<K, C>, ConfigError> {
         let limits = self.checked_limits()?;
-        let engine = match Plan::new(self.algorithm, self.quota)? {
-            Plan::Word(policy) if self.also.is_empty() => {
+        let engine = match AnyPolicy::new(self.algorithm, self.quota)? {
+            AnyPolicy::Word(policy) if self.also.is_empty() => {
                 check_room(limits, WordStore::<K>::bytes_ahead(limits))?;
                 Engine::Word(WordStore::new(limits, policy))
             }
-            Plan::Word(policy) => {
+            AnyPolicy::Word(policy) => {
                 let mut policies = vec![policy];
                 for &quota in &self.also {
                     policies.push(policy.with_quota(quota)?);
@@ -1007,14 +1007,14 @@ impl<K: Key, C: Clock> Builder<K, C> {
                 check_room(limits, Compound::<K>::bytes_ahead(limits, policies.len()))?;
                 Engine::Compound(Compound::new(limits, policies))
             }
-            Plan::Log(_) if !self.also.is_empty() => {
+            AnyPolicy::Log(_) if !self.also.is_empty() => {
                 return Err(ConfigError::Unsupported(
                     "several quotas (`also`) with the sliding log, which cannot give back \
                      the units of a check another quota denies: use the sliding window \
                      counter or a bucket",
                 ));
             }
-            Plan::Log(policy) => {
+            AnyPolicy::Log(policy) => {
                 check_room(limits, Store::<K, LogCell>::bytes_ahead(limits))?;
                 Engine::Log(Store::new(limits, policy))
             }

@@ -261,12 +261,12 @@ pub(crate) struct LogPolicy {
 }
 
 /// What a limiter for one algorithm is built from.
-pub(crate) enum Plan {
+pub(crate) enum AnyPolicy {
     Word(WordPolicy),
     Log(LogPolicy),
 }
 
-impl Plan {
+impl AnyPolicy {
     /// Precomputes `algorithm` for `quota`.
     ///
     /// # Errors
@@ -634,7 +634,8 @@ mod tests {
             Algorithm::FixedWindow,
             Algorithm::SlidingWindow,
         ] {
-            let Ok(Plan::Word(p)) = Plan::new(algorithm, Quota::per_second(5).unwrap()) else {
+            let Ok(AnyPolicy::Word(p)) = AnyPolicy::new(algorithm, Quota::per_second(5).unwrap())
+            else {
                 panic!("{algorithm:?} is a word algorithm")
             };
             let written_at = 100 * SEC + SEC / 2;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use http::header::{FORWARDED, HeaderName};
 use http::{Extensions, Request};
 
-use super::extract::{ExtractKey, KeyLimits, KeyRejection, RequestHead, TextKey};
+use super::extract::{ExtractKey, KeyLimits, KeyRejection, TextKey};
 use crate::error::ConfigError;
 
 /// An IP network: an address and a prefix length, as in `10.0.0.0/8` or `2001:db8::/32`.
@@ -211,14 +211,8 @@ pub(crate) fn client_ip<B>(req: &Request<B>, trusted: &[Cidr]) -> Option<IpAddr>
     Some(last)
 }
 
-/// A closure that picks a request's key from its head (extensions included).
-#[deprecated(
-    since = "0.2.0",
-    note = "key by a closure with `tollgate::http::key_fn`"
-)]
-pub type KeyFn = Arc<dyn Fn(&RequestHead<'_>) -> Option<String> + Send + Sync>;
-
-/// How the layer finds a request's bucket.
+/// How the layer finds a request's bucket, by the connection or a header; to key by a
+/// closure of the request (for keys of any type), see [`key_fn`](super::key_fn).
 ///
 /// ```
 /// use tollgate::http::{KeyExtractor, RateLimitLayer};
@@ -228,11 +222,8 @@ pub type KeyFn = Arc<dyn Fn(&RequestHead<'_>) -> Option<String> + Send + Sync>;
 /// let by_peer = KeyExtractor::peer_ip();
 /// let behind_proxies = KeyExtractor::client_ip(["10.0.0.0/8".parse()?, "fd00::/8".parse()?]);
 /// let by_api_key = KeyExtractor::header("x-api-key")?;
-/// let by_tenant = KeyExtractor::custom(|head| {
-///     head.uri.path().split('/').nth(1).map(str::to_owned)
-/// });
 /// let layer = RateLimitLayer::new(limiter).key(by_api_key);
-/// # let _ = (by_peer, behind_proxies, by_tenant, layer);
+/// # let _ = (by_peer, behind_proxies, layer);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
@@ -257,16 +248,8 @@ pub enum KeyExtractor {
     /// A header's value, such as an API key. A value that is not UTF-8 gets a 400; an
     /// empty one is missing.
     Header(HeaderName),
-    /// A closure of the request's head (extensions included; nothing is cloned).
-    #[deprecated(
-        since = "0.2.0",
-        note = "key by a closure with `tollgate::http::key_fn`"
-    )]
-    #[allow(deprecated)]
-    Custom(KeyFn),
 }
 
-#[allow(deprecated)] // `Custom`
 impl fmt::Debug for KeyExtractor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -275,7 +258,6 @@ impl fmt::Debug for KeyExtractor {
                 write!(f, "ClientIp({trusted:?}, /{v6_prefix})")
             }
             Self::Header(name) => write!(f, "Header({name})"),
-            Self::Custom(_) => f.write_str("Custom(..)"),
         }
     }
 }
@@ -304,24 +286,8 @@ impl KeyExtractor {
             .map(Self::Header)
             .map_err(|_| ConfigError::InvalidHeaderName(name.to_owned()))
     }
-
-    /// A closure of the request's head (extensions included; nothing is cloned).
-    ///
-    /// Deprecated: [`key_fn`](super::key_fn) is the one way to key by a closure, for
-    /// keys of any type, and applies the same key limits to text keys. With
-    /// `RateLimitLayer::keyed(limiter, key_fn(f))` in place of
-    /// `RateLimitLayer::new(limiter).key(KeyExtractor::custom(f))`.
-    #[deprecated(
-        since = "0.2.0",
-        note = "key by a closure with `tollgate::http::key_fn`"
-    )]
-    #[allow(deprecated)]
-    pub fn custom(f: impl Fn(&RequestHead<'_>) -> Option<String> + Send + Sync + 'static) -> Self {
-        Self::Custom(Arc::new(f))
-    }
 }
 
-#[allow(deprecated)] // `Custom`
 impl ExtractKey<String> for KeyExtractor {
     type Lookup = str;
     type Key<'r> = TextKey<'r>;
@@ -342,9 +308,6 @@ impl ExtractKey<String> for KeyExtractor {
                 Some(value) => limits.bytes(value.as_bytes()),
                 None => Err(KeyRejection::Missing),
             },
-            Self::Custom(f) => f(&RequestHead::of(req))
-                .ok_or(KeyRejection::Missing)
-                .and_then(|key| limits.owned(key)),
         }
     }
 
@@ -355,7 +318,6 @@ impl ExtractKey<String> for KeyExtractor {
                 "the client address (the peer address, or what trusted proxies forwarded)"
             }
             Self::Header(name) => return format!("the `{name}` header"),
-            Self::Custom(_) => return "a rate-limit key".to_owned(),
         };
         let grpc = super::extract::is_grpc(req);
         match peer_address_hint(grpc, cfg!(feature = "tonic"), cfg!(feature = "axum")) {

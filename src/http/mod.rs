@@ -58,8 +58,6 @@ pub use extract::{
     ExtractKey, KeyFromFn, KeyLimits, KeyRejection, OversizedKey, RequestHead, TextKey, key_fn,
 };
 pub use future::ResponseFuture;
-#[allow(deprecated)]
-pub use key::KeyFn;
 pub use key::{Cidr, KeyExtractor};
 pub use layer::RateLimitLayer;
 pub use response::{DenyHook, ErrorBody, GrpcCode, HeaderStyle};

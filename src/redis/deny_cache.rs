@@ -60,7 +60,7 @@ use crate::algorithm::{Algorithm, Policy};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::Quota;
-use crate::store::deny_cache::Denies;
+use crate::store::recent_denies::Denies;
 use crate::store::state::State;
 use crate::store::{Limits, Store, WhenFull};
 use crate::tally::Tally;
@@ -88,7 +88,7 @@ impl Policy for CachePolicy {
     }
 
     fn capacity(&self) -> u64 {
-        super::rule::capacity_of(self.algorithm, self.quota)
+        super::script_quota::capacity_of(self.algorithm, self.quota)
     }
 }
 
@@ -115,13 +115,13 @@ struct Entry {
 /// What the cell shares with the calls and waiters of its key, which may outlive its
 /// place in the store.
 #[derive(Debug, Default)]
-pub(crate) struct Shared {
+pub(crate) struct KeyCalls {
     entry: Mutex<Entry>,
     /// Wakes the requests waiting for the call under way.
     done: Notify,
 }
 
-impl Shared {
+impl KeyCalls {
     /// Whether a call for the key is under way.
     pub(crate) fn calling(&self) -> bool {
         self.entry.lock().calling
@@ -135,7 +135,7 @@ impl Shared {
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct DenyCell(Arc<Shared>);
+pub(crate) struct DenyCell(Arc<KeyCalls>);
 
 impl DenyCell {
     fn until(&self) -> Until {
@@ -150,7 +150,7 @@ impl DenyCell {
 /// The call a request makes for a key whose cached deny expired; dropped (after its
 /// reply was learned, or when it failed or was abandoned), it wakes the waiters.
 #[derive(Debug)]
-pub(crate) struct CallGuard(Arc<Shared>);
+pub(crate) struct CallGuard(Arc<KeyCalls>);
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
@@ -165,7 +165,7 @@ pub(crate) enum Lookup {
     /// Denied, with no call.
     Hit(Decision),
     /// A call for the key is under way: wait for it, then look again.
-    Wait(Arc<Shared>),
+    Wait(Arc<KeyCalls>),
     /// Call Redis, as the one caller for the key's expired deny.
     Call(CallGuard),
     /// Call Redis.

@@ -8,58 +8,9 @@ use parking_lot::RwLock;
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::Decision;
+pub use crate::fail_mode::FailMode;
 use crate::limiter::RateLimiter;
 use crate::quota::Quota;
-
-/// What a check does when Redis fails or the circuit breaker is open: its policy,
-/// applied by [`RedisLimiter::check_or`](super::RedisLimiter::check_or) and by the HTTP
-/// layer's Redis backend.
-///
-/// ```no_run
-/// use tollgate::redis::{FailMode, RedisLimiter};
-///
-/// # #[tokio::main]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let limiter = RedisLimiter::builder("redis://127.0.0.1:6379/", "100/s".parse()?)
-///     .build()
-///     .await?;
-/// // With 4 nodes, each admits a quarter of the global quota while Redis is away.
-/// let decision = limiter.check_or("user_1024", FailMode::Local("25/s".parse()?)).await;
-/// // The same, with the nodes counted for you: 100/s divided by the live limiters.
-/// let shared = limiter.check_or("user_1024", FailMode::LocalShare).await;
-/// # let _ = (decision, shared);
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailMode {
-    /// Admit the request (availability first).
-    Open,
-    /// Deny the request (protection first), with `retry_after` = one emission interval.
-    Closed,
-    /// Limit the request in process with this quota (per key, with the limiter's
-    /// algorithm): an insurance limit, typically the global quota divided by the number
-    /// of nodes. Each node's in-process state starts empty at the outage and is kept
-    /// across outages; it is not synchronised with Redis. (A quota the algorithm cannot
-    /// hold in process — a window limit beyond its state word — denies as `Closed`.)
-    Local(Quota),
-    /// Limit the request in process by this node's share of the limiter's quota (of
-    /// each, all or nothing, for a limiter with [`also`](super::RedisBuilder::also)
-    /// quotas): the quota divided by `N`, the number of live limiters sharing the prefix (and
-    /// algorithm), as last counted while Redis answered. The limiters count each other
-    /// through the subscribers of the reset channel (`PUBSUB NUMSUB` on every node the
-    /// limiter was given, every second), so `N` follows nodes that start or stop, with
-    /// no configuration.
-    ///
-    /// The share: with `limit ≥ N`, `⌊limit / N⌋` per period; below, `limit` per
-    /// `N` periods; the burst `max(1, ⌊burst / N⌋)`. Over an outage of length `t`, the
-    /// `N` nodes together admit at most `max(burst, N) + ⌊t / T⌋` per key (`T` the
-    /// quota's emission interval): the global bound, plus up to `N − burst` units when
-    /// the burst is smaller than the node count (a unit cannot be split). As with
-    /// `Local`, each node's in-process state starts empty at the outage.
-    LocalShare,
-}
 
 /// `quota`'s share for one of `nodes` nodes (see [`FailMode::LocalShare`]).
 pub(crate) fn share(quota: Quota, nodes: u64) -> Option<Quota> {

@@ -15,7 +15,7 @@ use super::deny_cache::{CachePolicy, DenyCache, Lookup, lesson};
 use super::fallback::{FailMode, Fallbacks, LocalClock};
 use super::keys::{KeyHasher, write_key};
 use super::options::RedisOptions;
-use super::rule::{Rule, capacity_of, short_name};
+use super::script_quota::{ScriptQuota, capacity_of, short_name};
 use super::scripts;
 use crate::algorithm::{Algorithm, Settle};
 use crate::clock::{Clock, MonotonicClock};
@@ -217,14 +217,14 @@ impl RedisBuilder {
     /// configuration the scripts cannot run; [`RedisError::Timeout`] or
     /// [`RedisError::Unavailable`] when Redis cannot be reached within the timeout.
     pub async fn build(self) -> Result<RedisLimiter, RedisError> {
-        let rule = Rule::new(self.algorithm, self.quota)?;
+        let rule = ScriptQuota::new(self.algorithm, self.quota)?;
         let short = short_name(self.algorithm);
         let also = (1..)
             .zip(&self.also)
             .map(|(i, &quota)| {
                 Ok(Also {
                     quota,
-                    rule: Rule::new(self.algorithm, quota)?,
+                    rule: ScriptQuota::new(self.algorithm, quota)?,
                     prefix: format!("{}:{short}+{i}:", self.options.prefix),
                 })
             })
@@ -495,7 +495,7 @@ impl Inner {
 /// The quota in force and its script arguments.
 #[derive(Clone, Copy, Debug)]
 struct Current {
-    rule: Rule,
+    rule: ScriptQuota,
     quota: Quota,
 }
 
@@ -512,7 +512,7 @@ enum Op {
 #[derive(Debug)]
 struct Also {
     quota: Quota,
-    rule: Rule,
+    rule: ScriptQuota,
     prefix: String,
 }
 
@@ -922,7 +922,7 @@ impl RedisLimiter {
         &self,
         key: &str,
         op: Op,
-        rule: Rule,
+        rule: ScriptQuota,
         also: &[Also],
         now_us: Option<u64>,
         deadline: tokio::time::Instant,
@@ -943,7 +943,7 @@ impl RedisLimiter {
                 Op::Refund(n) => cmd.arg(format!("r{n}")),
             };
             // The token bucket takes an absent `now`, which is cheapest.
-            let absent = matches!(rule, Rule::TokenBucket { .. });
+            let absent = matches!(rule, ScriptQuota::TokenBucket { .. });
             now_and_also(&mut cmd, now_us, absent, also);
             cmd
         };
@@ -951,7 +951,7 @@ impl RedisLimiter {
         let rules = || std::iter::once(rule).chain(also.iter().map(|a| a.rule));
         let run = async {
             match (rule, op) {
-                (Rule::TokenBucket { t, tau, burst }, Op::Check(n)) if also.is_empty() => {
+                (ScriptQuota::TokenBucket { t, tau, burst }, Op::Check(n)) if also.is_empty() => {
                     eval::<i64>(&mut connection, call)
                         .await
                         .map(|reply| gcra_decision(reply, t, tau, burst, n))
@@ -1129,7 +1129,7 @@ impl RedisLimiter {
     async fn settle(&self, key: &str, settle: Settle) -> Result<Decision, RedisError> {
         let inner = &*self.inner;
         let current = *inner.current.read();
-        if let (Rule::Window { .. }, Settle::Charge(_)) = (current.rule, settle) {
+        if let (ScriptQuota::Window { .. }, Settle::Charge(_)) = (current.rule, settle) {
             return Err(RedisError::UnsupportedAlgorithm(inner.algorithm));
         }
         if let Gate::Reject(ns) = inner.breaker.gate(|| inner.monotonic.now_ns()) {
@@ -1141,11 +1141,11 @@ impl RedisLimiter {
         let script_now = inner.clock.as_ref().map(|_| inner.now_us());
         inner.calls.fetch_add(1, Ordering::Relaxed);
         let decided = match (current.rule, settle) {
-            (Rule::TokenBucket { t, tau, .. }, settle) => {
+            (ScriptQuota::TokenBucket { t, tau, .. }, settle) => {
                 self.settle_bucket(key, settle, current.rule, (t, tau), script_now, deadline)
                     .await
             }
-            (Rule::Window { .. }, Settle::Refund(n) | Settle::Charge(n)) => {
+            (ScriptQuota::Window { .. }, Settle::Refund(n) | Settle::Charge(n)) => {
                 self.call(
                     key,
                     Op::Refund(n),
@@ -1184,7 +1184,7 @@ impl RedisLimiter {
         &self,
         key: &str,
         settle: Settle,
-        rule: Rule,
+        rule: ScriptQuota,
         (t, tau): (u64, u64),
         script_now: Option<u64>,
         deadline: tokio::time::Instant,
@@ -1292,22 +1292,12 @@ impl RedisLimiter {
     /// [`RedisError::Config`] when the scripts cannot run `quota` (nothing changes).
     pub fn set_default_quota(&self, quota: Quota) -> Result<(), RedisError> {
         let inner = &*self.inner;
-        let rule = Rule::new(inner.algorithm, quota)?;
+        let rule = ScriptQuota::new(inner.algorithm, quota)?;
         *inner.current.write() = Current { rule, quota };
         if let Some(cache) = &inner.cache {
             cache.reconfigure(CachePolicy::new(inner.algorithm, quota), inner.now_us());
         }
         Ok(())
-    }
-
-    /// [`set_default_quota`](Self::set_default_quota) under its old name, which
-    /// [`RateLimiter::set_quota`](crate::RateLimiter::set_quota) uses for one key's quota.
-    ///
-    /// # Errors
-    /// As [`set_default_quota`](Self::set_default_quota).
-    #[deprecated(since = "0.2.0", note = "renamed set_default_quota, as on RateLimiter")]
-    pub fn set_quota(&self, quota: Quota) -> Result<(), RedisError> {
-        self.set_default_quota(quota)
     }
 
     /// The limiter's counters and its breaker's state (and, with the `metrics` feature,
@@ -1431,7 +1421,7 @@ fn decision_from(reply: &[i64]) -> Result<Decision, RedisError> {
 /// five for the windows; each decision tagged with its quota's index.
 fn per_quota(
     replies: &[i64],
-    rules: impl Iterator<Item = Rule>,
+    rules: impl Iterator<Item = ScriptQuota>,
     bucket: impl Fn(i64, u64, u64, u64) -> Result<Decision, RedisError>,
 ) -> Result<Vec<Decision>, RedisError> {
     let unexpected = || RedisError::UnexpectedReply(format!("{replies:?}"));
@@ -1439,12 +1429,12 @@ fn per_quota(
     let mut at = 0;
     for (i, rule) in rules.enumerate() {
         let decision = match rule {
-            Rule::TokenBucket { t, tau, burst } => {
+            ScriptQuota::TokenBucket { t, tau, burst } => {
                 let &reply = replies.get(at).ok_or_else(unexpected)?;
                 at += 1;
                 bucket(reply, t, tau, burst)?
             }
-            Rule::Window { .. } => {
+            ScriptQuota::Window { .. } => {
                 let reply = replies.get(at..at + 5).ok_or_else(unexpected)?;
                 at += 5;
                 decision_from(reply)?
@@ -1462,7 +1452,7 @@ fn per_quota(
 /// [`Decision::all_of`] makes it in process.
 fn all_of(
     replies: &[i64],
-    rules: impl Iterator<Item = Rule>,
+    rules: impl Iterator<Item = ScriptQuota>,
     cost: u64,
 ) -> Result<Decision, RedisError> {
     let decisions = per_quota(replies, rules, |reply, t, tau, burst| {
@@ -1475,7 +1465,10 @@ fn all_of(
 /// `rules`: the token bucket's settlement script gives the µs until each bucket is full
 /// again, the window scripts their unit request's decision. The tightest of every
 /// quota's ([`Decision::tighter`]), as in process.
-fn settled(replies: &[i64], rules: impl Iterator<Item = Rule>) -> Result<Decision, RedisError> {
+fn settled(
+    replies: &[i64],
+    rules: impl Iterator<Item = ScriptQuota>,
+) -> Result<Decision, RedisError> {
     let decisions = per_quota(replies, rules, |reset_us, t, tau, burst| {
         // Denied while the TAT lies beyond tau.
         let reply = if reset_us > tau as i64 {

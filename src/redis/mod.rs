@@ -19,7 +19,7 @@ pub(crate) mod keys;
 pub(crate) mod limiter;
 mod observe;
 pub(crate) mod options;
-pub(crate) mod rule;
+pub(crate) mod script_quota;
 pub mod scripts;
 pub(crate) mod sentinel;
 

@@ -654,7 +654,7 @@ mod tests {
     /// field (the quota a decision names among them).
     #[test]
     fn a_pair_decides_as_the_chain_of_its_two_stores() {
-        use crate::algorithm::{Algorithm, Plan};
+        use crate::algorithm::{Algorithm, AnyPolicy};
         let limits = Limits {
             shards: 2,
             max_keys: 10_000,
@@ -686,8 +686,8 @@ mod tests {
         let mut steps = 0;
         for scenario in 0..240 {
             let algorithm = algorithms[scenario % algorithms.len()];
-            let policy = |quota: &str| match Plan::new(algorithm, quota.parse().unwrap()) {
-                Ok(Plan::Word(policy)) => policy,
+            let policy = |quota: &str| match AnyPolicy::new(algorithm, quota.parse().unwrap()) {
+                Ok(AnyPolicy::Word(policy)) => policy,
                 _ => unreachable!("a word algorithm"),
             };
             let first = quotas[(next() % quotas.len() as u64) as usize];

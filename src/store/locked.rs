@@ -10,8 +10,8 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 
 use super::counts::Counts;
-use super::deny_cache::Denies;
 use super::hash::Sharding;
+use super::recent_denies::Denies;
 use super::shard::Shard;
 use super::state::State;
 use super::table::{Entry, MAX_ENTRIES, Table};

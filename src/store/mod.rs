@@ -15,7 +15,7 @@
 //!
 //! In both, only a new key, a quota change or a removal takes a shard's writer lock, and a
 //! unit request denied recently is answered from a per-thread cache without touching the
-//! shard at all (see [`deny_cache`]).
+//! shard at all (see [`recent_denies`]).
 //!
 //! Memory stays bounded without losing decisions: an insert that finds its shard's table
 //! full sweeps it first and drops the keys idle for a while (see [`Sweep`]: never a key
@@ -23,12 +23,12 @@
 
 mod compound;
 mod counts;
-pub(crate) mod deny_cache;
 #[allow(unsafe_code)]
 mod epoch_table;
 mod hash;
 mod key_quotas;
 mod locked;
+pub(crate) mod recent_denies;
 mod rule;
 mod shard;
 pub(crate) mod state;

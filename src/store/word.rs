@@ -33,13 +33,13 @@ use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
 use super::counts::Counts;
-use super::deny_cache::Denies;
 use super::epoch_table::{
     Carry, EpochTable, Guard, Located, STEP_PER_INSERT, Slot, Table, Word, Writer,
     capacity_holding, reclaim, slot_bytes,
 };
 use super::hash::Sharding;
 use super::key_quotas::KeyQuotas;
+use super::recent_denies::Denies;
 use super::rule::{Op, Rule, StateOf};
 use super::{
     Limits, Room, SAMPLES, SCAN_WHEN_FULL, StoreStats, Sweep, WhenFull, keys_per_shard,
@@ -1421,7 +1421,7 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::Plan;
+    use crate::algorithm::AnyPolicy;
     use std::time::Duration;
 
     fn limits(shards: usize, max_keys: usize) -> Limits {
@@ -1514,8 +1514,8 @@ mod tests {
 
     #[test]
     fn a_quota_change_converts_state_in_the_migration() {
-        let Ok(Plan::Word(policy)) =
-            Plan::new(crate::Algorithm::TokenBucket, "10/s".parse().unwrap())
+        let Ok(AnyPolicy::Word(policy)) =
+            AnyPolicy::new(crate::Algorithm::TokenBucket, "10/s".parse().unwrap())
         else {
             panic!("word policy")
         };
@@ -1628,7 +1628,7 @@ mod tests {
                 Quota::new(count, Duration::from_nanos(interval * count)).unwrap()
             };
             let algorithm = algorithms[scenario as usize % algorithms.len()];
-            let Ok(Plan::Word(policy)) = Plan::new(algorithm, quota(&mut rng)) else {
+            let Ok(AnyPolicy::Word(policy)) = AnyPolicy::new(algorithm, quota(&mut rng)) else {
                 panic!("{algorithm:?} is a word algorithm");
             };
             let limits = Limits {

@@ -16,7 +16,7 @@ use super::protocol::Shape;
 use super::task::{self, Io, PrefixGuard};
 use super::transport::Transport;
 use super::wire::{SettingsCall, SettingsReply};
-use super::{RedisSync, Shared, SyncHandle};
+use super::{RedisSync, SyncHandle, TaskShared};
 use crate::algorithm::Algorithm;
 use crate::clock::Clock;
 use crate::error::ConfigError;
@@ -191,7 +191,7 @@ where
     }
     let store = limiter.store();
     store.set_policy(node_config.initial_policy(store.default_policy()), 0);
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(TaskShared::default());
     let now = limiter.clock().now_ns();
     let node = Node::new(node_config, driver::seed(id), now);
     let for_run = limiter.clone();

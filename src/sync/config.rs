@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::error::ConfigError;
+pub use crate::fail_mode::FailMode;
 use crate::redis::RedisOptions;
 use crate::redis::connection::Client;
 
@@ -18,61 +19,6 @@ pub enum SyncMode {
     Reconcile,
     /// Strict: each node spends only tokens it leased from the global state.
     Lease,
-}
-
-/// What checks do when Redis has not answered for longer than the staleness, or the sync
-/// task has died: the sync's fail mode, with the variant names of the Redis tier's
-/// [`FailMode`](crate::redis::FailMode) (`Open` admits, `Closed` denies, `Local` decides
-/// in process; the sync's `Local` needs no quota: it is the node's share).
-///
-/// ```
-/// use tollgate::sync::{FailMode, RedisSync};
-///
-/// // Deny everything on this node while Redis has not answered for 2 s.
-/// let sync = RedisSync::new("redis://127.0.0.1:6379/")
-///     .fail_mode(FailMode::Closed)
-///     .staleness(std::time::Duration::from_secs(2));
-/// # let _ = sync;
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailMode {
-    /// Admit each key, locally, at this node's share of the rate for as long as Redis
-    /// keeps that share reserved for the node ([`RedisSync::share_ttl`] after its last
-    /// round: Redis charges the global state for it meanwhile), then at most a one-time
-    /// budget of the quota's capacity divided by the last known number of nodes for the
-    /// rest of the outage. What is admitted is set against what Redis charged on the
-    /// node's behalf once Redis answers again; the budget's excess is this node's own
-    /// debt, and while it owes, a new outage gets no new budget. So a node cut off from
-    /// Redis alone adds a fixed term to the global bound (see the `sync` module docs),
-    /// however long the partition lasts. A whole-Redis outage longer than `share_ttl`
-    /// leaves each node only its budget: raise `share_ttl` to ride out longer ones.
-    #[default]
-    Local,
-    /// Admit everything (availability first).
-    Open,
-    /// Deny everything (protection first).
-    Closed,
-}
-
-/// The sync's fail mode under its old name.
-#[deprecated(
-    since = "0.2.0",
-    note = "renamed FailMode (variants Local, Open, Closed)"
-)]
-pub type Fallback = FailMode;
-
-#[allow(non_upper_case_globals)]
-impl FailMode {
-    /// [`FailMode::Local`] under its old name.
-    #[deprecated(since = "0.2.0", note = "renamed FailMode::Local")]
-    pub const LocalShare: Self = Self::Local;
-    /// [`FailMode::Open`] under its old name.
-    #[deprecated(since = "0.2.0", note = "renamed FailMode::Open")]
-    pub const AllowAll: Self = Self::Open;
-    /// [`FailMode::Closed`] under its old name.
-    #[deprecated(since = "0.2.0", note = "renamed FailMode::Closed")]
-    pub const DenyAll: Self = Self::Closed;
 }
 
 /// The configuration of a limiter's background sync. Start it with
@@ -202,7 +148,7 @@ impl RedisSync {
             options,
             mode: SyncMode::Reconcile,
             interval: Duration::from_millis(50),
-            fail_mode: FailMode::Local,
+            fail_mode: FailMode::LocalShare,
             staleness: None,
             node_ttl: None,
             idle_ttl: None,
@@ -233,17 +179,11 @@ impl RedisSync {
         timeout: "How long one round may wait for Redis; 200 ms by default (1 ms to 1 h)."
     );
 
-    /// What checks do once Redis has been silent for the staleness; [`FailMode::Local`]
+    /// What checks do once Redis has been silent for the staleness; [`FailMode::LocalShare`]
     /// by default.
     pub fn fail_mode(mut self, fail_mode: FailMode) -> Self {
         self.fail_mode = fail_mode;
         self
-    }
-
-    /// [`fail_mode`](Self::fail_mode) under its old name.
-    #[deprecated(since = "0.2.0", note = "renamed fail_mode")]
-    pub fn fallback(self, fail_mode: FailMode) -> Self {
-        self.fail_mode(fail_mode)
     }
 
     /// How long without a successful round before the fallback applies; 3 intervals or
@@ -273,7 +213,7 @@ impl RedisSync {
     /// How long after each round Redis keeps this node's share of each key reserved
     /// for it should it fall silent (cut off from Redis alone, or dead): 10 s by default,
     /// from 0 to 1 h. Meanwhile the other nodes share only the rest, and this node's
-    /// [`FailMode::Local`] admits at its share; then it gets a one-time budget and
+    /// [`FailMode::LocalShare`] admits at its share; then it gets a one-time budget and
     /// nothing more until Redis answers. Longer rides out longer Redis outages at the
     /// share rate; shorter returns a dead node's share to the others sooner (a dead node
     /// costs the others at most this long of its share). 0: no reservation (the fallback
@@ -346,6 +286,12 @@ impl RedisSync {
         let setting = |name: &'static str, value: &dyn fmt::Debug, expected: &'static str| {
             invalid(name, format!("{value:?}"), expected)
         };
+        if let FailMode::Local(_) = self.fail_mode {
+            return Err(ConfigError::Unsupported(
+                "FailMode::Local(quota) in the sync: its local fail mode is FailMode::LocalShare, \
+                 this node's share of the quota",
+            ));
+        }
         let (client, timeout) = self.options.validate(DEFAULT_TIMEOUT, invalid)?;
         if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&self.interval) {
             return Err(setting("interval", &self.interval, "from 1ms to 60s"));
@@ -441,5 +387,24 @@ mod tests {
         }
         let err = RedisSync::new("not-a-url").validate(second).err().unwrap();
         assert!(matches!(err, ConfigError::InvalidRedisUrl { .. }), "{err}");
+    }
+
+    #[test]
+    fn the_sync_takes_every_fail_mode_but_a_fixed_local_quota() {
+        let second = 1_000_000_000;
+        let ok = RedisSync::new("redis://127.0.0.1:1/");
+        assert_eq!(ok.fail_mode, FailMode::LocalShare, "the default");
+        for mode in [FailMode::Open, FailMode::Closed, FailMode::LocalShare] {
+            assert!(
+                ok.clone().fail_mode(mode).validate(second).is_ok(),
+                "{mode:?}"
+            );
+        }
+        let local = FailMode::Local("10/s".parse().unwrap());
+        let err = ok.fail_mode(local).validate(second).err().expect("refused");
+        let ConfigError::Unsupported(why) = err else {
+            panic!("{err}");
+        };
+        assert!(why.contains("LocalShare"), "{why}");
     }
 }

@@ -154,7 +154,7 @@
 //! The check path never touches Redis, so an outage cannot block it. When no round has
 //! succeeded for [`RedisSync::staleness`] (3 intervals or 500 ms by default), the
 //! [`FailMode`] applies. Redis cannot tell a node cut off alone from a Redis everyone
-//! lost, so the default, [`FailMode::Local`], is built for both (Doorman's leases
+//! lost, so the default, [`FailMode::LocalShare`], is built for both (Doorman's leases
 //! work this way):
 //!
 //! - **A reserved share for a duration.** Every answer reserves for the node, on the key,
@@ -364,8 +364,6 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-#[allow(deprecated)]
-pub use config::Fallback;
 pub use config::{FailMode, RedisSync, SyncMode};
 pub use limiter::SyncedLimiter;
 
@@ -459,7 +457,7 @@ impl SyncStats {
 
 /// The state a sync task shares with its handle.
 #[derive(Debug, Default)]
-pub(crate) struct Shared {
+pub(crate) struct TaskShared {
     pub(crate) stats: Mutex<StatsCell>,
     pub(crate) wake: tokio::sync::Notify,
     pub(crate) stop: tokio::sync::Notify,
@@ -472,7 +470,7 @@ pub(crate) struct Shared {
     pub(crate) poison: std::sync::atomic::AtomicBool,
 }
 
-impl Shared {
+impl TaskShared {
     /// Marks the sync settled (once): the first round has been answered and, with the
     /// cold tier, the keys turned hot elsewhere have been read; or the fail mode applies;
     /// or the task has stopped.
@@ -524,7 +522,7 @@ pub(crate) struct StatsCell {
               keep it for `stats()` and a flushing `shutdown().await`"]
 pub struct SyncHandle {
     name: String,
-    shared: Arc<Shared>,
+    shared: Arc<TaskShared>,
     task: Option<tokio::task::JoinHandle<()>>,
     /// The tasks of the limiter's [`also`](crate::Builder::also) quotas, in order.
     also: Vec<SyncHandle>,

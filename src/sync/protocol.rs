@@ -57,11 +57,11 @@
 // runs its Lua twin, and `serve` is its specification, run by the simulation and the
 // differential test. This file holds what the node side and the task use in production.
 
-use crate::algorithm::{Algorithm, Plan, Policy};
+use crate::algorithm::{Algorithm, AnyPolicy, Policy};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 use crate::redis::RedisError;
-use crate::redis::rule::script_args;
+use crate::redis::script_quota::script_args;
 
 /// The whole rate, as a weight: a node's demand and share are fractions of it.
 pub(crate) const WEIGHT_ONE: u64 = 1 << 20;
@@ -135,10 +135,10 @@ impl Shape {
         quota: Quota,
     ) -> Result<(Self, u64), ConfigError> {
         let shape = Self::new(algorithm, quota)?;
-        match Plan::new(algorithm, quota)? {
-            Plan::Word(word) => Ok((shape, word.capacity())),
+        match AnyPolicy::new(algorithm, quota)? {
+            AnyPolicy::Word(word) => Ok((shape, word.capacity())),
             // Only the sliding log keeps a log, and `new` refused it.
-            Plan::Log(_) => Err(ConfigError::Unsupported(SLIDING_LOG)),
+            AnyPolicy::Log(_) => Err(ConfigError::Unsupported(SLIDING_LOG)),
         }
     }
 

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use super::limiter::SyncedLimiter;
 use super::node::{self, Event, Node, Replies};
 use super::transport::{Transport, send};
-use super::{FailMode, RedisSync, Shared};
+use super::{FailMode, RedisSync, TaskShared};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::redis::connection::Link;
@@ -68,7 +68,7 @@ impl Drop for AbortOnDrop {
 pub(super) struct Io {
     pub(super) transport: Arc<Transport>,
     pub(super) config: RedisSync,
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<TaskShared>,
     /// The limiter's name, for metrics.
     pub(super) name: Arc<str>,
     /// How many clones of the limiter the task itself holds: once no other is left, the
@@ -109,7 +109,7 @@ pub(super) async fn supervise<K, C>(
     let mut alive = tokio::time::interval(ALIVE_EVERY);
     loop {
         tokio::select! {
-            _ = refill.tick(), if config.fail_mode == FailMode::Local => {
+            _ = refill.tick(), if config.fail_mode == FailMode::LocalShare => {
                 node::refill_dead(&config, store, nodes, limiter.clock().now_ns());
             }
             _ = alive.tick() => {

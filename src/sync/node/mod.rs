@@ -452,7 +452,7 @@ where
         }
         // Once per timer turn: a round asked for early (`sync_now`) would otherwise add
         // another interval's credit to every reserved share.
-        if silent && timer && self.config.fail_mode == FailMode::Local {
+        if silent && timer && self.config.fail_mode == FailMode::LocalShare {
             self.refill_locally(now, store);
         }
         if !self.settled {
@@ -527,7 +527,7 @@ where
     // ---- The fail mode ----
 
     /// Puts the checks in the configured fail mode: `Open` and `Closed` set every key's
-    /// outage mode; `Local` runs on the books ([`refill_locally`](Self::refill_locally)).
+    /// outage mode; `LocalShare` runs on the books ([`refill_locally`](Self::refill_locally)).
     fn apply_fail_mode(&self, store: &Store<K, SyncCell>) {
         apply_fail_mode(self.config.fail_mode, store);
     }
@@ -536,7 +536,7 @@ where
         set_outage(store, outage);
     }
 
-    /// [`FailMode::Local`], once per interval. A node that never read the keys turned
+    /// [`FailMode::LocalShare`], once per interval. A node that never read the keys turned
     /// hot (Redis was unreachable from its start) turns its cold keys hot, so that the
     /// fallback serves them: they admitted nothing. Otherwise a cold key spends its
     /// share by itself.
@@ -582,12 +582,13 @@ where
 }
 
 /// Puts the checks of `store` in `fail_mode`: `Open` and `Closed` set every key's outage
-/// mode; `Local` runs on the books, with nothing to set.
+/// mode; `LocalShare` runs on the books, with nothing to set (`Local(quota)` is refused
+/// at build).
 pub(crate) fn apply_fail_mode<K: Hash + Eq>(fail_mode: FailMode, store: &Store<K, SyncCell>) {
     match fail_mode {
         FailMode::Open => set_outage(store, OutageMode::Open),
         FailMode::Closed => set_outage(store, OutageMode::Closed),
-        FailMode::Local => {}
+        FailMode::LocalShare | FailMode::Local(_) => {}
     }
 }
 
@@ -596,7 +597,7 @@ fn set_outage<K: Hash + Eq>(store: &Store<K, SyncCell>, outage: OutageMode) {
     store.set_policy(SyncPolicy { outage, ..policy }, 0);
 }
 
-/// The local fallback of a node whose task died: [`FailMode::Local`]'s refill of every
+/// The local fallback of a node whose task died: [`FailMode::LocalShare`]'s refill of every
 /// hot key, once per interval (cold keys spend their share by themselves).
 pub(crate) fn refill_dead<K: Hash + Eq>(
     config: &NodeConfig,

@@ -11,12 +11,12 @@ const LUA_EXACT: u64 = 1 << 53;
 
 /// A quota in the scripts' units: integer microseconds.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Rule {
+pub(crate) enum ScriptQuota {
     TokenBucket { t: u64, tau: u64, burst: u64 },
     Window { limit: u64, period: u64 },
 }
 
-impl Rule {
+impl ScriptQuota {
     pub(crate) fn new(algorithm: Algorithm, quota: Quota) -> Result<Self, RedisError> {
         let period_ns = quota.period_ns();
         if period_ns % 1_000 != 0 {
@@ -89,9 +89,9 @@ pub(crate) fn capacity_of(algorithm: Algorithm, quota: Quota) -> u64 {
 /// The quota arguments the scripts take for `algorithm`, in microseconds:
 /// `[T, tau, burst]` for the token bucket, `[limit, period, 0]` for the windows.
 pub(crate) fn script_args(algorithm: Algorithm, quota: Quota) -> Result<[u64; 3], RedisError> {
-    Ok(match Rule::new(algorithm, quota)? {
-        Rule::TokenBucket { t, tau, burst } => [t, tau, burst],
-        Rule::Window { limit, period } => [limit, period, 0],
+    Ok(match ScriptQuota::new(algorithm, quota)? {
+        ScriptQuota::TokenBucket { t, tau, burst } => [t, tau, burst],
+        ScriptQuota::Window { limit, period } => [limit, period, 0],
     })
 }
 
