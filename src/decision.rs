@@ -51,8 +51,8 @@ impl std::fmt::Debug for Verdict {
 /// All durations are exact integer nanoseconds from the instant of the check.
 // `repr(C)` with the verdict last: the check path stores a new decision as two 16-byte
 // pairs and the verdict word, and copies it the same way. With the verdict first (Rust's
-// order), the copy's 16-byte loads each straddled two stores, and stalled on store
-// forwarding: 13.5% of a 10k-key check's samples under `perf` (benches/README.md).
+// order), the copy's 16-byte loads would each straddle two stores and stall on store
+// forwarding.
 ///
 /// ```
 /// use tollgate::RateLimiter;

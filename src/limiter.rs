@@ -828,7 +828,7 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// Whether to count decisions ([`StoreStats::allowed`] and
     /// [`denied`](StoreStats::denied), and the metrics built on them); on by default. Each
     /// thread counts into its own counters, so counting writes no shared word; turning
-    /// it off saves a few nanoseconds per check (see `benches/README.md`).
+    /// it off saves that per-thread add on every check.
     pub fn counters(mut self, on: bool) -> Self {
         self.counters = on;
         self
@@ -868,8 +868,7 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// For a server that knows roughly how many keys it will hold, this takes the
     /// tables' growth off the requests' path: while a table grows, about one new key in
     /// four moves a few of its slots to the next table and one in 200 writes a few pages
-    /// of it, which sets the new keys' p99 and p99.99 (`benches/README.md`, "The new key's
-    /// growth tail").
+    /// of it, which sets the new keys' p99 and p99.99.
     ///
     /// # Cost
     /// The memory is taken at build: about 20 bytes per `u64` key for one quota (40 for

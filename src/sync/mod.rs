@@ -280,8 +280,7 @@
 //! list of its store, and a round reads only the notes and the keys it already carries
 //! (leases to renew, reports to acknowledge). Idle keys are swept a few at a time (256
 //! per shard and round), so releasing them costs nothing per key held either. With the
-//! cold tier on, 1M cold keys in use and 1,000 hot ones sync at the configured interval
-//! (see `benches/README.md`, "The sync's cost").
+//! cold tier on, 1M cold keys in use and 1,000 hot ones sync at the configured interval.
 //!
 //! # Nodes
 //!
