@@ -48,16 +48,10 @@
 //!
 //! ## Local, Redis or synced
 //!
-//! | tier | where a check runs | what all nodes admit in any interval `t` | cost |
-//! |---|---|---|---|
-//! | [`RateLimiter`] | in process | per node: `N` nodes admit up to `N ×` the quota | nanoseconds |
-//! | `redis::RedisLimiter` (`redis`) | one Lua script in Redis per check | the quota, exactly | one round trip |
-//! | `sync::SyncedLimiter` (`redis`, from `Builder::build_synced`), lease | in process, spending leased units | `B + r·(t + 2I) + 2N` | nanoseconds |
-//! | `sync::SyncedLimiter`, reconcile | in process; rounds charge what was admitted | `2B + r·(t + 5I + Δ) + 3N` | nanoseconds |
-//!
-//! (`r` the rate, `B` the burst, `N` nodes, `I` the sync interval, `Δ` the round
-//! timeout.) The `sync` module documents the protocol; the guide's sync page, its bounds
-//! and what happens while Redis is away.
+//! One [`RateLimiter`] per process, `redis::RedisLimiter` for a limit held exactly in
+//! Redis, or `sync::SyncedLimiter` for local checks that hold one global limit within a
+//! bound: the guide's [tier table](guide#which-tier) compares
+//! them (where a check runs, what all nodes admit, what a check costs).
 //!
 //! ## Feature flags
 //!

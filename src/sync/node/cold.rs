@@ -1,6 +1,71 @@
 //! The cold tier, from the node's side: which keys other nodes announced hot, which of
 //! this node's keys must turn hot (or may return cold), and the cold share the
 //! limiter's checks admit at.
+//!
+//! # Cold keys
+//!
+//! Most keys are nowhere near their limit and need no coordination. With
+//! [`RedisSync::cold_keys`] (on by default in reconcile mode), a key starts **cold** on
+//! every node: each node admits on it at its even share of the quota, locally — a GCRA of
+//! `⌊B / N⌋` at once and `r / N` after (half of each for the window counters, so that no
+//! window admits more than `B / N`) — with no Redis round trip and nothing to report.
+//! The nodes' shares add up to at most the quota, so **while a key is cold everywhere,
+//! the global limit holds exactly**, whatever the number of keys. An idle cold key
+//! (its share whole again for a second) is dropped, so memory follows the keys in use.
+//!
+//! A key turns **hot** on a node when its share there runs out (that check is denied:
+//! the node's share is spent). The node announces it — a sorted set
+//! `{prefix}:sync:algorithm:hot`, each member a key's Redis key, renewed while the key is
+//! synced — and its first round reports as admitted what its cold share still has in use
+//! (how far its GCRA stands ahead of now), so the key's global state starts where the
+//! node's share left off. Every node reads the announcements with each round (one more
+//! small call) and turns the key hot at its next round, reporting its own share's use
+//! the same way; a node that sees the key for the first time after the announcement
+//! turns it hot at its next round too. From then on the key is synced as above. Keys
+//! turn hot one by one, so the 1,000 hottest keys cost what 1,000 synced keys cost, and
+//! the rest nothing.
+//!
+//! A hot key **returns cold** once it is in light use everywhere. Each node averages the
+//! key's use (what it admitted, over `τ`: the quota's period within 1 to 60 s, or 20
+//! tokens of the even share if that is longer) and renews the announcement only while
+//! that use is at least 3/4 of its even share `r / N` (or the key has a quota of its
+//! own). Once no node renews it, the announcement lapses after its lifetime `L` (four
+//! times `max(share_ttl, staleness)`, at least 10 s); each node then returns the key
+//! cold at its next round, if its own use is still light: that round reports everything
+//! and gives the lease back, and from its answer the key admits at the node's cold
+//! share again, with no round. So a key whose demand falls under half its even share on
+//! every node costs Redis nothing again within `5·τ + L + 2` rounds (the simulation
+//! asserts it over 1,000 runs). A key throttled to its fair share under contention uses
+//! its share, and stays hot.
+//!
+//! While a key turns hot, the other nodes go on admitting at their shares until they
+//! have turned it hot (at most two rounds: `2.5·I + 2·Δ`), and the global state refills at
+//! the whole rate meanwhile: the bounds below grow by **`r·(2.5·I + 2·Δ)`** in lease
+//! and reconcile mode alike, once per turn (which is why the tier is off by default in
+//! lease mode). A node that first sees the key after it turned hot elsewhere may admit
+//! up to its cold share's burst, `⌊B / N⌋`, before its next round turns it hot; that is
+//! charged at that round. The simulation asserts the bound at every instant over 1,000
+//! generated turns (one node, several or all at once; 1 to 16 nodes; the others idle or
+//! just under their shares; with and without lost and late rounds).
+//!
+//! A node may admit on its cold keys only while it has read the announcements within
+//! `share_ttl` (at least the staleness): the share it spends is then the one the others
+//! left it. Past that (it is cut off from Redis), a cold key spends only what its share
+//! held then, with no refill (the fallback's one-time budget), and new keys start hot
+//! under the [`FailMode`]; a `warn` event says so. So that a node that drops out of the registry does
+//! not hand its share to the others while it may still spend it, the node count a share
+//! divides by is the largest seen in that time. A node cut off from Redis may miss a key
+//! turning hot and go on at its share on it until its reads lapse: at most `⌊B / N⌋ +
+//! r·share_ttl / N` per such key and cut-off node, a fixed term. Until a node has first
+//! read the announcements (with its first round), its new keys start cold and wait for
+//! it, as a new key waits for its first lease without the tier.
+//! A cold key's state lives on its node only: a node that restarts, or evicts a cold key
+//! from a full store, forgets what its share had in use, and may admit its share's burst
+//! again — at most `⌊B / N⌋` more per key and restart (or eviction). A shutdown flushes
+//! only the hot keys.
+//! The tier is off when a node's share of the burst is under one token (`B < N`; `B <
+//! 2·N` for the sliding window). [`SyncStats`] tells whether it is on, how many keys are
+//! hot and how many this node turned hot.
 
 use std::collections::HashMap;
 use std::fmt::Display;

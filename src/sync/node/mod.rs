@@ -30,6 +30,28 @@
 //! Between rounds the node keeps its health (the [`Driver`]): the fail mode applies once
 //! no round has succeeded for the staleness, and the local fallback refills each
 //! interval.
+//!
+//! # Inside a node
+//!
+//! Every decision a node makes — which keys a round carries, turning keys hot and cold,
+//! the heartbeat and its node count, clock offsets, lease deadlines, settling, quota
+//! adoption, shares, entering and leaving the fallback, the terms check — is made by one
+//! I/O-free state machine, `node::Node`, with time as an argument: `poll_transmit` gives
+//! the encoded commands of the next round, `handle_replies` takes what came back (a
+//! timeout or an error is a reply too), `handle_timeout` and `poll_timeout` run its
+//! timers, and `poll_event` says what to log and count. The tokio task only sleeps until
+//! the node's deadline, sends each pipeline within it over one connection, and feeds the
+//! replies back; the deterministic simulation drives the same `Node`, over a model of
+//! the scripts that the Lua is tested against, so the bounds it asserts are the code's.
+//! Commands and replies are encoded and decoded in one place (`wire`), used by the node,
+//! the model and the differential test.
+//!
+//! A round costs what changed, not every key held: a check that changes what a key
+//! needs from Redis (it ran out, turned hot, got a quota of its own) notes the key on a
+//! list of its store, and a round reads only the notes and the keys it already carries
+//! (leases to renew, reports to acknowledge). Idle keys are swept a few at a time (256
+//! per shard and round), so releasing them costs nothing per key held either. With the
+//! cold tier on, 1M cold keys in use and 1,000 hot ones sync at the configured interval.
 
 mod cold;
 mod config;

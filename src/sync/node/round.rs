@@ -2,6 +2,37 @@
 //! noted), which keys go (the most urgent first, at most the round's size), their
 //! requests, the calls that carry them (by cluster slot, in batches), and how their
 //! answers settle each key.
+//!
+//! # What a round carries, and how Redis shares the rate
+//!
+//! A node reports, per key, its **floor**: everything it admitted on the key since it
+//! first saw it, plus the lease it keeps (the rest goes back). Floors are cumulative and
+//! rounds are numbered, so a round applied twice, late or never charges exactly once:
+//! Redis charges (or refunds) the difference from the reservation it holds for the node,
+//! and ignores a round number it has seen. A round that runs after the node stopped
+//! waiting for it (it queued in a paused Redis) only charges.
+//!
+//! Redis shares the rate **max-min fairly** by the nodes' demands (Doorman's FairShare):
+//! each node reports its demand (a running average of what it used, raised at once when
+//! it ran out), the demands of the nodes heard from in the last 3 intervals are
+//! water-filled (every node is given at least an even split), and each node's
+//! **credit** accrues at its share, up to its share of the burst. While another node
+//! that wants tokens has credit, a node leases by its own credit, out of what the global
+//! state holds beyond what nodes ahead of it need to catch up; otherwise it may take what
+//! the global state holds (nothing is left unused). A key in use keeps a standing lease
+//! of at least one token, so that a key used rarely is admitted at once; a key idle for
+//! [`RedisSync::idle_ttl`] gives its lease back and is dropped (while rounds are
+//! saturated, one with nothing to report gives its lease up without a round).
+//!
+//! In reconcile mode a node may also admit an **overdraft** beyond its lease: its share
+//! of what the global state holds plus what it refills over two intervals (in debt, the
+//! refill repays the debt first, and nothing is handed out), charged at its next round.
+//! The overdrafts out are shared: a node is handed what the others' leave of that room,
+//! or under contention at least its share of it (so the fleet overdraws by at most one
+//! room, and the admitted rate stays near the limit second by second instead of
+//! swinging between bursts and repaid debt).
+//! Debt is enforced: leases and overdrafts stop until it is repaid, so the long-run rate
+//! converges to the limit.
 
 use std::collections::HashMap;
 use std::fmt::Display;
