@@ -12,6 +12,9 @@
 //! second (burst 100): together they offer `200·N` a second. Each prints what it
 //! admitted; the parent adds them up and prints the documented bound.
 
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -35,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| format!("the node count {n:?}: {e}"))?,
         None => 3,
     };
-    let redis = tollgate_testing::LocalRedis::start()?;
+    let redis = redis_server::RedisServer::start()?;
     println!(
         "{nodes} nodes, one key, {RATE}/s burst {BURST} across all of them, {}s",
         RUN.as_secs()

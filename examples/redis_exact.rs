@@ -9,6 +9,9 @@
 //! With no URL it starts a `redis-server` on a free port (it must be installed:
 //! `./scripts/test.sh` installs it), and stops it halfway to show the fail mode.
 
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
 use std::time::Duration;
 
 use tollgate::redis::{FailMode, RedisLimiter};
@@ -18,7 +21,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let given = std::env::args().nth(1);
     let mut own = match given {
         Some(_) => None,
-        None => Some(tollgate_testing::LocalRedis::start()?),
+        None => Some(redis_server::RedisServer::start()?),
     };
     let url = given.unwrap_or_else(|| own.as_ref().map(|r| r.url()).unwrap_or_default());
 
