@@ -39,7 +39,7 @@ const CHILD: &str = "TOLLGATE_ALLOC_CHILD";
 /// waited on a parking_lot lock before the limiter is built.
 #[test]
 fn a_built_limiter_leaves_parking_nothing_to_allocate() {
-    let _alone = super::alone();
+    super::alone();
     let name = "alloc::a_built_limiter_leaves_parking_nothing_to_allocate";
     if std::env::var_os(CHILD).is_none() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
@@ -68,7 +68,7 @@ fn a_built_limiter_leaves_parking_nothing_to_allocate() {
 
 #[test]
 fn checks_on_existing_keys_do_not_allocate() {
-    let _alone = super::alone();
+    super::alone();
     for algorithm in Algorithm::ALL {
         // A manual clock, moved 1 ms a round: a real one lets a stalled test (a loaded
         // machine, a paused VM) leave the keys untouched long enough for an insert's
@@ -140,7 +140,7 @@ fn checks_on_existing_keys_do_not_allocate() {
 /// inserts into one shard, the migrations of its growth are caught in progress.
 #[test]
 fn ending_a_migration_on_existing_keys_does_not_allocate() {
-    let _alone = super::alone();
+    super::alone();
     let limiter = RateLimiter::<String, _>::builder(Quota::per_second(50).unwrap())
         .algorithm(Algorithm::TokenBucket)
         .clock(ManualClock::new())
@@ -194,7 +194,7 @@ fn ending_a_migration_on_existing_keys_does_not_allocate() {
 /// in a counted pass: see `a_built_limiter_leaves_parking_nothing_to_allocate`.)
 #[test]
 fn checks_allocate_nothing_while_another_thread_grows_the_table() {
-    let _alone = super::alone();
+    super::alone();
     for pass in 0..5 {
         let limiter = RateLimiter::<String, _>::builder(Quota::per_second(50).unwrap())
             .clock(ManualClock::new())
@@ -260,7 +260,7 @@ fn the_http_layer_adds_no_allocation_to_an_admitted_request() {
     use tollgate::http::{KeyExtractor, RateLimitLayer};
     use tower::{Layer, Service};
 
-    let _alone = super::alone();
+    super::alone();
 
     /// Calls `service` once with `req` and polls the response out (every future here is
     /// ready at once).
@@ -404,7 +404,7 @@ fn flood_heap_bound(max_keys: u64) -> u64 {
 /// a limiter that never saw the flood.
 #[test]
 fn a_flood_of_new_keys_is_contained() {
-    let _alone = super::alone();
+    super::alone();
     const MAX_KEYS: usize = 100_000;
     const FLOOD: u64 = 2_000_000;
     for when_full in [WhenFull::EvictLeastActive, WhenFull::DenyNewKeys] {

@@ -6,10 +6,9 @@
 //!   one limiter at a time;
 //! - `sync_flood`: the bytes a flood of keys leaves behind, counted for the whole process.
 //!
-//! One binary for the four (one build and one link instead of four): every test holds
-//! [`alone`] for its whole run, so that `cargo test --test isolated` runs them one after
-//! another, and `./scripts/test.sh` runs each module in a process of its own, side by side
-//! (`isolated alloc::`, `isolated secrets::`, ...).
+//! One binary for the four (one build and one link instead of four). cargo-nextest
+//! (./scripts/test.sh) runs each test in a process of its own; every test first checks
+//! that it has one ([`alone`]).
 
 // Not built for the loom models (`--cfg tollgate_loom`), whose tables are not `Sync`
 // outside a model and whose dev-dependencies are not there.
@@ -28,17 +27,22 @@ use tollgate_testing::CountingAllocator;
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-/// Held by every test of this binary for its whole run. tokio's mutex, so that the async
-/// tests hold it across their awaits; it is not poisoned by a test that panics.
-static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// This process to the calling (synchronous) test alone until the guard drops.
-fn alone() -> tokio::sync::MutexGuard<'static, ()> {
-    ALONE.blocking_lock()
-}
-
-/// This process to the calling async test alone until the guard drops.
-#[cfg(feature = "redis")]
-async fn alone_async() -> tokio::sync::MutexGuard<'static, ()> {
-    ALONE.lock().await
+/// Checks that the calling test has this process to itself, as every test of this
+/// binary needs: cargo-nextest runs each test in a process of its own (./scripts/test.sh
+/// runs it); libtest does only with one thread (`cargo test --test isolated --
+/// --test-threads=1`). Anything else would count other tests' allocations, tables or
+/// limiters: the test fails at once, saying so, rather than measuring the wrong process.
+fn alone() {
+    let nextest = std::env::var("NEXTEST_EXECUTION_MODE").is_ok_and(|m| m == "process-per-test");
+    let args: Vec<String> = std::env::args().collect();
+    let one_thread = std::env::var("RUST_TEST_THREADS").is_ok_and(|n| n == "1")
+        || args.iter().any(|a| a == "--test-threads=1")
+        || args
+            .windows(2)
+            .any(|w| w[0] == "--test-threads" && w[1] == "1");
+    assert!(
+        nextest || one_thread,
+        "the isolated tests need a process each: run them with cargo nextest, or with \
+         `-- --test-threads=1`"
+    );
 }

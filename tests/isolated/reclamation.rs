@@ -3,8 +3,8 @@
 //! a thread stuck inside a check holds back only what was retired meanwhile and only
 //! until it finishes, and tollgate never holds back crossbeam-epoch's global collector.
 //!
-//! Each test counts exactly (`StoreStats::retired_tables`), so each holds the process alone
-//! (`super::alone`): no other thread of the process is inside a check while they count.
+//! Each test counts exactly (`StoreStats::retired_tables`), so each has the process to itself
+//! (`super::alone` checks it): no other thread of the process is inside a check while they count.
 
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,7 +46,7 @@ fn eight_shards() -> RateLimiter<u64> {
 /// idle thread's check stayed allocated (8 shards × 400 changes here).
 #[test]
 fn an_idle_thread_holds_back_no_table_across_400_quota_changes() {
-    let _alone = super::alone();
+    super::alone();
     let limiter = eight_shards();
     for key in 0..200_000u64 {
         limiter.check(&key);
@@ -78,7 +78,7 @@ fn an_idle_thread_holds_back_no_table_across_400_quota_changes() {
 /// table is left, and the tables are back to their smallest.
 #[test]
 fn an_idle_thread_holds_back_nothing_across_grow_and_shrink_cycles() {
-    let _alone = super::alone();
+    super::alone();
     let limiter = eight_shards();
     let idle = limiter.clone();
     let (wake, thread) = idle_thread(move || idle.check(&u64::MAX));
@@ -145,7 +145,7 @@ impl Hash for Stuck {
 /// it finishes: the next write path frees them.
 #[test]
 fn a_check_in_flight_holds_back_what_is_retired_meanwhile_and_only_until_it_ends() {
-    let _alone = super::alone();
+    super::alone();
     let limiter: RateLimiter<Stuck> = RateLimiter::builder("1000/s".parse().unwrap())
         .shards(1)
         .build()
@@ -195,7 +195,7 @@ fn a_check_in_flight_holds_back_what_is_retired_meanwhile_and_only_until_it_ends
 /// did: a pinned guard cached per thread between checks stalled the global epoch.)
 #[test]
 fn crossbeam_epochs_global_collector_is_not_held_back_by_an_idle_checker() {
-    let _alone = super::alone();
+    super::alone();
     let limiter: RateLimiter<u64> = RateLimiter::new("10/s".parse().unwrap());
     let idle = limiter.clone();
     let (wake, thread) = idle_thread(move || idle.check(&1));

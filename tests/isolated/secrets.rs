@@ -70,7 +70,7 @@ fn all_keys(port: u16, password: &str) -> String {
 /// credentials, fail with a typed error with wrong ones, and never show a password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwords_and_acl_users_work_and_never_show() {
-    let _alone = super::alone_async().await;
+    super::alone();
     let server = LocalRedis::start_with(&["--requirepass", PASSWORD]).unwrap();
     let status = Command::new("redis-cli")
         .args([
@@ -154,7 +154,7 @@ async fn passwords_and_acl_users_work_and_never_show() {
 /// default user's password and with an ACL user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_with_a_password_works() {
-    let _alone = super::alone_async().await;
+    super::alone();
     let cluster =
         LocalCluster::start_with_password(3, 0, Duration::from_secs(2), PASSWORD).unwrap();
     for port in cluster.ports() {
@@ -209,7 +209,7 @@ async fn one_cluster_user(cluster: &LocalCluster, user: &str, password: &str) {
 /// name: only its keyed digest. Nodes with the same secret share a limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hashed_keys_keep_tokens_out_of_redis() {
-    let _alone = super::alone_async().await;
+    super::alone();
     let server = LocalRedis::start_with(&["--requirepass", PASSWORD]).unwrap();
     let url = with_password(&server.url(), "", PASSWORD);
     let token = "Bearer sk_live_51H8xyzSECRET";
@@ -292,7 +292,7 @@ async fn hashed_keys_keep_tokens_out_of_redis() {
 #[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_works_with_a_trusted_ca_only() {
-    let _alone = super::alone_async().await;
+    super::alone();
     let dir = std::env::temp_dir().join(format!("tollgate-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     common::certificates(&dir);

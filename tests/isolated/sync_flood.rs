@@ -75,16 +75,22 @@ fn live() -> usize {
 }
 
 /// The live bytes once what a flood leaves to be freed later is freed: the fewest over
-/// a second of samples. Retired tables wait for the checks in flight and the next
-/// collect, and the sync's task frees its round buffers as its next round starts, so a
-/// reading taken the moment the last key is dropped may still count them (330 KB once,
-/// on a busy VM); a leak stays in every sample.
-async fn settled_live() -> usize {
+/// a second of samples and at least three of the sync's rounds. Retired tables wait for
+/// the checks in flight and the next collect, and the sync's task frees its round buffers
+/// as its next round starts, so a reading taken the moment the last key is dropped may
+/// still count them (330 KB once, on a busy VM, where a second passed without a round);
+/// a leak stays in every sample.
+async fn settled_live(handle: &tollgate::sync::SyncHandle) -> usize {
     let mut fewest = live();
-    for _ in 0..20 {
+    let syncs = handle.stats().syncs;
+    let started = Instant::now();
+    let mut samples = 0;
+    while samples < 20 || handle.stats().syncs < syncs + 3 {
+        assert!(started.elapsed() < HANG, "no rounds: {:?}", handle.stats());
         // Waits for the sync task's next round and the reclamation it triggers.
         tokio::time::sleep(Duration::from_millis(50)).await;
         fewest = fewest.min(live());
+        samples += 1;
     }
     fewest
 }
@@ -155,7 +161,7 @@ async fn flood_and_forget(
 /// than the first (a leak of 1% of its keys' strings would show).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_keys_is_absorbed_and_forgotten() {
-    let _alone = super::alone_async().await;
+    super::alone();
     let server =
         LocalRedis::start().expect("this test needs redis-server (./scripts/test.sh installs it)");
     let (limiter, handle) = RateLimiter::<String>::builder(Quota::per_second(100).unwrap())
@@ -171,9 +177,9 @@ async fn a_flood_of_keys_is_absorbed_and_forgotten() {
     let _ = limiter.check("hot");
     let before = live();
     let peak = flood_and_forget(&limiter, &handle, 1).await;
-    let after = settled_live().await;
+    let after = settled_live(&handle).await;
     let peak2 = flood_and_forget(&limiter, &handle, 2).await;
-    let after2 = settled_live().await;
+    let after2 = settled_live(&handle).await;
     println!(
         "live MB: before {:.1}, peak {:.1}, after {:.1}; second flood: peak {:.1}, after {:.1}",
         before as f64 / 1e6,
