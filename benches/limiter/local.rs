@@ -352,25 +352,26 @@ pub(crate) fn string_keys(c: &mut Criterion) {
     group.finish();
 }
 
-/// One thread, 1M `u64` keys: every check misses the caches.
-pub(crate) fn keyed_1m(c: &mut Criterion) {
-    const MILLION: u64 = 1_000_000;
-    let keys = key_sequence(0xfeed, MILLION);
-    let ours = Tollgate(tollgate(
-        Algorithm::TokenBucket,
-        generous(Algorithm::TokenBucket),
-    ));
-    let gov = governor();
-    let mut group = c.benchmark_group("keyed_1m_u64");
+/// Throughput by key count and threads: tollgate's token bucket against governor at 1k,
+/// 10k, 100k and 1M `u64` keys, on 1 and 2 threads (the benchmark page's scaling plot).
+pub(crate) fn by_key_count(c: &mut Criterion) {
+    let mut group = c.benchmark_group("by_key_count_u64");
     group.sample_size(20);
-    for (name, limiter) in [("token-bucket", &ours as &dyn Check), ("governor", &gov)] {
-        for key in 0..MILLION {
-            limiter.check(key);
+    for set in [1_000u64, 10_000, 100_000, 1_000_000] {
+        let keys: Vec<Vec<u64>> = (1..=2)
+            .map(|t| key_sequence(0x5eed_0000 + t, set))
+            .collect();
+        let ours = Tollgate(tollgate(
+            Algorithm::TokenBucket,
+            generous(Algorithm::TokenBucket),
+        ));
+        let gov = governor();
+        for (name, limiter) in [("tollgate", &ours as &dyn Check), ("governor", &gov)] {
+            for threads in [1, 2] {
+                let id = BenchmarkId::new(name, format!("{set}_keys_{threads}_thread"));
+                bench_keyed_set(&mut group, id, limiter, threads, &keys, set);
+            }
         }
-        let check = |_: usize, i: usize| limiter.check(keys[i & (SEQUENCE - 1)]);
-        group.bench_function(BenchmarkId::new(name, "1_thread"), |b| {
-            b.iter_custom(|iters| run_threads(1, iters, &check))
-        });
     }
     group.finish();
 }

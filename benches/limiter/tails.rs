@@ -15,6 +15,33 @@ pub(crate) fn percentiles(sample: &mut [u32]) -> [u32; 4] {
     ]
 }
 
+/// Where the probes write their distributions for `scripts/bench_plots.py`: the directory
+/// `TOLLGATE_BENCH_OUT` names, if set.
+pub(crate) const BENCH_OUT: &str = "TOLLGATE_BENCH_OUT";
+
+/// Writes the latency distribution `sorted` (ns, ascending) as `cdf-<name>.csv` under
+/// [`BENCH_OUT`]: the latency at 361 quantiles spaced evenly in "nines" (p0 to p99.9999,
+/// 60 a decade), then the maximum.
+pub(crate) fn write_cdf(name: &str, sorted: &[u32]) {
+    let Some(dir) = std::env::var_os(BENCH_OUT) else {
+        return;
+    };
+    if sorted.is_empty() {
+        return;
+    }
+    let mut csv = String::from("quantile,ns\n");
+    for step in 0..=360 {
+        let q = 1.0 - 10f64.powf(-f64::from(step) / 60.0);
+        let at = sorted[((sorted.len() - 1) as f64 * q) as usize];
+        csv.push_str(&format!("{q:.8},{at}\n"));
+    }
+    csv.push_str(&format!("1,{}\n", sorted[sorted.len() - 1]));
+    let path = std::path::Path::new(&dir).join(format!("cdf-{name}.csv"));
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&path, csv))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
 /// Runs this bench binary again with `probe` set to `spec` (one of the probes `main`
 /// dispatches on), and returns what it printed, trimmed.
 pub(crate) fn in_fresh_process(probe: &str, spec: String) -> String {
@@ -75,7 +102,7 @@ pub(crate) fn growth_contender(name: &str, keys: u64) -> Box<dyn Check> {
 /// every operation timed alone. Returns p50, p99, p99.99 and max, for new keys' first
 /// checks and existing keys' checks, and the table rebuilds where the contender counts
 /// them (issue 30's figure: at most 40 to 2M keys).
-pub(crate) fn growth_once(limiter: &dyn Check, keys: u64, threads: u64) -> String {
+pub(crate) fn growth_once(label: &str, limiter: &dyn Check, keys: u64, threads: u64) -> String {
     let per_thread = keys / threads;
     let start = Barrier::new(threads as usize);
     let (mut new, mut old): (Vec<u32>, Vec<u32>) = std::thread::scope(|s| {
@@ -117,6 +144,8 @@ pub(crate) fn growth_once(limiter: &dyn Check, keys: u64, threads: u64) -> Strin
     });
     let [n50, n99, n9999, nmax] = percentiles(&mut new);
     let [o50, o99, o9999, omax] = percentiles(&mut old);
+    write_cdf(&format!("{label}-{threads}t-new"), &new);
+    write_cdf(&format!("{label}-{threads}t-existing"), &old);
     let rebuilds = limiter
         .rebuilds()
         .map_or_else(String::new, |n| format!("; {n} table rebuilds"));
@@ -143,7 +172,8 @@ pub(crate) fn growth_tail(quick: bool) {
             names.reverse();
         }
         for name in names {
-            let line = growth_once(&*growth_contender(name, keys), keys, 2);
+            let label = format!("{name}-round{round}");
+            let line = growth_once(&label, &*growth_contender(name, keys), keys, 2);
             println!("growth_tail/{name}/round {round}: {line}");
         }
     }
@@ -177,7 +207,12 @@ pub(crate) fn growth_probe(spec: &str) {
         .expect("GROWTH_PROBE's threads is a positive number");
     println!(
         "{}",
-        growth_once(&*growth_contender(name, keys), keys, threads)
+        growth_once(
+            &format!("{name}-fresh"),
+            &*growth_contender(name, keys),
+            keys,
+            threads
+        )
     );
 }
 

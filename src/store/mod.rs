@@ -6,8 +6,8 @@
 //!
 //! - The word algorithms (token bucket, leaky bucket, window counters) use
 //!   [`WordStore`]: each shard is an open-addressing table of `{state word, key}` slots
-//!   published through crossbeam-epoch (see [`epoch_table`], the crate's one `unsafe`
-//!   module). A check on an existing key takes no lock and writes nothing shared but its
+//!   kept alive by an epoch scheme of the crate's own (see [`epoch_table`], its one
+//!   `unsafe` module). A check on an existing key takes no lock and writes nothing shared but its
 //!   state word.
 //! - The sliding log and the synced limiters keep per-key cells of several words, and use
 //!   [`Store`] (see [`locked`]): each shard behind a [`parking_lot::RwLock`], an existing
