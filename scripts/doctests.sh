@@ -38,8 +38,8 @@ fi
 # The entry points, each with at least one example in its own rustdoc.
 for item in \
     'limiter::RateLimiter ' 'limiter::Builder ' 'quota::Quota ' 'decision::Decision ' \
-    'redis::limiter::RedisLimiter ' 'redis::fallback::FailMode ' 'redis::breaker::CircuitBreaker ' \
-    'sync::limiter::SyncedLimiter ' 'sync::config::FailMode ' 'sync::config::RedisSync ' \
+    'redis::limiter::RedisLimiter ' 'fail_mode::FailMode ' 'redis::breaker::CircuitBreaker ' \
+    'sync::limiter::SyncedLimiter ' 'sync::config::RedisSync ' \
     'sync::SyncHandle ' 'http::layer::RateLimitLayer ' 'http::key::KeyExtractor ' \
     'config::LimiterConfig ' 'wait::RateLimiter<K,C>::until_ready ' \
     'guide::algorithms ' 'guide::configuration ' 'guide::waiting ' 'guide::http ' \
