@@ -52,7 +52,7 @@ pub(crate) struct Cold {
     /// The GCRA tolerance, `(burst − 1)·t_ns`.
     pub(crate) tau_ns: u64,
     /// Until when (limiter clock, ns) this node may admit on its cold keys: it has read
-    /// the keys hot elsewhere recently enough (see the module docs). After that a cold
+    /// the keys hot elsewhere recently enough (see `node::cold`). After that a cold
     /// key may spend only what its share held then (its budget), and gets no refill.
     pub(crate) until: u64,
     /// Whether keys first seen start cold (else hot, under the fallback).

@@ -13,8 +13,8 @@ use crate::redis::connection::Client;
 #[non_exhaustive]
 pub enum SyncMode {
     /// Approximate: each node admits its lease and, beyond it, its fair share of what the
-    /// global state has left, charged at its next round. See the module docs for the
-    /// bound.
+    /// global state has left, charged at its next round. See the
+    /// [sync guide](crate::guide::sync) for the bound.
     #[default]
     Reconcile,
     /// Strict: each node spends only tokens it leased from the global state.
@@ -231,7 +231,8 @@ impl RedisSync {
     /// to cold once it is released everywhere. Sync traffic is then proportional to the
     /// keys near their limit, not to the active keys. On by default in
     /// [`SyncMode::Reconcile`], off in [`SyncMode::Lease`] (whose bound it loosens by
-    /// `r·(2.5·I + 2·Δ)` while a key turns hot, among other terms the module docs list).
+    /// `r·(2.5·I + 2·Δ)` while a key turns hot, among other terms the
+    /// [sync guide](crate::guide::sync) lists).
     /// Every node of a prefix must use the same setting. Off when a node's share of the
     /// burst is under one token.
     pub fn cold_keys(mut self, cold: bool) -> Self {

@@ -1009,7 +1009,7 @@ pub(super) fn per_second(per_ms: &[u32], from: u64, to: u64) -> f64 {
     sum as f64 * 1_000.0 / (to - from) as f64
 }
 
-/// The documented bounds (see the module docs of `sync`): the smallest `x` such that
+/// The documented bounds (the sync guide's "The bounds in full"): the smallest `x` such that
 /// at most `x + r·t` are admitted in any interval `t`. With `H` the holding horizon
 /// (2 intervals), `Δ` the round timeout:
 ///
