@@ -94,6 +94,7 @@
 
 mod algorithm;
 pub mod clock;
+pub mod concurrency;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;
@@ -128,6 +129,7 @@ mod wait;
 pub use algorithm::{
     Algorithm, FIXED_WINDOW_MAX_LIMIT, SLIDING_LOG_MAX_LIMIT, SLIDING_WINDOW_MAX_LIMIT,
 };
+pub use concurrency::{ConcurrencyError, ConcurrencyLimiter, Permit};
 pub use decision::Decision;
 pub use error::{ConfigError, InsufficientCapacity, SettleError};
 #[cfg(feature = "redis")]

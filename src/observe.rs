@@ -5,6 +5,9 @@
 //! |---|---|---|
 //! | `tollgate_decisions_total` | counter | `limiter`, `outcome` (`allowed`, `denied`; the HTTP layer's `rejected` and `shadow_denied`) |
 //! | `tollgate_keys` | gauge | `limiter` |
+//! | `tollgate_in_flight` | gauge: slots held (concurrency limiters) | `limiter` |
+//! | `tollgate_waiting` | gauge: callers in a key's line (concurrency limiters) | `limiter` |
+//! | `tollgate_acquire_timeouts_total` | counter (concurrency limiters) | `limiter` |
 //! | `tollgate_evictions_total` | counter | `limiter`, `reason` (`untouched`, `active`, `refused`) |
 //! | `tollgate_sync_rounds_total` | counter | `limiter`, `result` (`ok`, `error`) |
 //! | `tollgate_sync_round_duration_seconds` | histogram | `limiter` |
@@ -49,6 +52,24 @@ pub(crate) fn limiter(name: &str, stats: &StoreStats) {
             counter!("tollgate_evictions_total", "limiter" => limiter.clone(), "reason" => reason)
                 .absolute(total);
         }
+    }
+}
+
+/// Publishes a concurrency limiter's totals and gauges.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn concurrency(name: &str, stats: &crate::concurrency::ConcurrencyStats) {
+    #[cfg(feature = "metrics")]
+    {
+        let limiter = name.to_owned();
+        for (outcome, total) in [("allowed", stats.acquired), ("denied", stats.denied)] {
+            counter!("tollgate_decisions_total", "limiter" => limiter.clone(), "outcome" => outcome)
+                .absolute(total);
+        }
+        counter!("tollgate_acquire_timeouts_total", "limiter" => limiter.clone())
+            .absolute(stats.timed_out);
+        gauge!("tollgate_keys", "limiter" => limiter.clone()).set(stats.keys as f64);
+        gauge!("tollgate_in_flight", "limiter" => limiter.clone()).set(stats.in_flight as f64);
+        gauge!("tollgate_waiting", "limiter" => limiter).set(stats.waiting as f64);
     }
 }
 
@@ -105,6 +126,26 @@ fn denied_event<Q: std::hash::Hash + ?Sized>(
             key_hash = %format_args!("{:08x}", short_hash(key)),
             retry_after_ms = decision.retry_after().map_or(0, |d| d.as_millis() as u64),
             "request denied"
+        );
+    }
+}
+
+/// Logs a refused permit (`debug`, target `tollgate`), as [`denied`] does a deny: the
+/// limiter's name, a short hash of the key (never the key) and why.
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+pub(crate) fn refused<Q: std::hash::Hash + ?Sized>(
+    name: &str,
+    key: &Q,
+    error: &crate::concurrency::ConcurrencyError,
+) {
+    #[cfg(feature = "tracing")]
+    if tracing::enabled!(target: "tollgate", tracing::Level::DEBUG) {
+        tracing::debug!(
+            target: "tollgate",
+            limiter = name,
+            key_hash = %format_args!("{:08x}", short_hash(key)),
+            reason = %error,
+            "permit refused"
         );
     }
 }

@@ -38,6 +38,7 @@ mod word;
 pub(crate) use compound::Compound;
 #[cfg(feature = "redis")]
 pub(crate) use compound::{Part, Parts, check_all, peek_all};
+pub(crate) use hash::Sharding;
 pub(crate) use locked::Store;
 pub(crate) use word::WordStore;
 

@@ -19,6 +19,7 @@ mod conformance;
 mod eviction;
 mod expected_keys;
 mod governor_equivalence;
+mod in_flight;
 mod limiter;
 mod properties;
 mod quota;
