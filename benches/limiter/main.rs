@@ -19,6 +19,7 @@ use tollgate::{Algorithm, Quota, RateLimiter};
 mod reference;
 
 mod common;
+mod in_flight;
 mod local;
 mod memory;
 mod redis_tier;
@@ -26,6 +27,7 @@ mod tails;
 mod tiers;
 
 use common::*;
+use in_flight::*;
 use local::*;
 use memory::*;
 use redis_tier::*;
@@ -37,7 +39,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, by_key_count, settle_10k, also_10k, churn_1k, reference_10k, counters, hot_key_denied, string_keys, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
+    targets = keyed_10k, in_flight_10k, by_key_count, settle_10k, also_10k, churn_1k, reference_10k, counters, hot_key_denied, string_keys, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
 }
 
 fn main() {
