@@ -42,6 +42,9 @@ for item in \
     'sync::limiter::SyncedLimiter ' 'sync::config::RedisSync ' \
     'sync::SyncHandle ' 'http::layer::RateLimitLayer ' 'http::key::KeyExtractor ' \
     'config::LimiterConfig ' 'wait::RateLimiter<K,C>::until_ready ' \
+    'concurrency ' 'concurrency::ConcurrencyBuilder ' \
+    'concurrency::ConcurrencyLimiter<K>::try_acquire_with ' \
+    'redis::concurrency::RedisConcurrencyLimiter ' 'guide::concurrency ' \
     'guide::algorithms ' 'guide::configuration ' 'guide::waiting ' 'guide::http ' \
     'guide::grpc ' 'guide::redis ' 'guide::sync ' 'guide::observability ' 'guide::testing '; do
     # Not `printf | grep -q` under pipefail: grep quits at its first match, bash's printf

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`algorithms`] | which of the five algorithms to choose, and each one's bound as a formula |
 //! | [`configuration`] | quotas, builder settings, per-key quotas, live changes, configuration files |
+//! | [`concurrency`] | at most N requests in flight per key, in process and in Redis |
 //! | [`waiting`] | throttling background work instead of rejecting it (`tokio`) |
 //! | `http` | the tower layer for axum and hyper: keys, headers, exemptions, shaping (`tower`) |
 //! | `grpc` | the same layer in front of tonic, answering `RESOURCE_EXHAUSTED` (`tower`) |
@@ -33,6 +34,10 @@ pub mod algorithms {
 
 pub mod configuration {
     #![doc = include_str!("configuration.md")]
+}
+
+pub mod concurrency {
+    #![doc = include_str!("concurrency.md")]
 }
 
 pub mod waiting {

@@ -10,6 +10,7 @@
 //! ([`FailMode::Local`]). See [`RedisLimiter`] for when to use it.
 
 mod breaker;
+mod concurrency;
 pub(crate) mod connection;
 mod deny_cache;
 pub(crate) mod error;
@@ -24,6 +25,10 @@ pub mod scripts;
 pub(crate) mod sentinel;
 
 pub use breaker::{BreakerState, CircuitBreaker};
+pub use concurrency::{
+    DEFAULT_LEASE, PermitError, RedisConcurrencyBuilder, RedisConcurrencyLimiter,
+    RedisConcurrencyStats, RedisPermit,
+};
 pub use error::{RedisCause, RedisError};
 pub use fallback::FailMode;
 pub use limiter::{

@@ -30,6 +30,12 @@ pub const FIXED_WINDOW: &str = concat!(
     include_str!("lua/window_args.lua"),
     include_str!("lua/fixed_window.lua")
 );
+/// The concurrency limit's acquire (`RedisConcurrencyLimiter`): expired leases given
+/// back, then a slot taken as a lease, with the token bucket of a rate on the same key
+/// decided all or nothing when the limiter has one.
+pub const CONCURRENCY_ACQUIRE: &str = include_str!("lua/concurrency_acquire.lua");
+/// The concurrency limit's release and lease renewal.
+pub const CONCURRENCY_RELEASE: &str = include_str!("lua/concurrency_release.lua");
 /// The background sync's round: a node's heartbeat, reports and lease requests for a
 /// batch of keys of one slot (see [`crate::sync`]).
 pub const SYNC_ROUND: &str = include_str!("lua/sync_round.lua");
@@ -52,6 +58,8 @@ mod tests {
             ("SLIDING_WINDOW", super::SLIDING_WINDOW),
             ("FIXED_WINDOW", super::FIXED_WINDOW),
             ("SYNC_ROUND", super::SYNC_ROUND),
+            ("CONCURRENCY_ACQUIRE", super::CONCURRENCY_ACQUIRE),
+            ("CONCURRENCY_RELEASE", super::CONCURRENCY_RELEASE),
             ("SYNC_HOT_KEYS", super::SYNC_HOT_KEYS),
             ("SYNC_SETTINGS", super::SYNC_SETTINGS),
         ] {

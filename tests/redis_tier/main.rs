@@ -14,6 +14,7 @@ mod common;
 
 mod cluster;
 mod compound;
+mod concurrency;
 mod partition;
 mod redis;
 mod redis_first_tier;

@@ -25,7 +25,7 @@ use crate::redis::script_quota::{ScriptQuota, capacity_of, short_name};
 
 mod builder;
 mod call;
-mod reply;
+pub(crate) mod reply;
 
 pub use builder::RedisBuilder;
 use reply::*;

@@ -54,7 +54,7 @@ pub(super) fn now_and_also(cmd: &mut redis::Cmd, now_us: Option<u64>, absent: bo
 /// for a deny. The rest follows from the rule: remaining `⌊(τ + T − reset) / T⌋`, and a
 /// deny's retry-after `reset + T·(cost − 1) − τ`, which is at least 1 µs (a deny came
 /// from `now < tat + T·(cost − 1) − τ`).
-pub(super) fn gcra_decision(
+pub(crate) fn gcra_decision(
     reply: i64,
     t: u64,
     tau: u64,
