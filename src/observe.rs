@@ -21,6 +21,7 @@
 //! | `tollgate_redis_fail_mode_decisions_total` | counter | `limiter` |
 //! | `tollgate_redis_breaker_open` | gauge (0 closed, 1 open or half-open) | `limiter` |
 //! | `tollgate_redis_breaker_opened_total` | counter | `limiter` |
+//! | `tollgate_redis_leases_lost_total` | counter (Redis concurrency limiters) | `limiter` |
 //!
 //! A limiter's counters are exact totals, published (as absolute values) whenever
 //! [`RateLimiter::stats`](crate::RateLimiter::stats) (or `RedisLimiter::stats`) runs

@@ -39,6 +39,7 @@
 
 mod backend;
 mod body;
+mod concurrency;
 mod config;
 mod exempt;
 mod extra;
@@ -53,6 +54,7 @@ mod values;
 
 pub use backend::{BackendError, LayerLimiter};
 pub use body::RateLimitBody;
+pub use concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitService, PermitBody, PermitFuture};
 pub use config::{DecisionEvent, MissingKey, RejectionEvent};
 pub use extract::{
     ExtractKey, KeyFromFn, KeyLimits, KeyRejection, OversizedKey, RequestHead, TextKey, key_fn,

@@ -536,7 +536,7 @@ impl Style {
 }
 
 /// `s` as the inside of a JSON string.
-fn json_escaped(s: &str) -> String {
+pub(crate) fn json_escaped(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -558,7 +558,7 @@ fn capitalised(s: &str) -> String {
 }
 
 /// A trailers-only gRPC response of `status` and `message`.
-fn grpc_status<B>(status: u16, message: &str) -> Response<RateLimitBody<B>> {
+pub(crate) fn grpc_status<B>(status: u16, message: &str) -> Response<RateLimitBody<B>> {
     let mut response = Response::new(RateLimitBody::own(Bytes::new()));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));

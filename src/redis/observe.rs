@@ -39,6 +39,34 @@ pub(crate) fn redis_limiter(name: &str, stats: &crate::redis::RedisStats) {
     }
 }
 
+/// Publishes a Redis concurrency limiter's totals: its permits and refusals as
+/// decisions, its calls and fail-mode decisions as the Redis tier's, the leases it holds
+/// as the slots in flight.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn redis_concurrency(name: &str, stats: &crate::redis::RedisConcurrencyStats) {
+    #[cfg(feature = "metrics")]
+    {
+        let limiter = name.to_owned();
+        for (outcome, total) in [("allowed", stats.acquired), ("denied", stats.refused)] {
+            counter!("tollgate_decisions_total", "limiter" => limiter.clone(), "outcome" => outcome)
+                .absolute(total);
+        }
+        for (metric, total) in [
+            ("tollgate_redis_calls_total", stats.calls),
+            ("tollgate_redis_cached_denies_total", stats.cached_denies),
+            (
+                "tollgate_redis_fail_mode_decisions_total",
+                stats.fail_mode_decisions,
+            ),
+            ("tollgate_redis_leases_lost_total", stats.leases_lost),
+        ] {
+            counter!(metric, "limiter" => limiter.clone()).absolute(total);
+        }
+        gauge!("tollgate_in_flight", "limiter" => limiter).set(stats.leases as f64);
+        redis_breaker_gauge(name, stats.breaker);
+    }
+}
+
 #[cfg(feature = "metrics")]
 fn redis_breaker_gauge(name: &str, state: crate::redis::BreakerState) {
     let open = if state == crate::redis::BreakerState::Closed {

@@ -398,3 +398,60 @@ fn expected_keys_sizes_the_tables_at_start() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `--concurrency 1`: while a slow request of a key is in flight, the key's next one gets
+/// 429 with `Retry-After`; another key, or the same once the first has answered, is served.
+#[test]
+fn concurrency_holds_each_key_to_its_requests_in_flight() {
+    let server = start(&[
+        "--quota",
+        "1000/s",
+        "--key",
+        "header:x-api-key",
+        "--concurrency",
+        "1",
+    ]);
+    let send = |key: &str, path: &str| {
+        let mut stream = TcpStream::connect(&server.addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nx-api-key: {key}\r\nConnection: close\r\n\r\n",
+            server.addr
+        )
+        .unwrap();
+        stream
+    };
+    let read = |mut stream: TcpStream| {
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        reply
+    };
+    let slow = send("alice", "/api/slow?delay_ms=1500");
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = read(send("alice", "/"));
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    assert!(
+        refused.to_ascii_lowercase().contains("retry-after: 1\r\n"),
+        "{refused}"
+    );
+    assert!(refused.contains("concurrency_limit_exceeded"), "{refused}");
+    let other = read(send("bob", "/"));
+    assert!(other.starts_with("HTTP/1.1 200"), "{other}");
+    let slow = read(slow);
+    assert!(slow.starts_with("HTTP/1.1 200"), "{slow}");
+    let again = read(send("alice", "/"));
+    assert!(again.starts_with("HTTP/1.1 200"), "{again}");
+    // And a bad value is one line, exit status 2.
+    let out = Command::new(example_server())
+        .args(["--concurrency", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("'--concurrency'"),
+        "{out:?}"
+    );
+}

@@ -10,7 +10,7 @@ use tonic::Code;
 use tonic::transport::{Channel, Endpoint, Server};
 
 #[path = "../../examples/greeter/mod.rs"]
-mod greeter;
+pub(crate) mod greeter;
 
 /// Serves the greeter behind `layer` on an ephemeral port; returns a connected channel.
 async fn serve(layer: RateLimitLayer) -> Channel {

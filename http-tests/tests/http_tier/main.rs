@@ -8,6 +8,7 @@
 //! (`tollgate-http-tests`), built without optimisation: its tests wait on sockets and
 //! processes, and its clients' code (hyper, tonic, axum) is most of what it compiles.
 
+mod concurrency;
 mod example_server;
 mod grpc;
 mod http;

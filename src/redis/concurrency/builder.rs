@@ -209,6 +209,10 @@ impl RedisConcurrencyBuilder {
         // Every limiter subscribes, whatever its fail mode: the subscribers are how the
         // limiters sharing the prefix count each other.
         count_nodes(&inner, &client, timeout, stop).await?;
+        #[cfg(feature = "metrics")]
+        crate::observe::every_second(Arc::downgrade(&inner), |inner| {
+            inner.stats();
+        });
         Ok(RedisConcurrencyLimiter {
             inner,
             _running: Arc::new(running),

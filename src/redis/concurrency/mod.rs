@@ -458,25 +458,33 @@ impl RedisConcurrencyLimiter {
         &self.inner.name
     }
 
-    /// The counters, also published as metrics (feature `metrics`).
+    /// The counters, also published as metrics (feature `metrics`; every second too,
+    /// inside the runtime that built the limiter).
     pub fn stats(&self) -> RedisConcurrencyStats {
-        let c = &self.inner.counts;
+        self.inner.stats()
+    }
+}
+
+impl Inner {
+    /// The limiter's counters, published as metrics.
+    pub(crate) fn stats(&self) -> RedisConcurrencyStats {
+        let c = &self.counts;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        RedisConcurrencyStats {
+        let stats = RedisConcurrencyStats {
             acquired: load(&c.acquired),
             refused: load(&c.refused),
             calls: load(&c.calls),
             errors: load(&c.errors),
             cached_denies: load(&c.cached_denies),
             fail_mode_decisions: load(&c.fail_mode),
-            leases: self.inner.leases.lock().len(),
+            leases: self.leases.lock().len(),
             leases_lost: load(&c.lost),
-            breaker: self.inner.breaker.state(),
-        }
+            breaker: self.breaker.state(),
+        };
+        crate::redis::observe::redis_concurrency(&self.name, &stats);
+        stats
     }
-}
 
-impl Inner {
     /// Runs `call` (about `redis_key`) until `deadline`, and tells the breaker.
     async fn call<T>(
         self: &Arc<Self>,
