@@ -70,3 +70,71 @@ pub(crate) fn in_flight_10k(c: &mut Criterion) {
     }
     group.finish();
 }
+
+/// The same three in alternating rounds in one process (each round runs them in a
+/// rotated order), so that the machine's drift between them cancels out: per round,
+/// permit / check and semaphore map / permit, then their medians over the rounds.
+pub(crate) fn in_flight_alternating(quick: bool) {
+    let keys = key_sequences();
+    let check = Tollgate(tollgate(
+        Algorithm::TokenBucket,
+        generous(Algorithm::TokenBucket),
+    ));
+    let permits = Permits(ConcurrencyLimiter::new(SLOTS));
+    let semaphores = Semaphores(DashMap::with_hasher(ahash::RandomState::new()));
+    let contenders: [&dyn Check; 3] = [&check, &permits, &semaphores];
+    for key in 0..KEYS {
+        for c in contenders {
+            c.check(key);
+        }
+    }
+    let (rounds, iters) = if quick { (3, 1_000) } else { (41, 400_000) };
+    println!(
+        "\nin_flight_10k_u64 alternating: {rounds} rounds of {iters} operations per thread (ns an operation)"
+    );
+    let quantile = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    for threads in [1, 2] {
+        let time = |limiter: &dyn Check| {
+            let op = |thread: usize, i: usize| limiter.check(keys[thread][i & (SEQUENCE - 1)]);
+            run_threads(threads, iters, &op).as_secs_f64() * 1e9 / iters as f64
+        };
+        let mut times = [Vec::new(), Vec::new(), Vec::new()];
+        let (mut permit_check, mut semaphore_permit) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let mut t = [0.0; 3];
+            for i in 0..3 {
+                let which = (round + i) % 3;
+                t[which] = time(contenders[which]);
+            }
+            permit_check.push(t[1] / t[0]);
+            semaphore_permit.push(t[2] / t[1]);
+            for (all, one) in times.iter_mut().zip(t) {
+                all.push(one);
+            }
+        }
+        for v in times
+            .iter_mut()
+            .chain([&mut permit_check, &mut semaphore_permit])
+        {
+            v.sort_by(f64::total_cmp);
+        }
+        let summary = |v: &[f64]| {
+            format!(
+                "{:.2} (quartiles {:.2}–{:.2}, range {:.2}–{:.2})",
+                quantile(v, 0.5),
+                quantile(v, 0.25),
+                quantile(v, 0.75),
+                v[0],
+                v[v.len() - 1]
+            )
+        };
+        println!(
+            "in_flight_10k_u64/alternating/{threads}_thread: permit / check {}; semaphore map / permit {}; check {:.1} ns, permit {:.1} ns, semaphore map {:.1} ns (medians)",
+            summary(&permit_check),
+            summary(&semaphore_permit),
+            quantile(&times[0], 0.5),
+            quantile(&times[1], 0.5),
+            quantile(&times[2], 0.5),
+        );
+    }
+}

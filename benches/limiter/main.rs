@@ -78,5 +78,8 @@ fn main() {
     if wanted("also") {
         two_quotas_alternating(quick);
     }
+    if wanted("in_flight") {
+        in_flight_alternating(quick);
+    }
     Criterion::default().configure_from_args().final_summary();
 }

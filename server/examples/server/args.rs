@@ -1,6 +1,6 @@
 //! The server's flags: `--name value` or `--name=value`, as `--help` lists them.
 //!
-//! A hand-written parser rather than clap: eighteen flags need a loop and a table, and the
+//! A hand-written parser rather than clap: nineteen flags need a loop and a table, and the
 //! README's main command then builds no argument-parsing crates at all. Every mistake is
 //! one line naming the flag and what to write instead; the server exits with status 2.
 
@@ -43,6 +43,9 @@ Options:
                                process by --quota (local) or by this server's share of it,
                                --quota divided by the servers counted live (local-share)
                                [default: open]
+      --concurrency <N>        Also hold each key to at most N requests in flight at once (in
+                               this server process), each holding its slot until its
+                               response has been sent; beyond it, 429 with Retry-After
       --expected-keys <N>      Size the limiter's tables for this many keys at start, so that
                                none of them grows a table [default: 0, grown as keys come]
       --shadow                 Shadow mode: decide, send the headers and count denies as
@@ -84,6 +87,8 @@ pub struct Args {
     pub cold_keys: Option<bool>,
     /// Keys the local tables are sized for at start (`Builder::expected_keys`).
     pub expected_keys: usize,
+    /// At most this many requests in flight per key (`--concurrency`).
+    pub concurrency: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -140,6 +145,7 @@ impl Args {
             share_ttl: Duration::from_secs(10),
             cold_keys: None,
             expected_keys: 0,
+            concurrency: None,
         };
         let mut quota_given = false;
         while let Some(flag) = flags.next() {
@@ -231,6 +237,13 @@ impl Args {
                 "--share-ttl" => args.share_ttl = parsed(&name, &value, parse_duration)?,
                 "--cold-keys" => args.cold_keys = Some(parsed(&name, &value, bool::from_str)?),
                 "--expected-keys" => args.expected_keys = parsed(&name, &value, usize::from_str)?,
+                "--concurrency" => {
+                    args.concurrency = Some(parsed(&name, &value, |v| match u32::from_str(v) {
+                        Ok(0) => Err("at least 1 request must be let in".to_owned()),
+                        Ok(n) => Ok(n),
+                        Err(e) => Err(e.to_string()),
+                    })?)
+                }
                 _ => unreachable!("is_flag lists every flag with a value"),
             }
         }
@@ -273,6 +286,7 @@ fn is_flag(name: &str) -> bool {
             | "--share-ttl"
             | "--cold-keys"
             | "--expected-keys"
+            | "--concurrency"
     )
 }
 

@@ -5,7 +5,8 @@
 //! curl -i http://127.0.0.1:3000/
 //! ```
 //!
-//! `GET /` and `GET /api/{anything}` are limited; `GET /healthz` and `GET /metrics`
+//! `GET /` and `GET /api/{anything}` are limited (`GET /api/…?delay_ms=N` answers after
+//! N ms, at most 10 s: a slow request); `GET /healthz` and `GET /metrics`
 //! (every tollgate metric, Prometheus text format, limiter `api`) are not. Every second the
 //! server prints what it allowed and denied, how many keys it holds, and the sync state.
 //!
@@ -14,6 +15,9 @@
 //! that Redis Sentinel names) the limit is global: `--sync reconcile` (the default) or `lease` keeps
 //! checks local with a background sync; `--sync off` runs the Redis script on every
 //! request (exact, one round trip each).
+//!
+//! With `--concurrency N`, each key may also have at most N requests in flight at once
+//! in this process (a `ConcurrencyLimitLayer` outside the rate limit).
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -27,10 +31,10 @@ use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::get;
-use tollgate::RateLimiter;
-use tollgate::http::{HeaderStyle, KeyExtractor, RateLimitLayer};
+use tollgate::http::{ConcurrencyLimitLayer, HeaderStyle, KeyExtractor, RateLimitLayer};
 use tollgate::redis::{FailMode, RedisLimiter, RedisOptions};
 use tollgate::sync::{RedisSync, SyncHandle, SyncMode, SyncedLimiter};
+use tollgate::{ConcurrencyLimiter, RateLimiter};
 
 mod args;
 // The recorder lives in the library's package, beside the examples that share it, so
@@ -84,6 +88,15 @@ impl Tier {
             _ => None,
         }
     }
+}
+
+/// The `delay_ms` query parameter, at most 10,000.
+fn delay_ms(uri: &axum::http::Uri) -> Option<u64> {
+    let query = uri.query()?;
+    let value = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("delay_ms="))?;
+    value.parse::<u64>().ok().map(|ms| ms.min(10_000))
 }
 
 fn key_extractor(args: &Args) -> Result<KeyExtractor, String> {
@@ -173,17 +186,37 @@ async fn run(args: Args) -> Result<(), String> {
         )
         .route(
             "/api/{*path}",
-            get(|Path(path): Path<String>| async move { json_object("path", &path) }),
+            get(
+                |Path(path): Path<String>, uri: axum::http::Uri| async move {
+                    // `?delay_ms=N` (at most 10 s): a slow request, to watch --concurrency.
+                    if let Some(ms) = delay_ms(&uri) {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                    }
+                    json_object("path", &path)
+                },
+            ),
         )
         // `route_layer`: only these routes are limited; a request for an unknown path
         // (the fallback's 404) uses up no quota.
         .route_layer(
             tier.layer(&args)
-                .key(key)
+                .key(key.clone())
                 .headers(headers)
                 .shadow(args.shadow),
-        )
-        .route_layer(axum::middleware::map_response(count));
+        );
+    // Outside the rate limit: a request refused a slot uses up no quota, and one the
+    // rate limit denies holds its slot only while its 429 goes out.
+    let limited = match args.concurrency {
+        Some(max) => {
+            let slots = ConcurrencyLimiter::<String>::builder(max)
+                .name("api")
+                .build()
+                .map_err(|e| e.to_string())?;
+            limited.route_layer(ConcurrencyLimitLayer::new(slots).key(key))
+        }
+        None => limited,
+    }
+    .route_layer(axum::middleware::map_response(count));
     let tier = Arc::new(tier);
     let scrape = Arc::clone(&tier);
     let app = Router::new()
