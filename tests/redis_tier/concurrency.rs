@@ -431,9 +431,9 @@ async fn three_processes_never_hold_more_than_the_maximum() {
 }
 
 /// On a cluster: each key's two Redis keys share a slot, keys spread over the masters,
-/// and the limit holds across two limiters; behind Sentinel, across a failover.
+/// and the limit holds across two limiters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_and_sentinel_hold_the_limit_too() {
+async fn a_cluster_holds_the_limit_too() {
     let cluster = tollgate_testing::LocalCluster::start(3, 0, Duration::from_secs(2))
         .expect("these tests need redis-server (./scripts/test.sh installs it)");
     let urls = cluster.urls();
@@ -457,8 +457,12 @@ async fn a_cluster_and_sentinel_hold_the_limit_too() {
         permit.release().await.unwrap();
     }
     assert_eq!(a.in_flight("user-7").await.unwrap().0, 0);
+}
 
-    let mut sentinel = tollgate_testing::LocalSentinel::start(1, 3, Duration::from_millis(500))
+/// Behind Sentinel, the limit holds before and after a failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_holds_the_limit_across_a_failover() {
+    let mut sentinel = tollgate_testing::LocalSentinel::start(1, 3, Duration::from_millis(1000))
         .expect("these tests need redis-server and redis-sentinel");
     let addresses = sentinel.sentinel_addresses();
     let sentinels: Vec<&str> = addresses.iter().map(String::as_str).collect();
@@ -487,4 +491,88 @@ async fn a_cluster_and_sentinel_hold_the_limit_too() {
     assert!(permit.is_lease());
     assert!(full(&limiter.try_acquire("k").await.unwrap_err()));
     permit.release().await.unwrap();
+}
+
+/// Sixteen limiters on one Redis race for one key, at the smallest maximum (1) and, with
+/// weights, at a large one (100,000): never above it, and saturated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_limiters_never_exceed_the_smallest_or_largest_maximum() {
+    let server = server();
+    for (max, weight) in [(1u32, 1u32), (100_000, 25_000)] {
+        let prefix = format!("sixteen{max}");
+        let mut tasks = Vec::new();
+        for _ in 0..16 {
+            let limiter = RedisConcurrencyLimiter::builder(&server.url(), max)
+                .prefix(&prefix)
+                .timeout(Duration::from_millis(500))
+                .lease(Duration::from_secs(2))
+                .deny_cache(Duration::ZERO)
+                .build()
+                .await
+                .unwrap();
+            tasks.push(tokio::spawn(async move {
+                let until = Instant::now() + Duration::from_millis(800);
+                let mut admitted = 0u32;
+                while Instant::now() < until {
+                    match limiter.try_acquire_n("k", weight).await {
+                        Ok(permit) => {
+                            admitted += 1;
+                            tokio::task::yield_now().await;
+                            permit.release().await.unwrap();
+                        }
+                        Err(e) => assert!(full(&e), "{e:?}"),
+                    }
+                }
+                admitted
+            }));
+        }
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += task.await.unwrap();
+        }
+        let checker = RedisConcurrencyLimiter::builder(&server.url(), max)
+            .prefix(&prefix)
+            .build()
+            .await
+            .unwrap();
+        let (held, peak) = checker.in_flight("k").await.unwrap();
+        assert_eq!((held, peak), (0, max), "max {max}: admitted {admitted}");
+    }
+}
+
+/// Redis paused (SIGSTOP) for longer than a lease: the holder's renewals fail, it is told
+/// its lease may be lost, and once Redis is back the slot is free for another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_longer_than_the_lease_loses_the_lease_and_says_so() {
+    let server = server();
+    let build = || {
+        RedisConcurrencyLimiter::builder(&server.url(), 1)
+            .prefix("pause")
+            .timeout(Duration::from_millis(100))
+            .lease(Duration::from_millis(600))
+            .deny_cache(Duration::ZERO)
+            .build()
+    };
+    let holder = build().await.unwrap();
+    let other = build().await.unwrap();
+    let permit = holder.try_acquire("k").await.unwrap();
+    server.pause().unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(permit.is_lost(), "no renewal got through for a whole lease");
+    server.resume().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let taken = loop {
+        match other.try_acquire("k").await {
+            Ok(p) => break p,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{e:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // The old holder's release finds its lease gone, and takes nothing of the new one.
+    permit.release().await.unwrap();
+    assert_eq!(other.in_flight("k").await.unwrap().0, 1);
+    assert!(holder.stats().leases_lost >= 1, "{:?}", holder.stats());
+    taken.release().await.unwrap();
 }
