@@ -56,24 +56,6 @@ pub(crate) fn limiter(name: &str, stats: &StoreStats) {
     }
 }
 
-/// Publishes a concurrency limiter's totals and gauges.
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn concurrency(name: &str, stats: &crate::concurrency::ConcurrencyStats) {
-    #[cfg(feature = "metrics")]
-    {
-        let limiter = name.to_owned();
-        for (outcome, total) in [("allowed", stats.acquired), ("denied", stats.denied)] {
-            counter!("tollgate_decisions_total", "limiter" => limiter.clone(), "outcome" => outcome)
-                .absolute(total);
-        }
-        counter!("tollgate_acquire_timeouts_total", "limiter" => limiter.clone())
-            .absolute(stats.timed_out);
-        gauge!("tollgate_keys", "limiter" => limiter.clone()).set(stats.keys as f64);
-        gauge!("tollgate_in_flight", "limiter" => limiter.clone()).set(stats.in_flight as f64);
-        gauge!("tollgate_waiting", "limiter" => limiter).set(stats.waiting as f64);
-    }
-}
-
 /// Inside a tokio runtime, runs `publish` on the value behind `weak` every second until
 /// it is dropped (the task holds it weakly); outside one, does nothing.
 #[cfg(all(feature = "metrics", feature = "tokio"))]
@@ -131,30 +113,10 @@ fn denied_event<Q: std::hash::Hash + ?Sized>(
     }
 }
 
-/// Logs a refused permit (`debug`, target `tollgate`), as [`denied`] does a deny: the
-/// limiter's name, a short hash of the key (never the key) and why.
-#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
-pub(crate) fn refused<Q: std::hash::Hash + ?Sized>(
-    name: &str,
-    key: &Q,
-    error: &crate::concurrency::ConcurrencyError,
-) {
-    #[cfg(feature = "tracing")]
-    if tracing::enabled!(target: "tollgate", tracing::Level::DEBUG) {
-        tracing::debug!(
-            target: "tollgate",
-            limiter = name,
-            key_hash = %format_args!("{:08x}", short_hash(key)),
-            reason = %error,
-            "permit refused"
-        );
-    }
-}
-
 /// 32 bits of a fixed-seed hash: the same key gets the same hash on every node and run,
 /// so log lines of one client can be matched, but the key cannot be read back.
 #[cfg(feature = "tracing")]
-fn short_hash<Q: std::hash::Hash + ?Sized>(key: &Q) -> u32 {
+pub(crate) fn short_hash<Q: std::hash::Hash + ?Sized>(key: &Q) -> u32 {
     const SEEDS: (u64, u64, u64, u64) = (
         0x243f_6a88_85a3_08d3,
         0x1319_8a2e_0370_7344,

@@ -39,6 +39,7 @@
 //! [`ConcurrencyLimiter::try_acquire_with`].
 
 mod error;
+mod observe;
 mod permit;
 mod slot;
 mod table;
@@ -198,7 +199,7 @@ impl<K: Key> ConcurrencyLimiter<K> {
             }
             Refused::NoRoom { max_keys } => ConcurrencyError::TooManyKeys { max_keys },
         };
-        crate::observe::refused(&self.inner.name, key, &error);
+        observe::refused(&self.inner.name, key, &error);
         error
     }
 
@@ -280,7 +281,7 @@ impl<K: Key> ConcurrencyLimiter<K> {
     ///
     /// # Errors
     /// [`ConcurrencyError::Timeout`] at the deadline, and as [`acquire`](Self::acquire).
-    #[cfg(feature = "tokio")]
+    #[cfg(any(feature = "tokio", feature = "tower"))]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn acquire_timeout<Q>(
         &self,
@@ -298,7 +299,7 @@ impl<K: Key> ConcurrencyLimiter<K> {
     ///
     /// # Errors
     /// As [`acquire_timeout`](Self::acquire_timeout) and [`acquire_n`](Self::acquire_n).
-    #[cfg(feature = "tokio")]
+    #[cfg(any(feature = "tokio", feature = "tower"))]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn acquire_n_timeout<Q>(
         &self,
@@ -327,7 +328,7 @@ impl<K: Key> ConcurrencyLimiter<K> {
         }
     }
 
-    #[cfg(feature = "tokio")]
+    #[cfg(any(feature = "tokio", feature = "tower"))]
     #[cold]
     fn refused_timeout<Q: Hash + ?Sized>(
         &self,
@@ -336,7 +337,7 @@ impl<K: Key> ConcurrencyLimiter<K> {
     ) -> ConcurrencyError {
         self.inner.tally.count(false);
         let error = ConcurrencyError::Timeout { waited };
-        crate::observe::refused(&self.inner.name, key, &error);
+        observe::refused(&self.inner.name, key, &error);
         error
     }
 
@@ -488,7 +489,7 @@ impl<K: Key> ConcurrencyLimiter<K> {
             in_flight,
             waiting,
         };
-        crate::observe::concurrency(&self.inner.name, &stats);
+        observe::publish(&self.inner.name, &stats);
         stats
     }
 }

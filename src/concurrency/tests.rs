@@ -1,6 +1,3 @@
-use std::sync::Arc;
-use std::time::Duration;
-
 use super::*;
 
 #[test]
@@ -205,8 +202,11 @@ fn a_panic_while_holding_gives_the_slot_back() {
     assert_eq!(limiter.in_flight("k"), 0);
 }
 
+#[cfg(feature = "tokio")]
 #[tokio::test(start_paused = true)]
 async fn waiters_are_served_in_arrival_order_and_a_timeout_leaves_the_line() {
+    use std::sync::Arc;
+    use std::time::Duration;
     let limiter: ConcurrencyLimiter<String> = ConcurrencyLimiter::new(1);
     let held = limiter.try_acquire("k").unwrap();
     let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
