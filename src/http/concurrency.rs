@@ -69,6 +69,8 @@ struct Shared<K, E> {
     missing: MissingKey<K>,
     retry_after: Duration,
     grpc: GrpcCode,
+    /// How long a request of a full key waits in its line; `None`: not at all.
+    queue: Option<Duration>,
     /// The 400s for requests without a usable key.
     style: Style,
 }
@@ -113,6 +115,7 @@ where
                 missing: MissingKey::Reject,
                 retry_after: Duration::from_secs(1),
                 grpc: GrpcCode::ResourceExhausted,
+                queue: None,
                 style: Style::new(1, None),
             }),
         }
@@ -141,6 +144,7 @@ where
                 missing: shared.missing,
                 retry_after: shared.retry_after,
                 grpc: shared.grpc,
+                queue: shared.queue,
                 style: shared.style,
             }),
         }
@@ -163,6 +167,15 @@ where
         self.edit(|s| s.retry_after = hint)
     }
 
+    /// Lets a request of a full key wait in the key's line, in arrival order, for up to
+    /// `max_wait` before it is refused (tower's `ConcurrencyLimit` waits without end;
+    /// by default this layer refuses at once). A request that waits holds a task and its
+    /// connection meanwhile, and its wait counts in
+    /// [`ConcurrencyLimiter::stats`](crate::ConcurrencyLimiter::stats).
+    pub fn queue(self, max_wait: Duration) -> Self {
+        self.edit(|s| s.queue = Some(max_wait))
+    }
+
     /// The gRPC status of a refused call (`RESOURCE_EXHAUSTED` by default).
     pub fn grpc_code(self, code: GrpcCode) -> Self {
         self.edit(|s| s.grpc = code)
@@ -179,6 +192,7 @@ fn copied<K: Clone, E: Clone>(shared: &Shared<K, E>) -> Shared<K, E> {
         missing: shared.missing.clone(),
         retry_after: shared.retry_after,
         grpc: shared.grpc,
+        queue: shared.queue,
         style: Style::new(1, None),
     }
 }
@@ -216,10 +230,55 @@ impl<S, K, E: ExtractKey<K>> fmt::Debug for ConcurrencyLimitService<S, K, E> {
     }
 }
 
+/// The 429 (or gRPC status) for a refused request.
+fn refused<K, E, R>(
+    shared: &Shared<K, E>,
+    refusal: &ConcurrencyError,
+    grpc: bool,
+) -> Response<RateLimitBody<R>> {
+    let retry = shared.retry_after.as_nanos().div_ceil(1_000_000_000).max(1) as u64;
+    let message = match refusal {
+        ConcurrencyError::Full { max, .. } => format!(
+            "Too many requests in flight: at most {max} at once; retry in {retry} second{}.",
+            if retry == 1 { "" } else { "s" }
+        ),
+        other => {
+            let mut m = other.to_string();
+            m.push('.');
+            m
+        }
+    };
+    let mut response = if grpc {
+        let mut response = grpc_status(shared.grpc.number(), &message);
+        response.headers_mut().insert(
+            GRPC_RETRY_PUSHBACK,
+            values::number_value(retry.saturating_mul(1_000)),
+        );
+        response
+    } else {
+        let body = format!(
+            r#"{{"error":"concurrency_limit_exceeded","message":"{}","retry_after_seconds":{retry}}}"#,
+            json_escaped(&message)
+        );
+        let mut response = Response::new(RateLimitBody::own(body));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        response
+    };
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, values::number_value(retry));
+    response
+}
+
 /// What the layer makes of a request.
-enum Admission<R> {
+enum Admission<K, R> {
     /// To the inner service, with its slot (none for a keyless request let through).
     Pass(Option<Permit>),
+    /// Into the key's line (with [`ConcurrencyLimitLayer::queue`]).
+    Wait(K),
     /// Answered by the layer.
     Answer(Response<RateLimitBody<R>>),
 }
@@ -234,22 +293,26 @@ where
 {
     /// A permit for `req` (none for a keyless request let through), or the layer's own
     /// answer.
-    fn admit<B, R>(&self, req: &Request<B>) -> Admission<R> {
+    fn admit<B, R>(&self, req: &Request<B>) -> Admission<K, R> {
         let shared = &*self.shared;
-        let acquired = match shared.key.extract(req, &shared.limits) {
-            Ok(key) => shared.limiter.try_acquire(key.borrow()),
+        let extracted = shared.key.extract(req, &shared.limits);
+        let key: &E::Lookup = match &extracted {
+            Ok(key) => key.borrow(),
             Err(KeyRejection::Missing) => match &shared.missing {
                 MissingKey::Reject => {
                     return Admission::Answer(self.rejected(KeyRejection::Missing, req));
                 }
-                MissingKey::Shared(key) => shared.limiter.try_acquire(key.borrow()),
+                MissingKey::Shared(key) => key.borrow(),
                 MissingKey::Allow => return Admission::Pass(None),
             },
-            Err(why) => return Admission::Answer(self.rejected(why, req)),
+            Err(why) => return Admission::Answer(self.rejected(*why, req)),
         };
-        match acquired {
+        match shared.limiter.try_acquire(key) {
             Ok(permit) => Admission::Pass(Some(permit)),
-            Err(refusal) => Admission::Answer(self.refused(&refusal, is_grpc(req))),
+            Err(ConcurrencyError::Full { .. }) if shared.queue.is_some() => {
+                Admission::Wait(key.to_owned())
+            }
+            Err(refusal) => Admission::Answer(refused(shared, &refusal, is_grpc(req))),
         }
     }
 
@@ -258,92 +321,75 @@ where
         super::observe::http_rejected(self.shared.limiter.name(), why);
         self.shared.style.rejected(why, &looked_for, is_grpc(req))
     }
-
-    /// The 429 (or gRPC status) for a refused request.
-    fn refused<R>(&self, refusal: &ConcurrencyError, grpc: bool) -> Response<RateLimitBody<R>> {
-        let shared = &*self.shared;
-        let retry = shared.retry_after.as_nanos().div_ceil(1_000_000_000).max(1) as u64;
-        let message = match refusal {
-            ConcurrencyError::Full { max, .. } => format!(
-                "Too many requests in flight: at most {max} at once; retry in {retry} second{}.",
-                if retry == 1 { "" } else { "s" }
-            ),
-            other => {
-                let mut m = other.to_string();
-                m.push('.');
-                m
-            }
-        };
-        let mut response = if grpc {
-            let mut response = grpc_status(shared.grpc.number(), &message);
-            response.headers_mut().insert(
-                GRPC_RETRY_PUSHBACK,
-                values::number_value(retry.saturating_mul(1_000)),
-            );
-            response
-        } else {
-            let body = format!(
-                r#"{{"error":"concurrency_limit_exceeded","message":"{}","retry_after_seconds":{retry}}}"#,
-                json_escaped(&message)
-            );
-            let mut response = Response::new(RateLimitBody::own(body));
-            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            response
-        };
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, values::number_value(retry));
-        response
-    }
 }
 
 impl<S, K, E, ReqBody, ResBody> Service<Request<ReqBody>> for ConcurrencyLimitService<S, K, E>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    K: crate::Key + Borrow<E::Lookup>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+    K: crate::Key + Clone + Borrow<E::Lookup>,
     E: ExtractKey<K>,
 {
     type Response = Response<PermitBody<ResBody>>;
     type Error = S::Error;
-    type Future = PermitFuture<S::Future, ResBody>;
+    type Future = PermitFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        match self.admit::<_, ResBody>(&req) {
-            Admission::Pass(permit) => PermitFuture {
-                state: FutureState::Admitted {
-                    inner: self.inner.call(req),
-                    permit,
-                },
+        let state = match self.admit::<_, ResBody>(&req) {
+            Admission::Pass(permit) => FutureState::Admitted {
+                inner: self.inner.call(req),
+                permit,
             },
-            Admission::Answer(response) => PermitFuture {
-                state: FutureState::Answered {
-                    response: Some(response.map(|body| PermitBody { body, permit: None })),
-                },
+            Admission::Answer(response) => FutureState::Answered {
+                response: Some(response.map(|body| PermitBody { body, permit: None })),
             },
-        }
+            Admission::Wait(key) => {
+                // The service made ready for this call goes with the wait; a clone stays.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                let shared = Arc::clone(&self.shared);
+                FutureState::Waiting {
+                    future: Box::pin(async move {
+                        let max_wait = shared.queue.unwrap_or_default();
+                        match shared.limiter.acquire_timeout::<K>(&key, max_wait).await {
+                            Ok(permit) => Ok(inner.call(req).await?.map(|body| PermitBody {
+                                body: RateLimitBody::inner(body),
+                                permit: Some(permit),
+                            })),
+                            Err(refusal) => Ok(refused(&shared, &refusal, is_grpc(&req))
+                                .map(|body| PermitBody { body, permit: None })),
+                        }
+                    }),
+                }
+            }
+        };
+        PermitFuture { state }
     }
 }
+
+/// A response that waits for its slot first.
+type Waiting<B, Er> = Pin<Box<dyn Future<Output = Result<Response<PermitBody<B>>, Er>> + Send>>;
 
 pin_project! {
     /// The response to a request under a [`ConcurrencyLimitLayer`]: the inner service's,
     /// whose body then holds the request's slot, or the layer's own 429 (or 400, or gRPC
     /// status).
-    pub struct PermitFuture<F, B> {
+    pub struct PermitFuture<F, B, Er> {
         #[pin]
-        state: FutureState<F, B>,
+        state: FutureState<F, B, Er>,
     }
 }
 
 pin_project! {
     #[project = FutureProjection]
-    enum FutureState<F, B> {
+    enum FutureState<F, B, Er> {
         Admitted {
             #[pin]
             inner: F,
@@ -352,10 +398,13 @@ pin_project! {
         Answered {
             response: Option<Response<PermitBody<B>>>,
         },
+        Waiting {
+            future: Waiting<B, Er>,
+        },
     }
 }
 
-impl<F, B, Er> Future for PermitFuture<F, B>
+impl<F, B, Er> Future for PermitFuture<F, B, Er>
 where
     F: Future<Output = Result<Response<B>, Er>>,
 {
@@ -375,6 +424,7 @@ where
             FutureProjection::Answered { response } => Poll::Ready(Ok(response
                 .take()
                 .expect("a PermitFuture polled after it completed"))),
+            FutureProjection::Waiting { future } => future.as_mut().poll(cx),
         }
     }
 }

@@ -8,28 +8,26 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::redis::server;
+use crate::redis_first_tier::script_calls;
 use tollgate::redis::{PermitError, RedisConcurrencyLimiter};
 use tollgate::{ConcurrencyError, FailMode, Quota};
-use tollgate_testing::LocalRedis;
 
-fn server() -> LocalRedis {
-    LocalRedis::start().expect("these tests need redis-server (./scripts/test.sh installs it)")
-}
-
-/// Script calls Redis has run so far, from `INFO commandstats`.
-async fn script_calls(server: &LocalRedis) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut server.connection().await.unwrap())
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .map(|l| {
-            let calls = l.split("calls=").nth(1).unwrap();
-            calls.split(',').next().unwrap().parse::<u64>().unwrap()
-        })
-        .sum()
+/// Acquires `weight` slots of `key`, retrying every 10 ms until `deadline` (the
+/// message names the last error).
+async fn acquire_by(
+    limiter: &RedisConcurrencyLimiter,
+    key: &str,
+    weight: u32,
+    deadline: Instant,
+) -> tollgate::redis::RedisPermit {
+    loop {
+        match limiter.try_acquire_n(key, weight).await {
+            Ok(permit) => return permit,
+            Err(e) => assert!(Instant::now() < deadline, "{e:?}: {:?}", limiter.stats()),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 fn full(e: &PermitError) -> bool {
@@ -113,13 +111,8 @@ async fn a_lease_outlives_its_holder_by_at_most_the_lease_and_is_renewed_while_h
     let dropped_at = Instant::now();
     std::mem::forget(held);
     drop(holder);
-    let freed = loop {
-        match other.try_acquire("k").await {
-            Ok(permit) => break (permit, dropped_at.elapsed()),
-            Err(e) => assert!(full(&e), "{e:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let permit = acquire_by(&other, "k", 1, dropped_at + 2 * lease).await;
+    let freed = (permit, dropped_at.elapsed());
     // Within the lease of the last renewal (at most a third of it before the drop).
     assert!(
         freed.1 <= lease + Duration::from_millis(100),
@@ -207,14 +200,7 @@ async fn the_fail_modes_decide_while_redis_is_away_and_the_breaker_stops_the_cal
     ));
     // Redis back: the probe closes the breaker, and leases are held there again.
     server.restart().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let permit = loop {
-        if let Ok(p) = closed.try_acquire("k").await {
-            break p;
-        }
-        assert!(Instant::now() < deadline, "{:?}", closed.stats());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let permit = acquire_by(&closed, "k", 1, Instant::now() + Duration::from_secs(10)).await;
     assert!(permit.is_lease());
     permit.release().await.unwrap();
 }
@@ -348,13 +334,8 @@ async fn a_holder_killed_with_sigkill_frees_its_slots_within_the_lease() {
     child.kill().unwrap(); // SIGKILL
     let killed = Instant::now();
     child.wait().unwrap();
-    let freed = loop {
-        if let Ok(p) = limiter.try_acquire_n("held", 3).await {
-            break (p, killed.elapsed());
-        }
-        assert!(killed.elapsed() < Duration::from_secs(5));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let permit = acquire_by(&limiter, "held", 3, killed + Duration::from_secs(5)).await;
+    let freed = (permit, killed.elapsed());
     assert!(freed.1 <= Duration::from_millis(900 + 100), "{:?}", freed.1);
     freed.0.release().await.unwrap();
 }
@@ -480,14 +461,7 @@ async fn sentinel_holds_the_limit_across_a_failover() {
     sentinel
         .wait_failover(old, Duration::from_secs(20))
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let permit = loop {
-        if let Ok(p) = limiter.try_acquire("k").await {
-            break p;
-        }
-        assert!(Instant::now() < deadline, "{:?}", limiter.stats());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let permit = acquire_by(&limiter, "k", 1, Instant::now() + Duration::from_secs(20)).await;
     assert!(permit.is_lease());
     assert!(full(&limiter.try_acquire("k").await.unwrap_err()));
     permit.release().await.unwrap();
@@ -560,16 +534,7 @@ async fn a_pause_longer_than_the_lease_loses_the_lease_and_says_so() {
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert!(permit.is_lost(), "no renewal got through for a whole lease");
     server.resume().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let taken = loop {
-        match other.try_acquire("k").await {
-            Ok(p) => break p,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "{e:?}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let taken = acquire_by(&other, "k", 1, Instant::now() + Duration::from_secs(5)).await;
     // The old holder's release finds its lease gone, and takes nothing of the new one.
     permit.release().await.unwrap();
     assert_eq!(other.in_flight("k").await.unwrap().0, 1);

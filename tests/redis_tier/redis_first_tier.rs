@@ -20,7 +20,7 @@ fn server() -> LocalRedis {
 }
 
 /// Script calls Redis has run since the last `CONFIG RESETSTAT`, from `INFO commandstats`.
-async fn script_calls(server: &LocalRedis) -> u64 {
+pub(crate) async fn script_calls(server: &LocalRedis) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut server.connection().await.unwrap())

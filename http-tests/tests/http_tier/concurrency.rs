@@ -205,3 +205,41 @@ async fn a_grpc_call_over_the_limit_is_resource_exhausted() {
     greeter::say_hello(channel, "ada").await.unwrap();
     settle(&slots, "127.0.0.1", 0).await;
 }
+
+/// `queue(max_wait)`: a request of a full key waits in line and is served once the slot
+/// comes back; one that waits past `max_wait` gets the 429.
+#[tokio::test]
+async fn a_queued_request_waits_for_the_slot_or_its_deadline() {
+    let slots: ConcurrencyLimiter<String> = ConcurrencyLimiter::new(1);
+    let (streams_tx, mut streams) = mpsc::unbounded_channel();
+    let layer = |wait| {
+        ConcurrencyLimitLayer::new(slots.clone())
+            .key(KeyExtractor::header("x-api-key").unwrap())
+            .queue(wait)
+    };
+    let addr = serve(app(streams_tx.clone()).layer(layer(Duration::from_secs(10)))).await;
+    let (mut open, _) = request(addr, "/stream", "k", "first").await;
+    let body = streams.recv().await.unwrap();
+    // Waits (the slot is held) ...
+    let waiting = tokio::spawn(async move { request(addr, "/", "k", "hello").await.1 });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished());
+    assert_eq!(slots.stats().waiting, 1);
+    // ... and is served once the body ends.
+    drop(body);
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), open.read_to_end(&mut rest)).await;
+    let served = waiting.await.unwrap();
+    assert_eq!(status(&served), 200, "{served}");
+    settle(&slots, "k", 0).await;
+
+    // A short queue: the 429 once the wait is over.
+    let addr = serve(app(streams_tx).layer(layer(Duration::from_millis(100)))).await;
+    let (_open, _) = request(addr, "/stream", "k", "first").await;
+    let _body = streams.recv().await.unwrap();
+    let started = Instant::now();
+    let (_, refused) = request(addr, "/", "k", "retry_after_seconds").await;
+    assert_eq!(status(&refused), 429, "{refused}");
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    assert_eq!(slots.stats().waiting, 0);
+}

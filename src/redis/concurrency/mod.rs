@@ -531,6 +531,31 @@ impl Inner {
         }
     }
 
+    /// The release script's call: give back (`renew: None`) or renew `members` of one
+    /// key.
+    fn release_cmd(
+        &self,
+        eval: bool,
+        (leases, weights): (&[u8], &[u8]),
+        renew: Option<Duration>,
+        members: &[&str],
+    ) -> redis::Cmd {
+        let mut cmd = script_cmd(
+            eval,
+            &self.release,
+            crate::redis::scripts::CONCURRENCY_RELEASE,
+        );
+        cmd.arg(2).arg(leases).arg(weights);
+        match renew {
+            Some(lease) => cmd.arg(micros(lease)),
+            None => cmd.arg("r"),
+        };
+        for member in members {
+            cmd.arg(*member);
+        }
+        cmd
+    }
+
     /// Gives `member`'s slots back (`renew: None`) or renews the leases of `members`
     /// (`Some(lease)`), all of one key; returns, per member, whether it was still held.
     async fn release_or_renew(
@@ -544,22 +569,7 @@ impl Inner {
         let reply: Vec<i64> = self
             .call(deadline, leases, async {
                 let mut connection = self.link.get();
-                let call = |eval: bool| {
-                    let mut cmd = script_cmd(
-                        eval,
-                        &self.release,
-                        crate::redis::scripts::CONCURRENCY_RELEASE,
-                    );
-                    cmd.arg(2).arg(leases).arg(weights);
-                    match renew {
-                        Some(lease) => cmd.arg(micros(lease)),
-                        None => cmd.arg("r"),
-                    };
-                    for member in members {
-                        cmd.arg(*member);
-                    }
-                    cmd
-                };
+                let call = |eval: bool| self.release_cmd(eval, (leases, weights), renew, members);
                 eval(&mut connection, call).await
             })
             .await?;
@@ -590,20 +600,12 @@ async fn probe_while_open(weak: std::sync::Weak<Inner>) {
             Probe::Wait(ns) => tokio::time::sleep(Duration::from_nanos(ns)).await,
             Probe::Now => {
                 let Some(inner) = weak.upgrade() else { return };
-                let key = b"tollgate:concurrency-probe";
+                let key: &[u8] = b"tollgate:concurrency-probe";
                 let deadline = tokio::time::Instant::now() + inner.timeout;
                 inner.counts.calls.fetch_add(1, Ordering::Relaxed);
                 let probe = tokio::time::timeout_at(deadline, async {
                     let mut connection = inner.link.get();
-                    let call = |eval: bool| {
-                        let mut cmd = script_cmd(
-                            eval,
-                            &inner.release,
-                            crate::redis::scripts::CONCURRENCY_RELEASE,
-                        );
-                        cmd.arg(2).arg(&key[..]).arg(&key[..]).arg("r").arg("probe");
-                        cmd
-                    };
+                    let call = |eval: bool| inner.release_cmd(eval, (key, key), None, &["probe"]);
                     eval::<Vec<i64>>(&mut connection, call).await
                 })
                 .await;
