@@ -541,3 +541,12 @@ async fn a_pause_longer_than_the_lease_loses_the_lease_and_says_so() {
     assert!(holder.stats().leases_lost >= 1, "{:?}", holder.stats());
     taken.release().await.unwrap();
 }
+
+/// The permit and the limiter move between tasks and threads, as a request's state does.
+#[test]
+fn the_permit_and_the_limiter_are_send_and_static() {
+    fn movable<T: Send + Sync + 'static>() {}
+    movable::<tollgate::redis::RedisPermit>();
+    movable::<RedisConcurrencyLimiter>();
+    movable::<PermitError>();
+}

@@ -745,6 +745,17 @@ async fn a_key_quota_set_on_one_node_holds_on_every_node() {
     nodes[0].0.set_quota("k", ten).unwrap();
     assert_eq!(nodes[0].0.quota_for("k"), ten);
     assert_eq!(nodes[1].0.quota_for("k"), default);
+    // The quota reaches Redis with the setting node's next round; until then a node
+    // that has not heard of it leases by the default (the sync guide's "key quotas").
+    // Two rounds begun after the change: one of them carried it. (On a loaded machine
+    // the first round can come late, and the other node then leased 1,000/s worth:
+    // 105 admitted in one CI run.)
+    let synced = nodes[0].1.stats().syncs;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nodes[0].1.stats().syncs < synced + 2 {
+        assert!(Instant::now() < deadline, "the setting node never synced");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let admitted = saturate(&nodes, "k", Duration::from_secs(3)).await;
     // The lease bound at 10/s over 3 s: B + r·t + r·H + 2·N.
     let bound = 10 + 30 + 1 + 4;
