@@ -12,16 +12,36 @@ use std::time::Duration;
 pub trait Clock: Send + Sync + 'static {
     /// Nanoseconds elapsed since this clock's origin.
     fn now_ns(&self) -> u64;
+
+    /// The Unix time of this clock's origin, in nanoseconds: wall time is this plus
+    /// [`now_ns`](Self::now_ns). Calendar periods read it once, when a limiter is built.
+    ///
+    /// The default reads the system's wall clock now and subtracts `now_ns`.
+    fn unix_origin_ns(&self) -> u64 {
+        unix_now_ns().saturating_sub(self.now_ns())
+    }
+}
+
+/// The system's wall clock, in Unix nanoseconds (0 before 1970).
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// The default clock: quanta's TSC-backed monotonic clock, with its origin at creation.
 ///
 /// Reading it costs a few nanoseconds and never makes a system call where the TSC is
 /// usable; quanta falls back to the OS monotonic clock elsewhere.
+///
+/// Its wall time is the system's at its creation plus the monotonic time since: a step
+/// of the system clock afterwards (not NTP's gradual slewing, which both follow) is not
+/// seen by calendar periods until the limiter is rebuilt on a new clock.
 #[derive(Clone)]
 pub struct MonotonicClock {
     clock: quanta::Clock,
     origin: u64,
+    unix_origin: u64,
 }
 
 impl MonotonicClock {
@@ -29,7 +49,11 @@ impl MonotonicClock {
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
         let origin = clock.raw();
-        Self { clock, origin }
+        Self {
+            clock,
+            origin,
+            unix_origin: unix_now_ns(),
+        }
     }
 }
 
@@ -52,11 +76,16 @@ impl Clock for MonotonicClock {
     fn now_ns(&self) -> u64 {
         self.clock.delta_as_nanos(self.origin, self.clock.raw())
     }
+
+    fn unix_origin_ns(&self) -> u64 {
+        self.unix_origin
+    }
 }
 
 /// A clock that only moves when told to: for tests and simulations.
 ///
-/// Clones share the same time.
+/// Clones share the same time. Its wall time starts at the Unix epoch, or at the instant
+/// given to [`at_unix`](Self::at_unix).
 ///
 /// ```
 /// use std::time::Duration;
@@ -70,12 +99,31 @@ impl Clock for MonotonicClock {
 #[derive(Clone, Debug, Default)]
 pub struct ManualClock {
     now: Arc<AtomicU64>,
+    unix_origin: u64,
 }
 
 impl ManualClock {
-    /// A clock at time 0.
+    /// A clock at time 0, whose wall time is the Unix epoch.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A clock at time 0 whose wall time starts at the Unix instant `unix` (saturating
+    /// at `u64::MAX` nanoseconds, in 2554): for tests of calendar periods.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::clock::{Clock, ManualClock};
+    ///
+    /// let clock = ManualClock::at_unix(Duration::from_secs(1_738_364_400)); // 2025-01-31T23:00Z
+    /// clock.advance(Duration::from_secs(5));
+    /// assert_eq!(clock.unix_origin_ns() + clock.now_ns(), 1_738_364_405_000_000_000);
+    /// ```
+    pub fn at_unix(unix: Duration) -> Self {
+        Self {
+            now: Arc::default(),
+            unix_origin: u64::try_from(unix.as_nanos()).unwrap_or(u64::MAX),
+        }
     }
 
     /// Moves the clock forward by `by`, saturating at `u64::MAX` nanoseconds.
@@ -108,6 +156,10 @@ impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     fn now_ns(&self) -> u64 {
         (**self).now_ns()
     }
+
+    fn unix_origin_ns(&self) -> u64 {
+        (**self).unix_origin_ns()
+    }
 }
 
 impl Clock for ManualClock {
@@ -115,11 +167,16 @@ impl Clock for ManualClock {
     fn now_ns(&self) -> u64 {
         self.now.load(Ordering::Acquire)
     }
+
+    fn unix_origin_ns(&self) -> u64 {
+        self.unix_origin
+    }
 }
 
 /// Tokio's clock (cargo feature `tokio`): time as tokio's timer sees it, so that under
 /// `tokio::time::pause()` a limiter and its waiters share one virtual time and tests of
-/// the waiting API never really sleep.
+/// the waiting API never really sleep. Its wall time is the system's when first asked,
+/// less tokio's time since its origin.
 #[cfg(feature = "tokio")]
 #[derive(Clone, Copy, Debug)]
 pub struct TokioClock {

@@ -134,6 +134,27 @@ pub enum ConfigError {
     },
     /// A key in a configuration's per-key quotas is not a key of the limiter's type.
     InvalidKey(String),
+    /// A time zone name the calendar cannot use.
+    UnknownTimeZone {
+        /// The name as given.
+        zone: String,
+        /// Why: not in the bundled database, or the `calendar` feature is off.
+        why: &'static str,
+    },
+    /// A calendar anchor day outside 1 to 31, or on a unit other than the month.
+    InvalidAnchor {
+        /// The calendar unit it was given for.
+        unit: &'static str,
+        /// The day asked for.
+        day: u64,
+    },
+    /// A penalty (`block_for`, `block_after`) that blocks nothing.
+    InvalidPenalty(&'static str),
+    /// A calendar period with an algorithm or tier that has no windows to align.
+    CalendarUnsupported {
+        /// The algorithm or tier.
+        by: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -211,6 +232,26 @@ impl fmt::Display for ConfigError {
             Self::InvalidQuotaString { input, reason } => {
                 write!(f, "invalid quota string {input:?}: {reason}")
             }
+            Self::UnknownTimeZone { zone, why } => {
+                write!(f, "unknown time zone {zone:?}: {why}")
+            }
+            Self::InvalidAnchor { unit, day } if *unit == "month" => write!(
+                f,
+                "anchor day {day} is not a day of a month: use 1 to 31 (a month shorter \
+                 than the anchor starts on its last day)"
+            ),
+            Self::InvalidAnchor { unit, .. } => write!(
+                f,
+                "an anchor day applies to calendar months, not {unit}s: remove it, or use \
+                 \"/month calendar anchor <day>\""
+            ),
+            Self::InvalidPenalty(why) => write!(f, "invalid penalty: {why}"),
+            Self::CalendarUnsupported { by } => write!(
+                f,
+                "calendar periods are windows, and {by} has none: use \
+                 Algorithm::FixedWindow or Algorithm::SlidingWindow, or a rolling period \
+                 such as \"1000/d\""
+            ),
             Self::InvalidKey(key) => write!(
                 f,
                 "the per-key quota's key {key:?} is not a key of this limiter's type: write it \

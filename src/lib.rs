@@ -93,6 +93,7 @@
 #![warn(missing_docs)]
 
 mod algorithm;
+pub mod calendar;
 pub mod clock;
 pub mod concurrency;
 #[cfg(feature = "serde")]
@@ -108,6 +109,7 @@ pub mod guide;
 pub mod http;
 mod limiter;
 mod observe;
+mod penalty;
 mod quota;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -5,11 +5,13 @@ use std::fmt;
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::algorithm::{Algorithm, AnyPolicy, Policy, Settle, WordPolicy};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Decision, unit};
 use crate::error::{ConfigError, InsufficientCapacity, SettleError};
+use crate::penalty::{Penalty, PenaltyBox};
 use crate::quota::Quota;
 use crate::store::state::LogCell;
 use crate::store::{Compound, Limits, Store, StoreStats, WhenFull, WordStore, check_room};
@@ -89,6 +91,8 @@ macro_rules! on_store {
 struct Inner<K, C> {
     engine: Engine<K>,
     common: Common<C>,
+    /// Blocked keys ([`Builder::block_for`], [`RateLimiter::block`]).
+    penalty: PenaltyBox<K>,
 }
 
 /// What every limiter keeps besides its store: its algorithm, clock, name and decision
@@ -331,6 +335,82 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let penalty = &self.inner.penalty;
+        if penalty.occupied() {
+            return self.check_boxed(key);
+        }
+        let decision = self.check_store(key);
+        if !decision.is_allowed() && penalty.counts_denies() {
+            return self.penalize(key, decision);
+        }
+        decision
+    }
+
+    /// [`check`](Self::check) of a key that may be in the penalty box.
+    #[inline(never)]
+    fn check_boxed<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.inner.common.clock.now_ns();
+        if let Some(until) = self.inner.penalty.blocked_until(key, now) {
+            let decision = self.blocked(key, now, until);
+            self.inner.common.record(key, &decision);
+            return decision;
+        }
+        let decision = self.check_store(key);
+        if !decision.is_allowed() && self.inner.penalty.counts_denies() {
+            return self.penalize(key, decision);
+        }
+        decision
+    }
+
+    /// The decision of a key blocked until `until`, judged at `now`: denied, nothing
+    /// remaining, retry at the block's end; the limit is the key's quota's.
+    #[cold]
+    fn blocked<Q>(&self, key: &Q, now: u64, until: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let state = unit(on_store!(&self.inner.engine, s => s.peek(key, now, 1)));
+        let wait = until - now;
+        Decision::deny(state.limit(), 0, state.reset_after_ns().max(wait), wait)
+            .for_policy(state.policy())
+    }
+
+    /// `decision`, a deny of `key`, counted toward a block: the block's decision if it
+    /// starts one.
+    #[cold]
+    fn penalize<Q>(&self, key: &Q, decision: Decision) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.inner.common.clock.now_ns();
+        match self.inner.penalty.denied(key, now) {
+            Some(until) if until > now => {
+                let wait = until - now;
+                Decision::deny(
+                    decision.limit(),
+                    0,
+                    decision.reset_after_ns().max(wait),
+                    decision.retry_after_ns().max(wait),
+                )
+                .for_policy(decision.policy())
+            }
+            _ => decision,
+        }
+    }
+
+    /// [`check`](Self::check) by the store alone.
+    #[inline(always)]
+    fn check_store<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         match &self.inner.engine {
             // Inlined into the caller, so the decision's fields stay in registers.
             Engine::Word(store) => {
@@ -413,9 +493,25 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     {
         let common = &self.inner.common;
         let now = || common.clock.now_ns();
+        if n > 0 && self.inner.penalty.occupied() {
+            let at = now();
+            if let Some(until) = self.inner.penalty.blocked_until(key, at) {
+                let blocked = self.blocked(key, at, until);
+                // A cost beyond capacity stays an error, blocked or not.
+                let decided =
+                    on_store!(&self.inner.engine, s => s.peek(key, at, n)).map(|_| blocked);
+                common.record_n(key, &decided);
+                return decided;
+            }
+        }
         let decided = on_store!(&self.inner.engine, s => s.check(key, now, n, max_delay));
         common.record_n(key, &decided);
-        decided
+        match decided {
+            Ok(d) if !d.is_allowed() && self.inner.penalty.counts_denies() => {
+                Ok(self.penalize(key, d))
+            }
+            other => other,
+        }
     }
 
     /// The decision a unit request for `key` would get now, without consuming anything
@@ -469,11 +565,81 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        on_store!(&self.inner.engine, s => s.peek(key, now, n))
+        let peeked = on_store!(&self.inner.engine, s => s.peek(key, now, n))?;
+        match self.inner.penalty.blocked_until(key, now) {
+            Some(until) if n > 0 => Ok(self.blocked(key, now, until)),
+            _ => Ok(peeked),
+        }
+    }
+
+    /// Shuts `key` out for `duration`: until then every check of it is denied, consumes
+    /// nothing, and says to retry at the block's end. A block that ends later stays;
+    /// [`unblock`](Self::unblock) ends it early. Works whether or not the limiter was
+    /// built with [`Builder::block_for`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::ManualClock, RateLimiter};
+    ///
+    /// let limiter: RateLimiter<String, _> =
+    ///     RateLimiter::builder("100/s".parse()?).clock(ManualClock::new()).build()?;
+    /// limiter.block("scraper", Duration::from_secs(600));
+    /// let denied = limiter.check("scraper");
+    /// assert_eq!(denied.retry_after(), Some(Duration::from_secs(600)));
+    /// assert!(limiter.unblock("scraper"));
+    /// assert!(limiter.check("scraper").is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Locking behaviour
+    /// Takes the write lock of one of the penalty box's 16 shards.
+    pub fn block<Q>(&self, key: &Q, duration: Duration)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.inner.common.clock.now_ns();
+        let until = now.saturating_add(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX));
+        if until > now {
+            self.inner.penalty.block(key, now, until);
+        }
+    }
+
+    /// Ends `key`'s block, if it has one, and forgets the denies counted toward one;
+    /// whether it was blocked.
+    ///
+    /// # Locking behaviour
+    /// As [`block`](Self::block); none while no key is in the box.
+    pub fn unblock<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.inner
+            .penalty
+            .unblock(key, self.inner.common.clock.now_ns())
+    }
+
+    /// How long `key` stays blocked, if it is.
+    pub fn blocked_for<Q>(&self, key: &Q) -> Option<Duration>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.inner.common.clock.now_ns();
+        self.inner
+            .penalty
+            .blocked_until(key, now)
+            .map(|until| Duration::from_nanos(until - now))
+    }
+
+    /// How many keys are blocked now.
+    pub fn blocked_keys(&self) -> usize {
+        self.inner.penalty.blocked(self.inner.common.clock.now_ns())
     }
 
     /// Forgets `key`'s state: its next request sees a full, untouched quota. A quota set
-    /// with [`set_quota`](Self::set_quota) stays.
+    /// with [`set_quota`](Self::set_quota) stays, and so does a block.
     ///
     /// ```
     /// use tollgate::RateLimiter;
@@ -749,6 +915,10 @@ pub struct Builder<K, C = MonotonicClock> {
     sweep: bool,
     name: Arc<str>,
     counters: bool,
+    /// [`block_for`](Self::block_for) and [`block_after`](Self::block_after), checked at
+    /// build.
+    block_for: Option<Duration>,
+    block_after: Option<(u32, Duration)>,
     key: PhantomData<fn() -> K>,
 }
 
@@ -766,6 +936,8 @@ impl<K> Builder<K> {
             sweep: true,
             name: Arc::from("default"),
             counters: true,
+            block_for: None,
+            block_after: None,
             key: PhantomData,
         }
     }
@@ -821,7 +993,59 @@ impl<K: Key, C: Clock> Builder<K, C> {
             sweep: self.sweep,
             name: self.name,
             counters: self.counters,
+            block_for: self.block_for,
+            block_after: self.block_after,
             key: PhantomData,
+        }
+    }
+
+    /// A penalty box: a key denied by its quota is then blocked for `duration` (every
+    /// check denied, retry at the block's end, nothing consumed), from the deny on. With
+    /// [`block_after`](Self::block_after), only after several denies.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{clock::ManualClock, RateLimiter};
+    ///
+    /// let logins: RateLimiter<String, _> = RateLimiter::builder("5/min".parse()?)
+    ///     .block_for(Duration::from_secs(600))
+    ///     .clock(ManualClock::new())
+    ///     .build()?;
+    /// for _ in 0..5 {
+    ///     assert!(logins.check("mallory").is_allowed());
+    /// }
+    /// // The sixth breaks the limit: shut out for 10 minutes, not the quota's 60 s.
+    /// assert_eq!(logins.check("mallory").retry_after(), Some(Duration::from_secs(600)));
+    /// logins.clock().advance(Duration::from_secs(120));
+    /// assert!(!logins.check("mallory").is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn block_for(mut self, duration: Duration) -> Self {
+        self.block_for = Some(duration);
+        self
+    }
+
+    /// With [`block_for`](Self::block_for): block a key only once it is denied `denies`
+    /// times within `within` of the first of them (`block_after(1, _)` is the default).
+    pub fn block_after(mut self, denies: u32, within: Duration) -> Self {
+        self.block_after = Some((denies, within));
+        self
+    }
+
+    /// The penalty asked for, checked.
+    fn penalty(&self) -> Result<Option<Penalty>, ConfigError> {
+        match (self.block_for, self.block_after) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(ConfigError::InvalidPenalty(
+                "block_after without block_for: say how long a block lasts",
+            )),
+            (Some(block), after) => {
+                let penalty = Penalty::new(block)?;
+                match after {
+                    Some((denies, within)) => penalty.after(denies, within).map(Some),
+                    None => Ok(Some(penalty)),
+                }
+            }
         }
     }
 
@@ -993,7 +1217,9 @@ impl<K: Key, C: Clock> Builder<K, C> {
     /// [`also`](Self::also) with the sliding log (which cannot give units back).
     pub fn build(self) -> Result<RateLimiter<K, C>, ConfigError> {
         let limits = self.checked_limits()?;
-        let engine = match AnyPolicy::new(self.algorithm, self.quota)? {
+        self.penalty()?;
+        let engine = match AnyPolicy::new(self.algorithm, self.quota, self.clock.unix_origin_ns())?
+        {
             AnyPolicy::Word(policy) if self.also.is_empty() => {
                 check_room(limits, WordStore::<K>::bytes_ahead(limits))?;
                 Engine::Word(WordStore::new(limits, policy))
@@ -1027,6 +1253,12 @@ impl<K: Key, C: Clock> Builder<K, C> {
     #[cfg(feature = "redis")]
     pub(crate) fn into_parts(self) -> Result<(Common<C>, Limits, Vec<Quota>), ConfigError> {
         let limits = self.checked_limits()?;
+        if self.penalty()?.is_some() {
+            return Err(ConfigError::Unsupported(
+                "block_for in the Redis tier and the sync: block keys in the process \
+                 (RateLimiter) for now",
+            ));
+        }
         let mut quotas = vec![self.quota];
         quotas.extend_from_slice(&self.also);
         Ok((self.into_common(), limits, quotas))
@@ -1060,10 +1292,13 @@ impl<K: Key, C: Clock> Builder<K, C> {
     }
 
     fn assemble(self, engine: Engine<K>) -> RateLimiter<K, C> {
+        // Checked by `build`.
+        let penalty = PenaltyBox::new(self.penalty().ok().flatten());
         let limiter = RateLimiter {
             inner: Arc::new(Inner {
                 engine,
                 common: self.into_common(),
+                penalty,
             }),
         };
         // Every second, `stats` publishes (inside a tokio runtime).

@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::calendar::{CalendarPeriod, CalendarUnit};
 use crate::error::ConfigError;
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
@@ -16,6 +17,8 @@ const MAX_RATE_ERROR_INVERSE: u128 = 10_000;
 /// The first suffix of each row is the one [`Quota`]'s `Display` writes.
 const UNITS: &[(&[&str], u64)] = &[
     (&["d", "day", "days"], 86_400 * NANOS_PER_SEC),
+    // After the day, so that `Display` writes `7d`.
+    (&["w", "week", "weeks"], 7 * 86_400 * NANOS_PER_SEC),
     (&["h", "hr", "hour", "hours"], 3_600 * NANOS_PER_SEC),
     (&["min", "m", "minute", "minutes"], 60 * NANOS_PER_SEC),
     (&["s", "sec", "second", "seconds"], NANOS_PER_SEC),
@@ -25,6 +28,10 @@ const UNITS: &[(&[&str], u64)] = &[
 ];
 
 /// A rate limit: `limit` requests per `period`, with a burst that defaults to `limit`.
+///
+/// The period is rolling (any interval of its length), or a calendar period
+/// ([`per_calendar`](Self::per_calendar), `"10000/month calendar"`): days, ISO weeks,
+/// months or years in UTC or a time zone, for the window algorithms.
 ///
 /// A `Quota` is validated when it is built, so every `Quota` value can be used by the
 /// token bucket. The emission interval `T = ⌊period / limit⌋` must be a whole number of
@@ -46,6 +53,7 @@ pub struct Quota {
     limit: u64,
     period_ns: u64,
     burst: u64,
+    calendar: Option<CalendarPeriod>,
 }
 
 impl Quota {
@@ -97,7 +105,39 @@ impl Quota {
             limit,
             period_ns,
             burst: limit,
+            calendar: None,
         })
+    }
+
+    /// `limit` requests per calendar period: windows from one period's start to the
+    /// next (a day from local midnight, a month from its anchor day), whatever their
+    /// length. The fixed window and the sliding window counter run on them; the other
+    /// algorithms refuse them ([`ConfigError::CalendarUnsupported`]).
+    /// [`period`](Self::period) is the unit's nominal length.
+    ///
+    /// ```
+    /// use tollgate::{calendar::CalendarPeriod, Quota};
+    ///
+    /// let q = Quota::per_calendar(10_000, CalendarPeriod::month().anchor(15)?)?;
+    /// assert_eq!(q, "10000/month calendar anchor 15".parse()?);
+    /// assert_eq!(q.to_string(), "10000/month calendar anchor 15");
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroLimit`], or [`ConfigError::RateNotRepresentable`] for a limit
+    /// above the nominal period in nanoseconds.
+    pub fn per_calendar(limit: u64, period: CalendarPeriod) -> Result<Self, ConfigError> {
+        let quota = Self::new(limit, period.unit().nominal())?;
+        Ok(Self {
+            calendar: Some(period),
+            ..quota
+        })
+    }
+
+    /// The calendar period, if the quota has one rather than a rolling period.
+    pub fn calendar(&self) -> Option<CalendarPeriod> {
+        self.calendar
     }
 
     /// The same rate with a different burst: how many requests may pass at once after a
@@ -153,6 +193,13 @@ impl Quota {
 impl fmt::Display for Quota {
     /// Writes the quota in the syntax [`FromStr`] reads, e.g. `100/s`, `10/30s burst 20`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(calendar) = self.calendar {
+            write!(f, "{}/{calendar}", self.limit)?;
+            if self.burst != self.limit {
+                write!(f, " burst {}", self.burst)?;
+            }
+            return Ok(());
+        }
         let (suffixes, unit_ns) = UNITS
             .iter()
             .find(|(_, ns)| self.period_ns % ns == 0)
@@ -174,8 +221,14 @@ impl FromStr for Quota {
     type Err = ConfigError;
 
     /// Parses `<limit>/<period>[ burst <n>]`, where the period is an optional whole number
-    /// followed by a unit: `ns`, `us`, `ms`, `s`, `min` (or `m`), `h` or `d`.
+    /// followed by a unit: `ns`, `us`, `ms`, `s`, `min` (or `m`), `h`, `d` or `w`.
     /// Examples: `"100/s"`, `"600/min"`, `"5000/h"`, `"100/30s"`, `"10/s burst 20"`.
+    ///
+    /// A calendar period is `day`, `week`, `month` or `year` followed by `calendar`, then
+    /// optionally `tz <IANA zone>` and, for months, `anchor <day>`:
+    /// `"1000/day calendar"`, `"1000/day calendar tz Europe/Paris"`,
+    /// `"10000/month calendar anchor 15"`. A month or a year with no `calendar` is an
+    /// error (they have no one length); `"1000/day"` is a rolling 24 hours.
     fn from_str(input: &str) -> Result<Self, Self::Err> {
         let fail = |reason: String| ConfigError::InvalidQuotaString {
             input: input.to_owned(),
@@ -190,31 +243,109 @@ impl FromStr for Quota {
         let period_word = words
             .next()
             .ok_or_else(|| fail("missing the period after '/', as in \"100/s\"".into()))?;
-        let period_ns = parse_period(period_word).map_err(fail)?;
-
-        let burst = match (words.next(), words.next(), words.next()) {
-            (None, _, _) => None,
-            (Some("burst"), Some(n), None) => Some(parse_count(n, "burst").map_err(fail)?),
-            (Some("burst"), None, _) => {
-                return Err(fail("'burst' must be followed by a number".into()));
-            }
-            (Some(word), _, _) if word != "burst" => {
-                return Err(fail(format!(
-                    "unexpected {word:?} after the period: only \"burst <n>\" may follow"
-                )));
-            }
-            _ => {
+        let options = Options::parse(words).map_err(fail)?;
+        let quota = if options.calendar {
+            let period = calendar_period(period_word, &options).map_err(fail)?;
+            Quota::per_calendar(limit, period)?
+        } else {
+            if options.tz.is_some() || options.anchor.is_some() {
                 return Err(fail(
-                    "unexpected text after the burst: write \"burst <n>\" last".into(),
+                    "\"tz\" and \"anchor\" apply to calendar periods: write them after \
+                     \"calendar\", as in \"1000/day calendar tz Europe/Paris\""
+                        .into(),
                 ));
             }
+            if matches!(
+                period_word.trim_start_matches(|c: char| c.is_ascii_digit()),
+                "month" | "months" | "year" | "years"
+            ) {
+                return Err(fail(format!(
+                    "a {period_word:?} has no one length: write \"{limit}/{} calendar\" for \
+                     calendar periods, or a rolling period in days such as \"{limit}/30d\"",
+                    period_word
+                        .trim_start_matches(|c: char| c.is_ascii_digit())
+                        .trim_end_matches('s')
+                )));
+            }
+            let period_ns = parse_period(period_word).map_err(fail)?;
+            Quota::new(limit, Duration::from_nanos(period_ns))?
         };
-        let quota = Quota::new(limit, Duration::from_nanos(period_ns))?;
-        match burst {
+        match options.burst {
             Some(b) => quota.with_burst(b),
             None => Ok(quota),
         }
     }
+}
+
+/// What may follow a quota string's period, in any order, each once.
+#[derive(Default)]
+struct Options<'a> {
+    burst: Option<u64>,
+    calendar: bool,
+    tz: Option<&'a str>,
+    anchor: Option<u64>,
+}
+
+impl<'a> Options<'a> {
+    fn parse(mut words: impl Iterator<Item = &'a str>) -> Result<Self, String> {
+        let mut options = Options::default();
+        let mut last = None;
+        while let Some(word) = words.next() {
+            let mut value = |what: &str| {
+                words
+                    .next()
+                    .ok_or_else(|| format!("'{word}' must be followed by {what}"))
+            };
+            let repeated = match word {
+                "burst" => options
+                    .burst
+                    .replace(parse_count(value("a number")?, "burst")?)
+                    .is_some(),
+                "calendar" => std::mem::replace(&mut options.calendar, true),
+                "tz" => options
+                    .tz
+                    .replace(value("a time zone name, as in \"tz Europe/Paris\"")?)
+                    .is_some(),
+                "anchor" => options
+                    .anchor
+                    .replace(parse_count(value("a day of the month")?, "anchor day")?)
+                    .is_some(),
+                _ if last == Some("burst") => {
+                    return Err("unexpected text after the burst: write \"burst <n>\" last".into());
+                }
+                _ => {
+                    return Err(format!(
+                        "unexpected {word:?} after the period: only \"burst <n>\", \
+                         \"calendar\", \"tz <zone>\" and \"anchor <day>\" may follow"
+                    ));
+                }
+            };
+            if repeated {
+                return Err(format!("{word:?} is given twice"));
+            }
+            last = Some(word);
+        }
+        Ok(options)
+    }
+}
+
+/// The calendar period of a quota string's period word and options.
+fn calendar_period(word: &str, options: &Options<'_>) -> Result<CalendarPeriod, String> {
+    let unit = CalendarUnit::from_word(word).ok_or_else(|| {
+        format!(
+            "a calendar period is one day, week, month or year, not {word:?}: write \
+             \"1000/day calendar\" or \"10000/month calendar\""
+        )
+    })?;
+    let mut period = CalendarPeriod::utc(unit);
+    if let Some(zone) = options.tz {
+        period = period.tz(zone).map_err(|e| e.to_string())?;
+    }
+    if let Some(day) = options.anchor {
+        let day = u8::try_from(day).unwrap_or(u8::MAX);
+        period = period.anchor(day).map_err(|e| e.to_string())?;
+    }
+    Ok(period)
 }
 
 /// Parses a whole, non-negative number, naming `what` in the error.

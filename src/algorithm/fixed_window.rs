@@ -1,7 +1,8 @@
 //! The fixed window counter.
 //!
-//! Time is cut into windows aligned to multiples of `period` on the limiter's clock; a key
-//! counts what it was admitted in the current window. A request of cost `n` is admitted
+//! Time is cut into windows aligned to multiples of `period` on the limiter's clock (or,
+//! for a calendar quota, into its calendar periods); a key counts what it was admitted
+//! in the current window. A request of cost `n` is admitted
 //! iff `count + n ≤ limit`.
 //!
 //! **Bound.** At most `limit` are admitted in any aligned window. **Boundary burst:** an
@@ -13,6 +14,7 @@
 //! bits of the window index as a tag (a stale count could be misread as live only after
 //! exactly a multiple of 2^32 untouched windows, and then only denies more).
 
+use super::windows::{Frame, Windows};
 use super::{Outcome, capped_limit, clamp_ns};
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -25,16 +27,17 @@ pub const FIXED_WINDOW_MAX_LIMIT: u64 = u32::MAX as u64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FixedWindow {
     limit: u64,
-    period: u64,
+    windows: Windows,
     count_bits: u32,
 }
 
 impl FixedWindow {
-    pub(crate) fn new(quota: Quota) -> Result<Self, ConfigError> {
+    /// The counter for `quota` on a clock whose origin is the Unix instant `unix_origin`.
+    pub(crate) fn new(quota: Quota, unix_origin: u64) -> Result<Self, ConfigError> {
         let limit = capped_limit(quota, FIXED_WINDOW_MAX_LIMIT, "the fixed window counter")?;
         Ok(Self {
             limit,
-            period: quota.period_ns(),
+            windows: Windows::new(quota, unix_origin),
             count_bits: u64::BITS - limit.leading_zeros(),
         })
     }
@@ -53,20 +56,20 @@ impl FixedWindow {
         ((window & self.tag_mask()) << self.count_bits) | count
     }
 
-    /// `(window, elapsed, lead, count)` at `now`: the window the evaluation happens in,
-    /// how far into it, how far that instant lies past `now`, and the live count.
-    fn view(&self, word: u64, now: u64) -> (u64, u64, u64, u64) {
+    /// `(frame, lead, count)` at `now`: the window the evaluation happens in (and how far
+    /// into it), how far that instant lies past `now`, and the live count.
+    #[inline(always)]
+    fn view(&self, word: u64, now: u64) -> (Frame, u64, u64) {
         let count = word & ((1u64 << self.count_bits) - 1);
         let tag = word >> self.count_bits;
-        let window = now / self.period;
-        if tag == window & self.tag_mask() {
-            (window, now % self.period, 0, count)
-        } else if tag == window.wrapping_add(1) & self.tag_mask() {
+        let frame = self.windows.frame(now);
+        if tag == frame.index & self.tag_mask() {
+            (frame, 0, count)
+        } else if tag == frame.index.wrapping_add(1) & self.tag_mask() {
             // Already rolled into the next window by a thread with a later clock read.
-            let start = window.saturating_add(1).saturating_mul(self.period);
-            (window.saturating_add(1), 0, start - now, count)
+            (frame.next(), frame.left(), count)
         } else {
-            (window, now % self.period, 0, 0)
+            (frame, 0, 0)
         }
     }
 
@@ -79,15 +82,16 @@ impl FixedWindow {
         if word & ((1u64 << self.count_bits) - 1) == 0 {
             return 0;
         }
-        match super::window_of(word >> self.count_bits, now / self.period, self.tag_mask()) {
-            Some(window) => window.saturating_add(1).saturating_mul(self.period),
+        let now_window = self.windows.frame(now).index;
+        match super::window_of(word >> self.count_bits, now_window, self.tag_mask()) {
+            Some(window) => self.windows.start_of(window.saturating_add(1)),
             None => u64::MAX,
         }
     }
 
     /// Units counted against the current window at `now`.
     pub(crate) fn consumed(&self, word: u64, now: u64) -> u64 {
-        self.view(word, now).3
+        self.view(word, now).2
     }
 
     /// This quota's state for a key whose state was `word` under `from`: the current
@@ -95,29 +99,29 @@ impl FixedWindow {
     /// in under this quota's period.
     pub(crate) fn convert_from(&self, word: u64, now: u64, from: &FixedWindow) -> u64 {
         let count = from.consumed(word, now).min(self.limit);
-        self.pack(now / self.period, count)
+        self.pack(self.windows.frame(now).index, count)
     }
 
     /// The state after `n` units of the window `now` falls in are given back (at most
     /// its count).
     pub(crate) fn refund(&self, word: u64, now: u64, n: u64) -> u64 {
-        let (window, _, _, count) = self.view(word, now);
+        let (frame, _, count) = self.view(word, now);
         if count == 0 {
             return word;
         }
-        self.pack(window, count - n.min(count))
+        self.pack(frame.index, count - n.min(count))
     }
 
     #[inline(always)]
     pub(crate) fn evaluate(&self, word: u64, now: u64, cost: u64) -> Outcome {
-        let (window, elapsed, lead, count) = self.view(word, now);
-        let to_end = clamp_ns(u128::from(self.period - elapsed) + u128::from(lead));
+        let (frame, lead, count) = self.view(word, now);
+        let to_end = clamp_ns(u128::from(frame.left()) + u128::from(lead));
         if count + cost <= self.limit {
             let count = count + cost;
             let reset = if count > 0 { to_end } else { 0 };
             Outcome::Allow {
                 decision: Decision::allow(self.limit, self.limit - count, reset),
-                state: self.pack(window, count),
+                state: self.pack(frame.index, count),
             }
         } else {
             // cost ≤ limit, so the next window always has room.
@@ -139,7 +143,7 @@ mod tests {
 
     #[test]
     fn counts_per_window_and_retries_at_the_boundary() {
-        let w = FixedWindow::new(Quota::per_second(3).unwrap()).unwrap();
+        let w = FixedWindow::new(Quota::per_second(3).unwrap(), 0).unwrap();
         let mut s = UNTOUCHED;
         for expected in [2, 1, 0] {
             match w.evaluate(s, 400_000_000, 1) {

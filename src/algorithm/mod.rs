@@ -13,6 +13,7 @@ mod leaky_bucket;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
+mod windows;
 
 pub use fixed_window::FIXED_WINDOW_MAX_LIMIT;
 pub use sliding_log::SLIDING_LOG_MAX_LIMIT;
@@ -223,6 +224,8 @@ enum WordKind {
 pub(crate) struct WordPolicy {
     quota: Quota,
     kind: WordKind,
+    /// The Unix instant of the limiter's clock's origin, for calendar periods.
+    unix_origin: u64,
 }
 
 /// Two token buckets, a pair's first and second quota, kept apart from their policies
@@ -267,17 +270,36 @@ pub(crate) enum AnyPolicy {
 }
 
 impl AnyPolicy {
-    /// Precomputes `algorithm` for `quota`.
+    /// Precomputes `algorithm` for `quota`, on a clock whose origin is the Unix instant
+    /// `unix_origin` (read by calendar periods only).
     ///
     /// # Errors
-    /// [`ConfigError::LimitTooLarge`] when the algorithm cannot hold the quota's limit.
-    pub(crate) fn new(algorithm: Algorithm, quota: Quota) -> Result<Self, ConfigError> {
-        let word = |kind| Ok(Self::Word(WordPolicy { quota, kind }));
+    /// [`ConfigError::LimitTooLarge`] when the algorithm cannot hold the quota's limit,
+    /// [`ConfigError::CalendarUnsupported`] for a calendar quota with an algorithm that
+    /// has no windows.
+    pub(crate) fn new(
+        algorithm: Algorithm,
+        quota: Quota,
+        unix_origin: u64,
+    ) -> Result<Self, ConfigError> {
+        windows_only(algorithm, quota)?;
+        let word = |kind| {
+            Ok(Self::Word(WordPolicy {
+                quota,
+                kind,
+                unix_origin,
+            }))
+        };
         match algorithm {
             Algorithm::TokenBucket => word(WordKind::TokenBucket(Gcra::new(quota))),
             Algorithm::LeakyBucket => word(WordKind::LeakyBucket(LeakyBucket::new(quota))),
-            Algorithm::FixedWindow => word(WordKind::FixedWindow(FixedWindow::new(quota)?)),
-            Algorithm::SlidingWindow => word(WordKind::SlidingWindow(SlidingWindow::new(quota)?)),
+            Algorithm::FixedWindow => {
+                word(WordKind::FixedWindow(FixedWindow::new(quota, unix_origin)?))
+            }
+            Algorithm::SlidingWindow => word(WordKind::SlidingWindow(SlidingWindow::new(
+                quota,
+                unix_origin,
+            )?)),
             Algorithm::SlidingLog => Ok(Self::Log(LogPolicy {
                 quota,
                 log: SlidingLog::new(quota)?,
@@ -286,12 +308,27 @@ impl AnyPolicy {
     }
 }
 
+/// `Ok` unless `quota` is a calendar quota and `algorithm` has no windows to align.
+pub(crate) fn windows_only(algorithm: Algorithm, quota: Quota) -> Result<(), ConfigError> {
+    let by = match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => return Ok(()),
+        Algorithm::TokenBucket => "the token bucket",
+        Algorithm::LeakyBucket => "the leaky bucket",
+        Algorithm::SlidingLog => "the sliding log",
+    };
+    match quota.calendar() {
+        Some(_) => Err(ConfigError::CalendarUnsupported { by }),
+        None => Ok(()),
+    }
+}
+
 impl WordPolicy {
-    /// The token bucket for `quota`: valid for every quota.
+    /// The token bucket for `quota` (a rolling quota: every one is valid).
     pub(crate) fn token_bucket(quota: Quota) -> Self {
         Self {
             quota,
             kind: WordKind::TokenBucket(Gcra::new(quota)),
+            unix_origin: 0,
         }
     }
 
@@ -426,13 +463,26 @@ impl Policy for WordPolicy {
     }
 
     fn with_quota(&self, quota: Quota) -> Result<Self, ConfigError> {
+        let origin = self.unix_origin;
         let kind = match self.kind {
-            WordKind::TokenBucket(_) => WordKind::TokenBucket(Gcra::new(quota)),
-            WordKind::LeakyBucket(_) => WordKind::LeakyBucket(LeakyBucket::new(quota)),
-            WordKind::FixedWindow(_) => WordKind::FixedWindow(FixedWindow::new(quota)?),
-            WordKind::SlidingWindow(_) => WordKind::SlidingWindow(SlidingWindow::new(quota)?),
+            WordKind::TokenBucket(_) => {
+                windows_only(Algorithm::TokenBucket, quota)?;
+                WordKind::TokenBucket(Gcra::new(quota))
+            }
+            WordKind::LeakyBucket(_) => {
+                windows_only(Algorithm::LeakyBucket, quota)?;
+                WordKind::LeakyBucket(LeakyBucket::new(quota))
+            }
+            WordKind::FixedWindow(_) => WordKind::FixedWindow(FixedWindow::new(quota, origin)?),
+            WordKind::SlidingWindow(_) => {
+                WordKind::SlidingWindow(SlidingWindow::new(quota, origin)?)
+            }
         };
-        Ok(Self { quota, kind })
+        Ok(Self {
+            quota,
+            kind,
+            unix_origin: origin,
+        })
     }
 
     fn capacity(&self) -> u64 {
@@ -450,6 +500,7 @@ impl Policy for LogPolicy {
     }
 
     fn with_quota(&self, quota: Quota) -> Result<Self, ConfigError> {
+        windows_only(Algorithm::SlidingLog, quota)?;
         Ok(Self {
             quota,
             log: SlidingLog::new(quota)?,
@@ -634,7 +685,8 @@ mod tests {
             Algorithm::FixedWindow,
             Algorithm::SlidingWindow,
         ] {
-            let Ok(AnyPolicy::Word(p)) = AnyPolicy::new(algorithm, Quota::per_second(5).unwrap())
+            let Ok(AnyPolicy::Word(p)) =
+                AnyPolicy::new(algorithm, Quota::per_second(5).unwrap(), 0)
             else {
                 panic!("{algorithm:?} is a word algorithm")
             };

@@ -1,6 +1,8 @@
 //! The sliding window counter.
 //!
-//! Time is cut into windows aligned to multiples of `period` on the limiter's clock. A key
+//! Time is cut into windows aligned to multiples of `period` on the limiter's clock (or,
+//! for a calendar quota, into its calendar periods, `period` then being each window's own
+//! length, and the previous window weighed by the current one's elapsed fraction). A key
 //! keeps two counters: `cur`, admitted in the current window, and `prev`, admitted in the
 //! previous one. At `elapsed` nanoseconds into the current window a request of cost `n` is
 //! admitted iff the weighted estimate stays within the limit:
@@ -25,7 +27,8 @@
 //! deny more, never admit more, and lasts at most two windows. For `limit < 65,536` the tag
 //! has 32 bits, which is 136 years at a one-second period.
 
-use super::{Divisor, Outcome, capped_limit, clamp_ns};
+use super::windows::{Frame, Windows};
+use super::{Outcome, capped_limit, clamp_ns};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::Quota;
@@ -38,21 +41,17 @@ pub const SLIDING_WINDOW_MAX_LIMIT: u64 = (1 << 24) - 1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SlidingWindow {
     limit: u64,
-    period: u64,
+    windows: Windows,
     /// Bits per counter.
     count_bits: u32,
     /// Mask of the tag (window index) bits, after shifting.
     tag_mask: u64,
-    /// The period, for fast division.
-    per_window: Divisor,
 }
 
 /// A key's counters as seen at one instant.
 struct View {
-    /// The window the evaluation happens in.
-    window: u64,
-    /// Nanoseconds into that window.
-    elapsed: u64,
+    /// The window the evaluation happens in, and how far into it.
+    frame: Frame,
     /// How far the evaluation instant lies ahead of the caller's `now` (non-zero only when
     /// another thread has already stored state for the next window).
     lead: u64,
@@ -61,7 +60,8 @@ struct View {
 }
 
 impl SlidingWindow {
-    pub(crate) fn new(quota: Quota) -> Result<Self, ConfigError> {
+    /// The counter for `quota` on a clock whose origin is the Unix instant `unix_origin`.
+    pub(crate) fn new(quota: Quota, unix_origin: u64) -> Result<Self, ConfigError> {
         let limit = capped_limit(
             quota,
             SLIDING_WINDOW_MAX_LIMIT,
@@ -70,12 +70,11 @@ impl SlidingWindow {
         let count_bits = u64::BITS - limit.leading_zeros();
         Ok(Self {
             limit,
-            period: quota.period_ns(),
+            windows: Windows::new(quota, unix_origin),
             count_bits,
             // The top bit stays clear, so that a state word stays below the values the
             // store reserves (`STATE_MAX`).
             tag_mask: u64::MAX >> (2 * count_bits + 1),
-            per_window: Divisor::new(quota.period_ns()),
         })
     }
 
@@ -87,46 +86,46 @@ impl SlidingWindow {
         ((window & self.tag_mask) << (2 * self.count_bits)) | (prev << self.count_bits) | cur
     }
 
+    #[inline(always)]
     fn view(&self, word: u64, now: u64) -> View {
         let count_mask = (1u64 << self.count_bits) - 1;
         let tag = word >> (2 * self.count_bits);
         let (prev, cur) = ((word >> self.count_bits) & count_mask, word & count_mask);
-        let window = now / self.period;
-        let at = |window: u64, lead: u64, prev: u64, cur: u64| View {
-            window,
-            elapsed: if lead == 0 { now % self.period } else { 0 },
+        let frame = self.windows.frame(now);
+        let window = frame.index;
+        let at = |frame: Frame, lead: u64, prev: u64, cur: u64| View {
+            frame,
             lead,
             prev,
             cur,
         };
         if tag == window & self.tag_mask {
-            at(window, 0, prev, cur)
+            at(frame, 0, prev, cur)
         } else if tag == window.wrapping_sub(1) & self.tag_mask {
-            at(window, 0, cur, 0)
+            at(frame, 0, cur, 0)
         } else if tag == window.wrapping_add(1) & self.tag_mask {
             // Another thread read a later clock and already rolled the key into the next
             // window: evaluate at that window's start so no count is forgotten.
-            let start = window.saturating_add(1).saturating_mul(self.period);
-            at(window.saturating_add(1), start - now, prev, cur)
+            at(frame.next(), frame.left(), prev, cur)
         } else {
-            at(window, 0, 0, 0)
+            at(frame, 0, 0, 0)
         }
     }
 
     /// This quota's state for a key whose state was `word` under `from`. With the same
-    /// period, both counters carry over (capped at the new limit), so the previous window
+    /// windows, both counters carry over (capped at the new limit), so the previous window
     /// keeps decaying on schedule. With a different period the windows no longer line up:
     /// the weighted estimate under `from` (rounded up, capped at the new limit) becomes the
     /// current window's count. Either way no key is refilled by a change.
     pub(crate) fn convert_from(&self, word: u64, now: u64, from: &SlidingWindow) -> u64 {
         let v = from.view(word, now);
-        if from.period == self.period {
-            return self.pack(v.window, v.prev.min(self.limit), v.cur.min(self.limit));
+        if from.windows == self.windows {
+            return self.pack(v.frame.index, v.prev.min(self.limit), v.cur.min(self.limit));
         }
-        let p = u128::from(from.period);
-        let weighted = (u128::from(v.prev) * u128::from(from.period - v.elapsed)).div_ceil(p);
+        let p = u128::from(v.frame.len);
+        let weighted = (u128::from(v.prev) * u128::from(v.frame.left())).div_ceil(p);
         let used = (weighted + u128::from(v.cur)).min(u128::from(self.limit)) as u64;
-        self.pack(now / self.period, 0, used)
+        self.pack(self.windows.frame(now).index, 0, used)
     }
 
     /// The state after `n` units are given back: from the current window's count
@@ -139,7 +138,7 @@ impl SlidingWindow {
         }
         let from_cur = n.min(v.cur);
         let from_prev = (n - from_cur).min(v.prev);
-        self.pack(v.window, v.prev - from_prev, v.cur - from_cur)
+        self.pack(v.frame.index, v.prev - from_prev, v.cur - from_cur)
     }
 
     /// The instant from which `word` is untouched, judged at `now` (see
@@ -156,19 +155,19 @@ impl SlidingWindow {
         };
         match super::window_of(
             word >> (2 * self.count_bits),
-            now / self.period,
+            self.windows.frame(now).index,
             self.tag_mask,
         ) {
-            Some(window) => window.saturating_add(windows).saturating_mul(self.period),
+            Some(window) => self.windows.start_of(window.saturating_add(windows)),
             None => u64::MAX,
         }
     }
 
     /// Time from the view's instant until the counters are both zero again.
     fn reset_after(&self, v: &View, prev: u64, cur: u64) -> u128 {
-        let to_window_end = u128::from(self.period - v.elapsed);
+        let to_window_end = u128::from(v.frame.left());
         if cur > 0 {
-            to_window_end + u128::from(self.period)
+            to_window_end + u128::from(v.frame.next_len)
         } else if prev > 0 {
             to_window_end
         } else {
@@ -179,8 +178,8 @@ impl SlidingWindow {
     /// Exact time from the view's instant until a request of `cost` fits. Only called on a
     /// deny, with `cost ≤ limit`.
     fn retry_after(&self, v: &View, cost: u64) -> u128 {
-        let p = u128::from(self.period);
-        let e = u128::from(v.elapsed);
+        let p = u128::from(v.frame.len);
+        let e = u128::from(v.frame.elapsed);
         if v.cur + cost <= self.limit {
             // Fits later in this window, once prev's weight has decayed enough:
             // prev·(p − x) ≤ r·p  ⇔  x ≥ p − ⌊r·p / prev⌋. Denied now, so prev > 0 and x > e.
@@ -188,9 +187,11 @@ impl SlidingWindow {
             let x = p - r * p / u128::from(v.prev);
             x - e
         } else {
-            // Needs the next window, where prev' = cur and cur' = 0; cur > 0 here since
-            // cost ≤ limit. cur·(p − y) ≤ (limit − cost)·p  ⇔  y ≥ p − ⌊(limit − cost)·p / cur⌋.
-            let y = p - u128::from(self.limit - cost) * p / u128::from(v.cur);
+            // Needs the next window (of length p'), where prev' = cur and cur' = 0; cur > 0
+            // here since cost ≤ limit. cur·(p' − y) ≤ (limit − cost)·p'  ⇔
+            // y ≥ p' − ⌊(limit − cost)·p' / cur⌋.
+            let next = u128::from(v.frame.next_len);
+            let y = next - u128::from(self.limit - cost) * next / u128::from(v.cur);
             (p - e) + y
         }
     }
@@ -199,21 +200,21 @@ impl SlidingWindow {
     pub(crate) fn evaluate(&self, word: u64, now: u64, cost: u64) -> Outcome {
         let v = self.view(word, now);
         // The previous window's weight, `prev·(period − elapsed)`, in units of ns·request.
-        let weight = u128::from(v.prev) * u128::from(self.period - v.elapsed);
+        let weight = u128::from(v.prev) * u128::from(v.frame.left());
         // ⌈weight / period⌉ ≤ prev, so it fits u64.
-        let weighted = self.per_window.div_ceil_wide(weight) as u64;
+        let weighted = self.windows.div_ceil(weight, v.frame.len) as u64;
         let lead = u128::from(v.lead);
         // prev·(period − elapsed) + (cur + cost)·period ≤ limit·period, split so that the
         // common case needs one multiplication and no 128-bit division.
         let fits = v.cur + cost <= self.limit
-            && weight <= u128::from(self.limit - v.cur - cost) * u128::from(self.period);
+            && weight <= u128::from(self.limit - v.cur - cost) * u128::from(v.frame.len);
         if fits {
             let cur = v.cur + cost;
             let remaining = self.limit - cur - weighted;
             let reset = clamp_ns(self.reset_after(&v, v.prev, cur) + lead);
             Outcome::Allow {
                 decision: Decision::allow(self.limit, remaining, reset),
-                state: self.pack(v.window, v.prev, cur),
+                state: self.pack(v.frame.index, v.prev, cur),
             }
         } else {
             let remaining = (self.limit - v.cur).saturating_sub(weighted);
@@ -233,7 +234,7 @@ mod tests {
     const SEC: u64 = 1_000_000_000;
 
     fn window(limit: u64) -> SlidingWindow {
-        SlidingWindow::new(Quota::per_second(limit).unwrap()).unwrap()
+        SlidingWindow::new(Quota::per_second(limit).unwrap(), 0).unwrap()
     }
 
     fn run(w: &SlidingWindow, state: &mut u64, now: u64, cost: u64) -> Decision {
@@ -301,11 +302,11 @@ mod tests {
     fn limit_cap_is_a_config_error() {
         let q = Quota::per_minute(SLIDING_WINDOW_MAX_LIMIT + 1).unwrap();
         assert!(matches!(
-            SlidingWindow::new(q),
+            SlidingWindow::new(q, 0),
             Err(ConfigError::LimitTooLarge { .. })
         ));
         let q = Quota::per_minute(SLIDING_WINDOW_MAX_LIMIT).unwrap();
-        let w = SlidingWindow::new(q).unwrap();
+        let w = SlidingWindow::new(q, 0).unwrap();
         let mut s = UNTOUCHED;
         assert!(run(&w, &mut s, u64::MAX - 1, SLIDING_WINDOW_MAX_LIMIT).is_allowed());
         let d = run(&w, &mut s, u64::MAX, 1);

@@ -6,6 +6,7 @@
 //! | [`algorithms`] | which of the five algorithms to choose, and each one's bound as a formula |
 //! | [`configuration`] | quotas, builder settings, per-key quotas, live changes, configuration files |
 //! | [`concurrency`] | at most N requests in flight per key, in process and in Redis |
+//! | [`plans`] | calendar periods (days, weeks, months, years, time zones) and the penalty box |
 //! | [`waiting`] | throttling background work instead of rejecting it (`tokio`) |
 //! | `http` | the tower layer for axum and hyper: keys, headers, exemptions, shaping (`tower`) |
 //! | `grpc` | the same layer in front of tonic, answering `RESOURCE_EXHAUSTED` (`tower`) |
@@ -38,6 +39,10 @@ pub mod configuration {
 
 pub mod concurrency {
     #![doc = include_str!("concurrency.md")]
+}
+
+pub mod plans {
+    #![doc = include_str!("plans.md")]
 }
 
 pub mod waiting {

@@ -18,6 +18,14 @@ pub(crate) enum ScriptQuota {
 
 impl ScriptQuota {
     pub(crate) fn new(algorithm: Algorithm, quota: Quota) -> Result<Self, RedisError> {
+        crate::algorithm::windows_only(algorithm, quota)?;
+        if quota.calendar().is_some() {
+            return Err(ConfigError::Unsupported(
+                "calendar periods in the Redis tier and the sync: they run in the process \
+                 (RateLimiter) for now; use a rolling period such as \"1000/d\" here",
+            )
+            .into());
+        }
         let period_ns = quota.period_ns();
         if period_ns % 1_000 != 0 {
             return Err(ConfigError::PeriodNotWholeMicroseconds(period_ns).into());

@@ -686,7 +686,7 @@ mod tests {
         let mut steps = 0;
         for scenario in 0..240 {
             let algorithm = algorithms[scenario % algorithms.len()];
-            let policy = |quota: &str| match AnyPolicy::new(algorithm, quota.parse().unwrap()) {
+            let policy = |quota: &str| match AnyPolicy::new(algorithm, quota.parse().unwrap(), 0) {
                 Ok(AnyPolicy::Word(policy)) => policy,
                 _ => unreachable!("a word algorithm"),
             };

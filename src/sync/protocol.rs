@@ -135,7 +135,8 @@ impl Shape {
         quota: Quota,
     ) -> Result<(Self, u64), ConfigError> {
         let shape = Self::new(algorithm, quota)?;
-        match AnyPolicy::new(algorithm, quota)? {
+        // `new` refused calendar quotas: the clock's origin is not read.
+        match AnyPolicy::new(algorithm, quota, 0)? {
             AnyPolicy::Word(word) => Ok((shape, word.capacity())),
             // Only the sliding log keeps a log, and `new` refused it.
             AnyPolicy::Log(_) => Err(ConfigError::Unsupported(SLIDING_LOG)),

@@ -12,6 +12,7 @@
 mod common;
 
 mod architecture;
+mod calendar;
 mod compound;
 mod concurrency;
 mod config_file;
@@ -21,6 +22,7 @@ mod expected_keys;
 mod governor_equivalence;
 mod in_flight;
 mod limiter;
+mod penalty;
 mod properties;
 mod quota;
 mod reconfigure;

@@ -93,7 +93,7 @@ fn cached_denies_are_exact_and_invalidated_by_admin_changes() {
 #[test]
 fn a_quota_change_converts_state_in_the_migration() {
     let Ok(AnyPolicy::Word(policy)) =
-        AnyPolicy::new(crate::Algorithm::TokenBucket, "10/s".parse().unwrap())
+        AnyPolicy::new(crate::Algorithm::TokenBucket, "10/s".parse().unwrap(), 0)
     else {
         panic!("word policy")
     };
@@ -206,7 +206,7 @@ fn a_skipped_sweep_never_keeps_a_droppable_key() {
             Quota::new(count, Duration::from_nanos(interval * count)).unwrap()
         };
         let algorithm = algorithms[scenario as usize % algorithms.len()];
-        let Ok(AnyPolicy::Word(policy)) = AnyPolicy::new(algorithm, quota(&mut rng)) else {
+        let Ok(AnyPolicy::Word(policy)) = AnyPolicy::new(algorithm, quota(&mut rng), 0) else {
             panic!("{algorithm:?} is a word algorithm");
         };
         let limits = Limits {
