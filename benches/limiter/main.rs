@@ -18,6 +18,7 @@ use tollgate::{Algorithm, Quota, RateLimiter};
 #[path = "../support/reference.rs"]
 mod reference;
 
+mod calendar;
 mod common;
 mod in_flight;
 mod local;
@@ -26,6 +27,7 @@ mod redis_tier;
 mod tails;
 mod tiers;
 
+use calendar::*;
 use common::*;
 use in_flight::*;
 use local::*;
@@ -39,7 +41,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, in_flight_10k, by_key_count, settle_10k, also_10k, churn_1k, reference_10k, counters, hot_key_denied, string_keys, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
+    targets = keyed_10k, in_flight_10k, calendar_10k, by_key_count, settle_10k, also_10k, churn_1k, reference_10k, counters, hot_key_denied, string_keys, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
 }
 
 fn main() {
@@ -80,6 +82,9 @@ fn main() {
     }
     if wanted("in_flight") {
         in_flight_alternating(quick);
+    }
+    if wanted("calendar") {
+        calendar_alternating(quick);
     }
     Criterion::default().configure_from_args().final_summary();
 }
