@@ -41,11 +41,14 @@ impl Frame {
     /// calendar periods it only matters to a deny's retry in the instant two threads'
     /// clock reads straddle a boundary.
     pub(crate) fn next(&self) -> Frame {
+        // A next period of no length (a day a zone skipped, where no instant falls and
+        // no state is tagged) is never evaluated in; 1 ns keeps the divisions sound.
+        let len = self.next_len.max(1);
         Frame {
             index: self.index.saturating_add(1),
             elapsed: 0,
-            len: self.next_len,
-            next_len: self.next_len,
+            len,
+            next_len: len,
         }
     }
 }

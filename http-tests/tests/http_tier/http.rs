@@ -15,6 +15,7 @@ use axum::routing;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::RateLimiter;
+use tollgate::clock::ManualClock;
 use tollgate::http::{
     ErrorBody, HeaderStyle, KeyExtractor, MissingKey, RateLimitLayer, RequestHead, key_fn,
 };
@@ -605,4 +606,41 @@ mod server_binary {
             assert!(!stderr.contains("panicked"), "{flags:?}: {stderr}");
         }
     }
+}
+
+/// A calendar month's deny on January 31st at 23:00 UTC: `Retry-After` and the
+/// `RateLimit` fields count to the month's end, 3,600 s away, not a rolling remainder;
+/// the policy's `w` is the month's nominal length. Then a blocked key: 429 with the
+/// block's end.
+#[tokio::test]
+async fn calendar_quotas_and_blocks_count_to_their_real_end() {
+    let clock = ManualClock::at_unix(Duration::from_secs(1_738_364_400));
+    let l: RateLimiter<String, ManualClock> =
+        RateLimiter::builder("1/month calendar".parse().unwrap())
+            .algorithm(tollgate::Algorithm::FixedWindow)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+    let addr = serve(app(RateLimitLayer::new(l.clone()), Arc::default())).await;
+    let ok = get(addr, "/").await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.header("ratelimit-reset"), "3600");
+    assert_eq!(ok.header("ratelimit"), "\"default\";r=0;t=3600");
+    assert_eq!(ok.header("ratelimit-policy"), "\"default\";q=1;w=2629746");
+    clock.advance(Duration::from_secs(600));
+    let denied = get(addr, "/").await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("retry-after"), "3000");
+    assert_eq!(denied.header("ratelimit"), "\"default\";r=0;t=3000");
+    // February: admitted again; then an operator's block of 10 minutes.
+    clock.advance(Duration::from_secs(3_000));
+    assert_eq!(get(addr, "/").await.status, 200);
+    let (blocking, _) = limiter("100/s");
+    let addr = serve(app(RateLimitLayer::new(blocking.clone()), Arc::default())).await;
+    blocking.block("127.0.0.1", Duration::from_secs(600));
+    let blocked = get(addr, "/").await;
+    assert_eq!(blocked.status, 429);
+    assert_eq!(blocked.header("retry-after"), "600");
+    assert!(blocking.unblock("127.0.0.1"));
+    assert_eq!(get(addr, "/").await.status, 200);
 }
