@@ -16,7 +16,10 @@ use crate::quota::Quota;
 pub(crate) fn share(quota: Quota, nodes: u64) -> Option<Quota> {
     let nodes = nodes.max(1);
     let (limit, burst) = (quota.limit(), quota.burst());
-    let shared = if limit >= nodes {
+    let shared = if let Some(calendar) = quota.calendar() {
+        // A calendar's periods cannot be stretched: at least one unit each.
+        Quota::per_calendar((limit / nodes).max(1), calendar)
+    } else if limit >= nodes {
         Quota::new(limit / nodes, quota.period())
     } else {
         let period = quota.period().checked_mul(u32::try_from(nodes).ok()?)?;
@@ -41,6 +44,13 @@ impl Clock for LocalClock {
         match self {
             Self::Monotonic(clock) => clock.now_ns(),
             Self::Caller(clock) => clock.now_ns(),
+        }
+    }
+
+    fn unix_origin_ns(&self) -> u64 {
+        match self {
+            Self::Monotonic(clock) => clock.unix_origin_ns(),
+            Self::Caller(clock) => clock.unix_origin_ns(),
         }
     }
 }

@@ -12,6 +12,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod calendar;
 mod cluster;
 mod compound;
 mod concurrency;

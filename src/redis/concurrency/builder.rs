@@ -151,7 +151,7 @@ impl RedisConcurrencyBuilder {
         let rate = match self.rate {
             Some(quota) => match ScriptQuota::new(Algorithm::TokenBucket, quota)? {
                 ScriptQuota::TokenBucket { t, tau, burst } => Some(Rate { t, tau, burst }),
-                ScriptQuota::Window { .. } => None,
+                ScriptQuota::Window { .. } | ScriptQuota::Calendar { .. } => None,
             },
             None => None,
         };

@@ -88,15 +88,14 @@ impl RedisLimiter {
             .collect();
         let call = |eval: bool| {
             let mut cmd = script_call(eval, inner.source, &inner.script, &redis_key, &also_keys);
-            let [first, second] = rule.args();
-            cmd.arg(first).arg(second);
+            rule.push_args(&mut cmd, || inner.script_time());
             match op {
                 Op::Check(n) => cmd.arg(n),
                 Op::Refund(n) => cmd.arg(format!("r{n}")),
             };
             // The token bucket takes an absent `now`, which is cheapest.
             let absent = matches!(rule, ScriptQuota::TokenBucket { .. });
-            now_and_also(&mut cmd, now_us, absent, also);
+            now_and_also(&mut cmd, now_us, absent, also, || inner.script_time());
             cmd
         };
         let mut connection = inner.connection.get();

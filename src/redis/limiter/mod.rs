@@ -21,7 +21,7 @@ use crate::redis::deny_cache::{CachePolicy, DenyCache, Lookup, lesson};
 use crate::redis::fallback::{FailMode, Fallbacks, LocalClock};
 use crate::redis::keys::{KeyHasher, write_key};
 use crate::redis::options::RedisOptions;
-use crate::redis::script_quota::{ScriptQuota, capacity_of, short_name};
+use crate::redis::script_quota::{ScriptQuota, ScriptTime, capacity_of, short_name};
 
 mod builder;
 mod call;
@@ -207,6 +207,16 @@ impl Inner {
     /// `caller_clock`.
     fn now_us(&self) -> u64 {
         self.local_clock.now_ns() / 1_000
+    }
+
+    /// The time calendar quotas' bounds are computed for: the local clock's wall time,
+    /// in the script's time (the caller clock's, or the server's Unix `TIME`).
+    fn script_time(&self) -> ScriptTime {
+        let origin = self.local_clock.unix_origin_ns();
+        ScriptTime {
+            wall_ns: origin.saturating_add(self.local_clock.now_ns()),
+            base_ns: if self.clock.is_some() { origin } else { 0 },
+        }
     }
 }
 
@@ -684,7 +694,9 @@ impl RedisLimiter {
     async fn settle(&self, key: &str, settle: Settle) -> Result<Decision, RedisError> {
         let inner = &*self.inner;
         let current = *inner.current.read();
-        if let (ScriptQuota::Window { .. }, Settle::Charge(_)) = (current.rule, settle) {
+        if let (ScriptQuota::Window { .. } | ScriptQuota::Calendar { .. }, Settle::Charge(_)) =
+            (current.rule, settle)
+        {
             return Err(RedisError::UnsupportedAlgorithm(inner.algorithm));
         }
         if let Gate::Reject(ns) = inner.breaker.gate(|| inner.monotonic.now_ns()) {
@@ -700,7 +712,10 @@ impl RedisLimiter {
                 self.settle_bucket(key, settle, current.rule, (t, tau), script_now, deadline)
                     .await
             }
-            (ScriptQuota::Window { .. }, Settle::Refund(n) | Settle::Charge(n)) => {
+            (
+                ScriptQuota::Window { .. } | ScriptQuota::Calendar { .. },
+                Settle::Refund(n) | Settle::Charge(n),
+            ) => {
                 self.call(
                     key,
                     Op::Refund(n),
@@ -760,7 +775,7 @@ impl RedisLimiter {
             let source = scripts::TOKEN_BUCKET_SETTLE;
             let mut cmd = script_call(eval, source, &inner.settle, &redis_key, &also_keys);
             cmd.arg(t).arg(tau).arg(&request);
-            now_and_also(&mut cmd, script_now, true, also);
+            now_and_also(&mut cmd, script_now, true, also, || inner.script_time());
             cmd
         };
         let mut connection = inner.connection.get();

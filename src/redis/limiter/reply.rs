@@ -33,7 +33,13 @@ pub(super) fn script_call(
 /// A script's last arguments: `now` (µs) with a caller's clock, else the server's
 /// `TIME` (an absent `now` where the script takes one, `absent`, and nothing follows;
 /// otherwise an empty one); then each `also` quota's two arguments.
-pub(super) fn now_and_also(cmd: &mut redis::Cmd, now_us: Option<u64>, absent: bool, also: &[Also]) {
+pub(super) fn now_and_also(
+    cmd: &mut redis::Cmd,
+    now_us: Option<u64>,
+    absent: bool,
+    also: &[Also],
+    time: impl Fn() -> ScriptTime,
+) {
     match now_us {
         Some(us) => {
             cmd.arg(us);
@@ -44,8 +50,7 @@ pub(super) fn now_and_also(cmd: &mut redis::Cmd, now_us: Option<u64>, absent: bo
         }
     }
     for a in also {
-        let [first, second] = a.rule.args();
-        cmd.arg(first).arg(second);
+        a.rule.push_args(cmd, &time);
     }
 }
 
@@ -116,7 +121,7 @@ pub(super) fn per_quota(
                 at += 1;
                 bucket(reply, t, tau, burst)?
             }
-            ScriptQuota::Window { .. } => {
+            ScriptQuota::Window { .. } | ScriptQuota::Calendar { .. } => {
                 let reply = replies.get(at..at + 5).ok_or_else(unexpected)?;
                 at += 5;
                 decision_from(reply)?

@@ -1,5 +1,5 @@
 -- tollgate fixed window counter: appended to window_args.lua, which sets limits,
--- periods, cost and now.
+-- periods (and calendars), cost and now, and reads windows (frame, window_at).
 -- State: a hash {w = window index, c = count, n = the period w counts in}. Admitted iff
 -- c + cost ≤ limit. A deny writes nothing; an admission writes the count with a TTL of
 -- exactly the time to the window's end. A clock behind the stored window is read as that
@@ -12,14 +12,7 @@ local windows, counts, ends = {}, {}, {}
 local admitted = true
 for i = 1, #KEYS do
   local period = periods[i]
-  -- floor(now / period), the float quotient corrected to exact.
-  local window = math.floor(now / period)
-  if window * period > now then
-    window = window - 1
-  elseif (window + 1) * period <= now then
-    window = window + 1
-  end
-  local elapsed = now - window * period
+  local window, elapsed, len = frame(i)
   local lead = 0
   local count = 0
   local stored = redis.call('HMGET', KEYS[i], 'w', 'c', 'n')
@@ -31,12 +24,14 @@ for i = 1, #KEYS do
   end
   if sw ~= nil and sw >= window then
     if sw > window then
-      lead = sw * period - now
+      local start
+      start, len = window_at(i, sw)
+      lead = start - now
       window, elapsed = sw, 0
     end
     count = tonumber(stored[2]) or 0
   end
-  local to_end = period - elapsed + lead
+  local to_end = len - elapsed + lead
   if refund ~= nil and count > 0 then
     count = count - math.min(refund, count)
     if count > 0 then

@@ -1,5 +1,5 @@
 -- tollgate sliding window counter: appended to window_args.lua, which sets limits,
--- periods, cost and now.
+-- periods (and calendars), cost and now, and reads windows (frame, window_at).
 -- State: a hash {w = window index, p = previous count, c = current count, n = the period
 -- w counts in}. A change of period (n ≠ period) starts the windows afresh; a change of
 -- limit alone keeps the counts. Admitted iff
@@ -10,24 +10,13 @@
 -- (whose weight is what remains of its decay), never below 0, and writes them back with
 -- their TTL, or deletes the state once both are 0.
 
--- Exact floor(a / b) for 0 <= a < 2^53: the float quotient, corrected.
-local function floordiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    return q - 1
-  elseif (q + 1) * b <= a then
-    return q + 1
-  end
-  return q
-end
-
 -- Every quota's counts and verdict first, then all written or none.
-local windows, prevs, curs, weighteds, ends, retries = {}, {}, {}, {}, {}, {}
+local windows, prevs, curs, weighteds, ends, retries, nexts = {}, {}, {}, {}, {}, {}, {}
 local admitted = true
 for i = 1, #KEYS do
   local limit, period = limits[i], periods[i]
-  local window = floordiv(now, period)
-  local elapsed = now - window * period
+  -- A window's length (`len`: the period, or a calendar period's own) and the next's.
+  local window, elapsed, len, next_len = frame(i)
   local lead = 0
   local prev, cur = 0, 0
   local stored = redis.call('HMGET', KEYS[i], 'w', 'p', 'c', 'n')
@@ -44,7 +33,10 @@ for i = 1, #KEYS do
     elseif sw == window - 1 then
       prev, cur = sc, 0
     elseif sw > window then
-      lead = sw * period - now
+      local start
+      start, len = window_at(i, sw)
+      next_len = len
+      lead = start - now
       window, elapsed = sw, 0
       prev, cur = sp, sc
     end
@@ -54,9 +46,9 @@ for i = 1, #KEYS do
     cur, prev = cur - from_cur, prev - math.min(refund - from_cur, prev)
     local until_zero = 0
     if cur > 0 then
-      until_zero = period - elapsed + lead + period
+      until_zero = len - elapsed + lead + next_len
     elseif prev > 0 then
-      until_zero = period - elapsed + lead
+      until_zero = len - elapsed + lead
     end
     if until_zero > 0 then
       redis.call('HSET', KEYS[i], 'w', window, 'p', prev, 'c', cur, 'n', period)
@@ -65,24 +57,25 @@ for i = 1, #KEYS do
       redis.call('DEL', KEYS[i])
     end
   end
-  local weight = prev * (period - elapsed)
+  local weight = prev * (len - elapsed)
   -- The wait of a deny, at least 1 µs; 0 for an admission.
   local retry = 0
-  if cur + cost <= limit and weight <= (limit - cur - cost) * period then
+  if cur + cost <= limit and weight <= (limit - cur - cost) * len then
     retry = 0
   elseif cur + cost <= limit then
     -- Later in this window, once prev's weight has decayed enough.
-    retry = period - floordiv((limit - cur - cost) * period, prev) - elapsed + lead
+    retry = len - floordiv((limit - cur - cost) * len, prev) - elapsed + lead
   else
-    -- In the next window, where prev' = cur.
-    retry = period - elapsed + period - floordiv((limit - cost) * period, cur) + lead
+    -- In the next window (of length next_len), where prev' = cur.
+    retry = len - elapsed + next_len - floordiv((limit - cost) * next_len, cur) + lead
   end
   if retry > 0 then
     admitted = false
   end
   windows[i], prevs[i], curs[i], retries[i] = window, prev, cur, retry
   -- The weighted previous count, rounded up, and the time to the window's end.
-  weighteds[i], ends[i] = floordiv(weight + period - 1, period), period - elapsed + lead
+  weighteds[i], ends[i] = floordiv(weight + len - 1, len), len - elapsed + lead
+  nexts[i] = next_len
 end
 
 local reply = {}
@@ -96,7 +89,7 @@ for i = 1, #KEYS do
   end
   local reset = 0
   if cur > 0 then
-    reset = to_end + periods[i]
+    reset = to_end + nexts[i]
   elseif prev > 0 then
     reset = to_end
   end
