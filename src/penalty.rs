@@ -277,7 +277,7 @@ impl<K: Hash + Eq> PenaltyBox<K> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(tollgate_loom)))]
 mod tests {
     use super::*;
 
