@@ -155,6 +155,24 @@ pub enum ConfigError {
         /// The algorithm or tier.
         by: &'static str,
     },
+    /// A change of a limiter's quotas ([`RateLimiter::set_quotas`](crate::RateLimiter::set_quotas),
+    /// a plan's redefinition) that does not give one quota for each it holds.
+    QuotaCount {
+        /// The quotas the limiter holds.
+        held: usize,
+        /// The quotas given.
+        given: usize,
+    },
+    /// A plan name that no plan of the limiter has.
+    UnknownPlan(String),
+    /// A plan defined twice, or with no quota, or an invalid set of plans (the reason
+    /// says which).
+    InvalidPlan {
+        /// The plan's name.
+        plan: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -246,6 +264,14 @@ impl fmt::Display for ConfigError {
                  \"/month calendar anchor <day>\""
             ),
             Self::InvalidPenalty(why) => write!(f, "invalid penalty: {why}"),
+            Self::QuotaCount { held, given } => write!(
+                f,
+                "{given} quotas given for a limiter that holds {held}: a live change keeps \
+                 the number of quotas (build a new limiter, or define a new plan, for \
+                 another number)"
+            ),
+            Self::UnknownPlan(plan) => write!(f, "no plan is named {plan:?}"),
+            Self::InvalidPlan { plan, why } => write!(f, "plan {plan:?}: {why}"),
             Self::CalendarUnsupported { by } => write!(
                 f,
                 "calendar periods are windows, and {by} has none: use \

@@ -404,6 +404,17 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         }
     }
 
+    /// Starts loading `key`'s slot, for a check that follows a lookup of something
+    /// else (a plan): both loads then overlap. A hint only, for the lock-free stores.
+    #[inline]
+    pub(crate) fn prefetch<Q: Hash + ?Sized>(&self, key: &Q) {
+        match &self.inner.engine {
+            Engine::Word(store) => store.prefetch(key),
+            Engine::Compound(Compound::Pair(store)) => store.prefetch(key),
+            _ => {}
+        }
+    }
+
     /// [`check`](Self::check) by the store alone.
     #[inline(always)]
     fn check_store<Q>(&self, key: &Q) -> Decision
@@ -764,6 +775,49 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
     pub fn set_default_quota(&self, quota: Quota) -> Result<(), ConfigError> {
         let now = || self.inner.common.clock.now_ns();
         on_store!(&self.inner.engine, s => s.set_default_quota(quota, now))
+    }
+
+    /// Changes every quota each key is held to while the limiter serves: the default
+    /// quota first, then each [`also`](Builder::also) quota in order, as
+    /// [`quotas`](Self::quotas) lists them. Each quota's consumed units carry over, as
+    /// [`set_default_quota`](Self::set_default_quota) carries them; a key with a quota
+    /// of its own keeps it, and follows the new `also` quotas.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, RateLimiter};
+    ///
+    /// let limiter: RateLimiter<u64> = RateLimiter::builder("10/s".parse()?)
+    ///     .also("1000/day".parse()?)
+    ///     .algorithm(Algorithm::SlidingWindow)
+    ///     .build()?;
+    /// limiter.set_quotas(&["20/s".parse()?, "5000/day".parse()?])?;
+    /// assert_eq!(limiter.quotas(), ["20/s".parse()?, "5000/day".parse()?]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::QuotaCount`] when `quotas` does not hold one quota for each the
+    /// limiter has, and those of [`set_default_quota`](Self::set_default_quota). Nothing
+    /// changes then.
+    ///
+    /// # Locking behaviour
+    /// As [`set_default_quota`](Self::set_default_quota), once for each quota's store.
+    pub fn set_quotas(&self, quotas: &[Quota]) -> Result<(), ConfigError> {
+        let held = match &self.inner.engine {
+            Engine::Compound(s) => s.quotas().len(),
+            _ => 1,
+        };
+        if quotas.len() != held {
+            return Err(ConfigError::QuotaCount {
+                held,
+                given: quotas.len(),
+            });
+        }
+        let now = || self.inner.common.clock.now_ns();
+        match &self.inner.engine {
+            Engine::Compound(s) => s.set_quotas(quotas, now),
+            engine => on_store!(engine, s => s.set_default_quota(quotas[0], now)),
+        }
     }
 
     /// Consumes `n` units of `key`'s quota now, **even beyond what is available**: for

@@ -28,7 +28,7 @@ use std::hash::Hash;
 use super::rule::PairPolicy;
 use super::word::WordStore;
 use super::{Limits, StoreStats};
-use crate::algorithm::{Settle, WordPolicy};
+use crate::algorithm::{Policy, Settle, WordPolicy};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
@@ -221,6 +221,39 @@ impl<K: crate::Key> Compound<K> {
         match self {
             Self::Pair(pair) => pair.stats(),
             Self::Chain(stores) => StoreStats::of_quotas(stores.iter().map(WordStore::stats)),
+        }
+    }
+
+    /// Changes every quota: `quotas` holds one per store, in order (checked by the
+    /// caller). Each quota's state carries over as a default-quota change carries it.
+    pub(crate) fn set_quotas(
+        &self,
+        quotas: &[Quota],
+        now: impl Fn() -> u64,
+    ) -> Result<(), ConfigError> {
+        match self {
+            Self::Pair(pair) => pair.set_default_rule(
+                |rule| {
+                    let [first, second] = rule.policies();
+                    Ok(rule.with_policies([
+                        first.with_quota(quotas[0])?,
+                        second.with_quota(quotas[1])?,
+                    ]))
+                },
+                now,
+            ),
+            Self::Chain(stores) => {
+                // Every policy first, so that a quota no store can hold changes nothing.
+                let policies = stores
+                    .iter()
+                    .zip(quotas)
+                    .map(|(store, &quota)| store.default_policy().with_quota(quota))
+                    .collect::<Result<Vec<_>, _>>()?;
+                for (store, policy) in stores.iter().zip(policies) {
+                    store.set_default_rule(|_| Ok(policy), &now)?;
+                }
+                Ok(())
+            }
         }
     }
 

@@ -59,6 +59,13 @@ impl<H, P> KeyQuotas<H, P> {
         }
     }
 
+    /// Runs `f` on every key's policy.
+    pub(crate) fn for_each_policy(&mut self, mut f: impl FnMut(&mut P)) {
+        for o in self.map.iter_mut() {
+            f(&mut o.policy);
+        }
+    }
+
     /// Gives `key` (whose hash is `hash`) its own `policy`, or takes it away (`None`).
     /// `same` compares two held keys; `rehash` gives any held key's hash.
     pub(crate) fn set(

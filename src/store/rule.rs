@@ -226,6 +226,11 @@ impl PairPolicy {
     pub(crate) fn policies(&self) -> [WordPolicy; 2] {
         self.policies
     }
+
+    /// The same pair with `policies` (a pair exists only where its atomics do).
+    pub(crate) fn with_policies(&self, policies: [WordPolicy; 2]) -> Self {
+        Self::of(policies)
+    }
 }
 
 impl Rule for PairPolicy {

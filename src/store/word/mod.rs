@@ -498,6 +498,16 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
         Ok(decision)
     }
 
+    /// Starts loading the slot `key` would be in (a hint for a caller that will check
+    /// the key soon but must first read something else: its plan).
+    #[inline]
+    pub(crate) fn prefetch<Q: Hash + ?Sized>(&self, key: &Q) {
+        let hash = self.hash(key);
+        let shard = self.shard(hash);
+        let guard = reclaim::pin();
+        shard.read(&guard).prefetch(hash);
+    }
+
     /// [`check`](Self::check) without its slow path: the decision from this thread's
     /// deny cache or from the lock-free path, `None` (nothing consumed) for a key the
     /// fast path leaves to [`decide_slow`](Self::decide_slow). For a caller that returns

@@ -133,9 +133,22 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
         quota: Quota,
         now: impl Fn() -> u64,
     ) -> Result<(), ConfigError> {
+        self.set_default_rule(
+            |rule| Ok(rule.with_first(rule.first().with_quota(quota)?)),
+            now,
+        )
+    }
+
+    /// [`set_default_quota`](Self::set_default_quota) for the whole rule: `change` makes
+    /// the new default rule of the current one (under the lock that serialises changes),
+    /// and every key without a key quota is converted to it.
+    pub(crate) fn set_default_rule(
+        &self,
+        change: impl FnOnce(R) -> Result<R, ConfigError>,
+        now: impl Fn() -> u64,
+    ) -> Result<(), ConfigError> {
         let _serial = self.reconfigure.lock();
-        let rule = self.default_rule();
-        let policy = rule.with_first(rule.first().with_quota(quota)?);
+        let policy = change(self.default_rule())?;
         let _driving = Driving::new(&self.driving);
         for shard in self.shards.iter() {
             with_guard(|guard| {
@@ -144,7 +157,12 @@ impl<K: crate::Key, R: Rule> WordStore<K, R> {
                 let table = writer.table(guard);
                 let meta = Policies {
                     default: policy,
-                    key_quotas: table.meta.key_quotas.clone(),
+                    // A key quota replaces the first quota only: its others follow.
+                    key_quotas: table.meta.key_quotas.as_deref().map(|held| {
+                        let mut rebased = held.clone();
+                        rebased.for_each_policy(|own| *own = policy.with_first(own.first()));
+                        Arc::new(rebased)
+                    }),
                 };
                 let capacity = table.capacity();
                 // Converted states and another period: the bound no longer holds.
