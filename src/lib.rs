@@ -110,6 +110,7 @@ pub mod http;
 mod limiter;
 mod observe;
 mod penalty;
+pub mod plans;
 mod quota;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

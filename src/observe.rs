@@ -113,6 +113,19 @@ fn denied_event<Q: std::hash::Hash + ?Sized>(
     }
 }
 
+/// Logs (`warn`, target `tollgate`) a plan resolver's answer that names no plan of the
+/// limiter `name`: the default plan decided instead.
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+pub(crate) fn unknown_plan(name: &str, plan: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        target: "tollgate",
+        limiter = name,
+        plan,
+        "the plan resolver named a plan the limiter does not have: the default plan decides"
+    );
+}
+
 /// 32 bits of a fixed-seed hash: the same key gets the same hash on every node and run,
 /// so log lines of one client can be matched, but the key cannot be read back.
 #[cfg(feature = "tracing")]

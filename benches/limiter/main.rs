@@ -23,6 +23,7 @@ mod common;
 mod in_flight;
 mod local;
 mod memory;
+mod plans;
 mod redis_tier;
 mod tails;
 mod tiers;
@@ -32,6 +33,7 @@ use common::*;
 use in_flight::*;
 use local::*;
 use memory::*;
+use plans::*;
 use redis_tier::*;
 use tails::*;
 use tiers::*;
@@ -41,7 +43,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = keyed_10k, in_flight_10k, calendar_10k, by_key_count, settle_10k, also_10k, churn_1k, reference_10k, counters, hot_key_denied, string_keys, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
+    targets = keyed_10k, in_flight_10k, calendar_10k, plans_1m, by_key_count, settle_10k, also_10k, churn_1k, reference_10k, counters, hot_key_denied, string_keys, config_read, redis_tier, redis_cluster, sync_check, http_layer, redis_layer_flood, redis_cached_deny
 }
 
 fn main() {
@@ -85,6 +87,9 @@ fn main() {
     }
     if wanted("calendar") {
         calendar_alternating(quick);
+    }
+    if wanted("plans") {
+        plans_alternating(quick);
     }
     Criterion::default().configure_from_args().final_summary();
 }

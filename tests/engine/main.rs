@@ -23,6 +23,7 @@ mod governor_equivalence;
 mod in_flight;
 mod limiter;
 mod penalty;
+mod plans;
 mod properties;
 mod quota;
 mod reconfigure;
