@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::clock::Clock;
 use crate::decision::{Decision, unit};
 use crate::limiter::RateLimiter;
+use crate::plans::Plans;
 use crate::quota::Quota;
 #[cfg(feature = "redis")]
 use crate::sync::SyncedLimiter;
@@ -57,6 +58,50 @@ pub struct Backing<Q: ?Sized> {
     /// The limiter's further quotas ([`Builder::also`](crate::Builder::also)), each with
     /// its capacity.
     pub(crate) also: Vec<(Quota, u64)>,
+    /// A limiter of plans: each plan's name and quotas (with their capacities), by index.
+    pub(crate) plans: Vec<crate::plans::PlanQuotas>,
+}
+
+/// A limiter of plans, as the layer uses it: looked up by `Q`.
+pub(crate) trait PlannedLimiter<Q: ?Sized>: Send + Sync {
+    /// Decides one request under the plan named `plan` (the key's own plan if `None`);
+    /// returns the decision and the deciding plan's index.
+    fn check(&self, plan: Option<&str>, key: &Q, max_delay: u64) -> (Decision, u32);
+}
+
+impl<K: crate::Key, C: Clock> LayerLimiter<K> for Plans<K, C> {
+    fn into_backing<Q>(self) -> Backing<Q>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let plans = self.plan_table();
+        let default = self.default_index() as usize;
+        let (first, also) = plans[default]
+            .1
+            .split_first()
+            .map(|(&first, also)| (first, also.to_vec()))
+            .expect("a plan has at least one quota");
+        Backing {
+            name: Arc::from(self.name()),
+            quota: first.0,
+            capacity: first.1,
+            also,
+            plans,
+            backend: Backend::Planned(Arc::new(self)),
+        }
+    }
+}
+
+impl<K, Q, C> PlannedLimiter<Q> for Plans<K, C>
+where
+    K: crate::Key + Borrow<Q>,
+    Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    C: Clock,
+{
+    fn check(&self, plan: Option<&str>, key: &Q, max_delay: u64) -> (Decision, u32) {
+        self.check_indexed(plan, key, max_delay)
+    }
 }
 
 /// A local limiter, as the layer uses it: looked up by `Q`.
@@ -81,6 +126,7 @@ macro_rules! in_process {
                     quota: self.quota(),
                     capacity: self.quota_capacity(),
                     also: self.also_policies(),
+                    plans: Vec::new(),
                     backend: Backend::Local(Arc::new(self)),
                 }
             }
@@ -144,6 +190,7 @@ mod redis {
                 quota,
                 capacity,
                 also,
+                plans: Vec::new(),
             }
         }
     }
@@ -164,6 +211,8 @@ pub(crate) type RemoteLimiter<Q> = Arc<dyn Fn(&Q) -> RemoteDecision + Send + Syn
 /// Where decisions come from.
 pub(crate) enum Backend<Q: ?Sized> {
     Local(Arc<dyn LocalLimiter<Q>>),
+    /// A limiter of plans, in process.
+    Planned(Arc<dyn PlannedLimiter<Q>>),
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Remote(RemoteLimiter<Q>),
 }
@@ -172,6 +221,7 @@ impl<Q: ?Sized> Clone for Backend<Q> {
     fn clone(&self) -> Self {
         match self {
             Self::Local(l) => Self::Local(Arc::clone(l)),
+            Self::Planned(p) => Self::Planned(Arc::clone(p)),
             Self::Remote(r) => Self::Remote(Arc::clone(r)),
         }
     }

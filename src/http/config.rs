@@ -113,8 +113,40 @@ pub(crate) struct Config<K, E: ExtractKey<K>> {
     #[cfg(feature = "redis")]
     pub(crate) remote_extras: Vec<Arc<super::extra::RedisExtra>>,
     /// The policy index of the first further limit: the layer's own limiter's quota
-    /// count.
+    /// count (for plans, the most any plan has).
     pub(crate) first_extra: usize,
+    /// A layer of plans: where each request's plan comes from, and each plan's style
+    /// (its name and quotas in the fields), by plan index.
+    pub(crate) plans: Option<PlanStyles>,
+}
+
+/// Finds a request's plan name, handing it to its second argument.
+pub(crate) type PlanFn = Arc<dyn Fn(&RequestHead<'_>, &mut dyn FnMut(&str)) + Send + Sync>;
+
+/// A plan's name and its quotas' capacities and windows (whole seconds), its first
+/// quota first.
+pub(crate) type PlanFields = (Arc<str>, Vec<(u64, u64)>);
+
+/// What a layer of plans keeps besides the others' configuration.
+#[derive(Clone)]
+pub(crate) struct PlanStyles {
+    /// Each plan's name and quotas (capacity, window in whole seconds), by index.
+    pub(crate) table: Arc<[PlanFields]>,
+    /// Each plan's style, made from the layer's own after each change of it.
+    pub(crate) styles: Arc<[Arc<Style>]>,
+    /// The plan from the request; `None`: the key's own plan.
+    pub(crate) from: Option<PlanFn>,
+}
+
+impl PlanStyles {
+    /// Each plan's style made anew from the layer's `base`.
+    pub(crate) fn remake(&mut self, base: &Style) {
+        self.styles = self
+            .table
+            .iter()
+            .map(|(name, quotas)| Arc::new(base.for_plan(&super::layer::quoted(name), quotas)))
+            .collect();
+    }
 }
 
 impl<K, E: ExtractKey<K>> Config<K, E> {
@@ -148,6 +180,7 @@ impl<K: Clone, E: ExtractKey<K> + Clone> Clone for Config<K, E> {
             #[cfg(feature = "redis")]
             remote_extras: self.remote_extras.clone(),
             first_extra: self.first_extra,
+            plans: self.plans.clone(),
         }
     }
 }

@@ -9,7 +9,9 @@ use http::Method;
 use tower::Layer;
 
 use super::backend::{Backing, LayerLimiter};
-use super::config::{Config, DecisionEvent, MissingKey, RejectionEvent};
+use super::config::{
+    Config, DecisionEvent, MissingKey, PlanFields, PlanFn, PlanStyles, RejectionEvent,
+};
 use super::exempt::Exempt;
 use super::extra::{Extra, ExtraLimit};
 use super::extract::{ExtractKey, KeyLimits, OversizedKey, RequestHead};
@@ -115,17 +117,37 @@ where
             quota,
             capacity,
             also,
+            plans,
         } = limiter.into_backing();
         let window = |q: Quota| {
             let period = q.period();
             period.as_secs() + u64::from(period.subsec_nanos() > 0)
         };
-        let first_extra = 1 + also.len();
+        let mut first_extra = 1 + also.len();
         let mut style = Style::new(window(quota), Some(capacity));
         if !also.is_empty() {
             let also: Vec<(u64, u64)> = also.iter().map(|&(q, cap)| (cap, window(q))).collect();
             style.set_also(&also);
         }
+        let plans = (!plans.is_empty()).then(|| {
+            let table: Arc<[PlanFields]> = plans
+                .into_iter()
+                .map(|(name, quotas)| {
+                    let quotas = quotas.iter().map(|&(q, cap)| (cap, window(q))).collect();
+                    (name, quotas)
+                })
+                .collect();
+            // Further limits' decisions come after every plan's own quotas.
+            first_extra = table.iter().map(|(_, q)| q.len()).max().unwrap_or(1);
+            style.set_extras_at(first_extra);
+            let mut plans = PlanStyles {
+                table,
+                styles: Arc::from([]),
+                from: None,
+            };
+            plans.remake(&style);
+            plans
+        });
         Self {
             config: Arc::new(Config {
                 backend,
@@ -144,13 +166,63 @@ where
                 #[cfg(feature = "redis")]
                 remote_extras: Vec::new(),
                 first_extra,
+                plans,
             }),
         }
     }
 
     fn edit(mut self, f: impl FnOnce(&mut Config<K, E>)) -> Self {
-        f(Arc::make_mut(&mut self.config));
+        let config = Arc::make_mut(&mut self.config);
+        f(config);
+        if let Some(plans) = &mut config.plans {
+            plans.remake(&config.style);
+        }
         self
+    }
+
+    /// For a layer of [`Plans`](crate::plans::Plans): takes each request's plan from
+    /// the request (the plan an authentication layer put in its extensions, say)
+    /// rather than from the key's plan book. `plan` returns the plan's name, or `None`
+    /// for the key's own plan; a name the limiter lacks decides by its default plan.
+    /// A layer of any other limiter ignores it.
+    ///
+    /// Never read a plan from a header the client sets: it would choose its own plan.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate::http::{KeyExtractor, RateLimitLayer};
+    /// use tollgate::plans::Plans;
+    ///
+    /// /// What the authentication layer puts in each request's extensions.
+    /// #[derive(Clone)]
+    /// struct Account {
+    ///     plan: Arc<str>,
+    /// }
+    ///
+    /// let plans: Plans<String> = Plans::builder("free")
+    ///     .plan("free", ["60/min".parse()?])
+    ///     .plan("pro", ["600/min".parse()?])
+    ///     .build()?;
+    /// let layer = RateLimitLayer::keyed(plans, KeyExtractor::header("x-api-key")?)
+    ///     .plan_from(|head| head.extensions.get::<Account>().map(|a| a.plan.clone()));
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn plan_from<F, R>(self, plan: F) -> Self
+    where
+        F: Fn(&RequestHead<'_>) -> Option<R> + Send + Sync + 'static,
+        R: AsRef<str>,
+    {
+        let from: PlanFn = Arc::new(move |head, found| {
+            if let Some(name) = plan(head) {
+                found(name.as_ref());
+            }
+        });
+        self.edit(|c| {
+            if let Some(plans) = &mut c.plans {
+                plans.from = Some(from);
+            }
+        })
     }
 
     /// How requests are keyed; [`KeyExtractor::peer_ip`] by default for `String` keys.
@@ -178,6 +250,7 @@ where
                 #[cfg(feature = "redis")]
                 remote_extras: config.remote_extras,
                 first_extra: config.first_extra,
+                plans: config.plans,
             }),
         }
     }
@@ -512,7 +585,7 @@ where
 }
 
 /// `name` as a structured-field string: quoted, with quotes and backslashes escaped.
-fn quoted(name: &str) -> String {
+pub(crate) fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('\\', "\\\\").replace('"', "\\\""))
 }
 

@@ -81,6 +81,11 @@ pub(crate) struct Style {
     also: Vec<AlsoPolicy>,
     /// With further quotas: the `RateLimit-Policy` value listing every quota.
     policy_list: Option<HeaderValue>,
+    /// The limiter's own quotas: the first, then `also[..own - 1]`; the layer's further
+    /// limits follow in `also`.
+    own: usize,
+    /// The policy index decisions of the layer's first further limit carry.
+    extras_at: usize,
     /// The gRPC status of a denied call.
     pub(crate) grpc: GrpcCode,
 }
@@ -252,6 +257,8 @@ impl Style {
             default: None,
             also: Vec::new(),
             policy_list: None,
+            own: 1,
+            extras_at: 1,
             grpc: GrpcCode::default(),
         };
         style.remake(limit);
@@ -289,7 +296,42 @@ impl Style {
                 window_secs,
             })
             .collect();
+        self.own = 1 + also.len();
+        self.extras_at = self.own;
         self.remake(self.default.as_ref().map(|d| d.limit));
+    }
+
+    /// Decisions of the layer's further limits carry policy indices from `at` (a layer
+    /// of plans: past the most quotas any plan has).
+    pub(crate) fn set_extras_at(&mut self, at: usize) {
+        self.extras_at = at;
+    }
+
+    /// This style for the plan `quoted` (a structured-field string), whose quotas are
+    /// `quotas` (capacity and window in whole seconds each, its first quota's first):
+    /// its name and quotas replace the limiter's own, the layer's further limits and
+    /// every other setting stay.
+    pub(crate) fn for_plan(&self, quoted: &str, quotas: &[(u64, u64)]) -> Self {
+        let mut style = self.clone();
+        let Some((&(limit, window_secs), also)) = quotas.split_first() else {
+            return style;
+        };
+        let plain = quoted.trim_matches('"');
+        style.policy = quoted.to_owned();
+        style.window_secs = window_secs;
+        style.also = also
+            .iter()
+            .enumerate()
+            .map(|(i, &(limit, window_secs))| AlsoPolicy {
+                name: format!("\"{plain}+{}\"", i + 1),
+                limit,
+                window_secs,
+            })
+            .chain(self.also[self.own - 1..].iter().cloned())
+            .collect();
+        style.own = quotas.len();
+        style.remake(Some(limit));
+        style
     }
 
     /// Adds one more policy after the others (a further limit of the layer's), with
@@ -336,10 +378,13 @@ impl Style {
 
     /// The quoted name of the limiter's quota number `policy`.
     fn name_of(&self, policy: usize) -> &str {
-        match policy.checked_sub(1) {
-            None => &self.policy,
-            Some(i) => self.also.get(i).map_or(&self.policy, |a| &a.name),
-        }
+        let i = match policy {
+            0 => return &self.policy,
+            p if p < self.own => p - 1,
+            p if p >= self.extras_at => self.own - 1 + (p - self.extras_at),
+            _ => return &self.policy,
+        };
+        self.also.get(i).map_or(&self.policy, |a| &a.name)
     }
 
     /// The delta seconds of the `RateLimit` field's `t` and of `Retry-After`: for an

@@ -15,6 +15,7 @@ use super::extra::{self, Extras};
 use super::extract::{ExtractKey, KeyRejection, RequestHead, is_grpc};
 use super::future::{Pending, ResponseFuture};
 use super::key::KeyExtractor;
+use super::response::Style;
 use crate::decision::Decision;
 
 /// A service rate-limited by a [`RateLimitLayer`](super::RateLimitLayer).
@@ -44,8 +45,8 @@ enum Step {
     Pass,
     /// Answer with a 400 (or gRPC `INVALID_ARGUMENT`).
     Reject(KeyRejection),
-    /// The local limiter decided.
-    Decided(Decision),
+    /// The local limiter decided (a limiter of plans: under the plan of this index).
+    Decided(Decision, Option<u32>),
     /// The remote tier will decide.
     Remote(RemoteDecision),
 }
@@ -71,10 +72,29 @@ impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
     }
 }
 
-/// Decides `key` with `backend`.
-fn start<Q: ?Sized>(backend: &Backend<Q>, key: &Q, max_delay: u64) -> Step {
-    match backend {
-        Backend::Local(limiter) => Step::Decided(limiter.check(key, max_delay)),
+/// Decides `key` of `req` with `config`'s backend.
+fn start<K, E: ExtractKey<K>, B>(
+    config: &Config<K, E>,
+    req: &Request<B>,
+    key: &E::Lookup,
+    max_delay: u64,
+) -> Step {
+    match &config.backend {
+        Backend::Local(limiter) => Step::Decided(limiter.check(key, max_delay), None),
+        Backend::Planned(plans) => {
+            let from = config.plans.as_ref().and_then(|p| p.from.as_ref());
+            let (decision, plan) = match from {
+                Some(from) => {
+                    let mut named = None;
+                    from(&RequestHead::of(req), &mut |name| {
+                        named = Some(plans.check(Some(name), key, max_delay));
+                    });
+                    named.unwrap_or_else(|| plans.check(None, key, max_delay))
+                }
+                None => plans.check(None, key, max_delay),
+            };
+            Step::Decided(decision, Some(plan))
+        }
         Backend::Remote(remote) => Step::Remote(remote(key)),
     }
 }
@@ -113,7 +133,7 @@ where
                 Extras::Admitted(tightest) => held = tightest,
                 Extras::Denied(deny) => {
                     self.report(&deny, &req, None);
-                    return self.respond(deny, req);
+                    return self.respond(deny, req, None);
                 }
                 Extras::Rejected(why, looked_for) => return self.rejected(why, &looked_for, &req),
             }
@@ -138,10 +158,10 @@ where
                 let looked_for = config.key.looks_for(&req);
                 self.rejected(why, &looked_for, &req)
             }
-            Step::Decided(decision) => {
+            Step::Decided(decision, plan) => {
                 let (decision, req) = self.with_held(held, decision, req);
                 self.report(&decision, &req, None);
-                self.respond(decision, req)
+                self.respond(decision, req, plan)
             }
             Step::Remote(decision) => {
                 let mut service = Self {
@@ -152,7 +172,7 @@ where
                     let (decision, error) = decision.await;
                     let (decision, req) = service.with_held(held, decision, req);
                     service.report(&decision, &req, error.as_deref());
-                    service.respond(decision, req).await
+                    service.respond(decision, req, None).await
                 }))
             }
         }
@@ -167,10 +187,10 @@ where
     fn step<B>(&self, req: &Request<B>, max_delay: u64) -> Step {
         let config = &*self.config;
         match config.key.extract(req, &config.limits) {
-            Ok(key) => start(&config.backend, key.borrow(), max_delay),
+            Ok(key) => start(config, req, key.borrow(), max_delay),
             Err(KeyRejection::Missing) => match &config.missing {
                 MissingKey::Reject => Step::Reject(KeyRejection::Missing),
-                MissingKey::Shared(key) => start(&config.backend, key.borrow(), max_delay),
+                MissingKey::Shared(key) => start(config, req, key.borrow(), max_delay),
                 MissingKey::Allow => Step::Pass,
             },
             Err(why) => Step::Reject(why),
@@ -230,7 +250,7 @@ where
                         req = service.give_back(req);
                     }
                     service.report(&deny, &req, remote.error.as_deref());
-                    return service.respond(deny, req).await;
+                    return service.respond(deny, req, None).await;
                 }
                 Extras::Rejected(why, looked_for) => {
                     if held.is_some() {
@@ -241,6 +261,7 @@ where
                         .await;
                 }
             };
+            let mut plan = None;
             let (decision, error) = match service.step(&req, max_delay) {
                 Step::Pass => {
                     return ResponseFuture::admitted(service.inner.call(req), Pending::None).await;
@@ -255,7 +276,10 @@ where
                         .rejected::<ReqBody, S::Future, ResBody>(why, &looked_for, &req)
                         .await;
                 }
-                Step::Decided(decision) => (decision, None),
+                Step::Decided(decision, decided_by) => {
+                    plan = decided_by;
+                    (decision, None)
+                }
                 Step::Remote(decision) => decision.await,
             };
             if !decision.is_allowed() {
@@ -264,7 +288,7 @@ where
             let (decision, req) = service.with_held(held, decision, req);
             let error = error.or(remote.error);
             service.report(&decision, &req, error.as_deref());
-            service.respond(decision, req).await
+            service.respond(decision, req, plan).await
         }))
     }
 }
@@ -357,6 +381,7 @@ impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
         &mut self,
         decision: Decision,
         req: Request<ReqBody>,
+        plan: Option<u32>,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -369,7 +394,7 @@ impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
             let delay = decision.delay();
             if self.config.shape.is_some() && !delay.is_zero() {
                 let mut inner = self.take_inner();
-                let style = Arc::clone(&self.config.style);
+                let style = Arc::clone(self.style_of(plan));
                 return ResponseFuture::deferred(Box::pin(async move {
                     tokio::time::sleep(delay).await;
                     let mut response = inner.call(req).await?.map(RateLimitBody::inner);
@@ -377,15 +402,23 @@ impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
                     Ok(response)
                 }));
             }
-            let style = &self.config.style;
+            let style = self.style_of(plan);
             let headers = match style.made(&decision) {
                 Some(made) => Pending::Made(made),
                 None => Pending::Later(decision, Arc::clone(style)),
             };
             ResponseFuture::admitted(self.inner.call(req), headers)
         } else {
-            self.denied(&decision, &req)
+            self.denied(&decision, &req, plan)
         }
+    }
+
+    /// The style of the plan of index `plan` (a plan added after the layer was made:
+    /// the layer's own).
+    fn style_of(&self, plan: Option<u32>) -> &Arc<Style> {
+        let config = &*self.config;
+        plan.and_then(|i| config.plans.as_ref()?.styles.get(i as usize))
+            .unwrap_or(&config.style)
     }
 
     /// The layer's own answer to a denied request: a gRPC status, the user's deny
@@ -394,11 +427,12 @@ impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {
         &self,
         decision: &Decision,
         req: &Request<ReqBody>,
+        plan: Option<u32>,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     {
-        let style = &self.config.style;
+        let style = self.style_of(plan);
         if is_grpc(req) {
             ResponseFuture::ready(style.grpc_denied(decision))
         } else if let Some(hook) = &self.config.deny_hook {

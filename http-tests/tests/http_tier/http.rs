@@ -644,3 +644,84 @@ async fn calendar_quotas_and_blocks_count_to_their_real_end() {
     assert!(blocking.unblock("127.0.0.1"));
     assert_eq!(get(addr, "/").await.status, 200);
 }
+
+/// A layer of plans over real requests: each key's plan from the plan book (a resolver,
+/// then a live assignment) or from the request (an extension an authentication layer
+/// set); `RateLimit-Policy` names the plan and lists its quotas; a deny waits for the
+/// plan's own quota.
+#[tokio::test]
+async fn one_layer_serves_every_plan_with_its_own_fields() {
+    use tollgate::plans::Plans;
+
+    #[derive(Clone)]
+    struct Account {
+        plan: Arc<str>,
+    }
+    let plans: Plans<String, ManualClock> = Plans::builder("free")
+        .plan("free", ["1/min".parse().unwrap(), "5/h".parse().unwrap()])
+        .plan("pro", ["3/min".parse().unwrap()])
+        .algorithm(tollgate::Algorithm::FixedWindow)
+        .clock(ManualClock::new())
+        .resolver(|key: &String| key.starts_with("pro_").then_some("pro"))
+        .build()
+        .unwrap();
+    let key = || KeyExtractor::header("x-api-key").unwrap();
+    let by_book = RateLimitLayer::keyed(plans.clone(), key());
+    let addr = serve(app(by_book, Arc::default())).await;
+    let pro = get_with(addr, "/", &[("x-api-key", "pro_1")]).await;
+    assert_eq!(pro.status, 200);
+    assert_eq!(pro.header("ratelimit-policy"), "\"pro\";q=3;w=60");
+    assert_eq!(pro.header("ratelimit"), "\"pro\";r=2;t=60");
+    let free = get_with(addr, "/", &[("x-api-key", "anon")]).await;
+    assert_eq!(free.status, 200);
+    assert_eq!(
+        free.header("ratelimit-policy"),
+        "\"free\";q=1;w=60, \"free+1\";q=5;w=3600"
+    );
+    let denied = get_with(addr, "/", &[("x-api-key", "anon")]).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("retry-after"), "60");
+    assert_eq!(denied.header("ratelimit"), "\"free\";r=0;t=60");
+    // An upgrade, live: the next request is decided and named by the pro plan.
+    plans.assign("anon", "pro").unwrap();
+    let upgraded = get_with(addr, "/", &[("x-api-key", "anon")]).await;
+    assert_eq!(upgraded.status, 200);
+    assert_eq!(upgraded.header("ratelimit-policy"), "\"pro\";q=3;w=60");
+
+    // The plan from the request: an authentication layer's extension, outside the
+    // rate-limit layer; without it, the key's own plan.
+    let by_request =
+        RateLimitLayer::keyed(plans.clone(), key()).plan_from(|head: &RequestHead<'_>| {
+            head.extensions.get::<Account>().map(|a| a.plan.clone())
+        });
+    let app = app(by_request, Arc::default()).layer(axum::middleware::map_request(
+        |mut req: axum::extract::Request| async move {
+            if req
+                .headers()
+                .get("authorization")
+                .is_some_and(|v| v == "Bearer pro-token")
+            {
+                req.extensions_mut().insert(Account {
+                    plan: Arc::from("pro"),
+                });
+            }
+            req
+        },
+    ));
+    let addr = serve(app).await;
+    let headers = [("x-api-key", "k2"), ("authorization", "Bearer pro-token")];
+    for remaining in [2, 1, 0] {
+        let reply = get_with(addr, "/", &headers).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.header("ratelimit"),
+            format!("\"pro\";r={remaining};t=60")
+        );
+    }
+    assert_eq!(get_with(addr, "/", &headers).await.status, 429);
+    let own = get_with(addr, "/", &[("x-api-key", "k3")]).await;
+    assert_eq!(
+        own.header("ratelimit-policy"),
+        "\"free\";q=1;w=60, \"free+1\";q=5;w=3600"
+    );
+}
