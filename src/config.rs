@@ -41,6 +41,7 @@ use crate::algorithm::Algorithm;
 use crate::clock::MonotonicClock;
 use crate::error::ConfigError;
 use crate::limiter::{Key, RateLimiter};
+use crate::plans::Plans;
 use crate::quota::Quota;
 use crate::store::WhenFull;
 
@@ -187,6 +188,19 @@ pub struct LimiterConfig {
     pub when_full: WhenFull,
     /// Keys with a quota of their own.
     pub quotas: BTreeMap<String, Quota>,
+    /// The name of the plan that `quota` and `also` define, for
+    /// [`build_plans`](Self::build_plans); `"default"` unless given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_plan: Option<String>,
+    /// Further plans, each a list of quotas (or one quota), for
+    /// [`build_plans`](Self::build_plans). In a file: `[plans]` then `pro = ["600/min",
+    /// "100000/month calendar"]`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub plans: BTreeMap<String, Vec<Quota>>,
+    /// Keys assigned to a plan ([`Plans::assign`]). In a file: `[plan_of]` then
+    /// `"key-abc" = "pro"`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub plan_of: BTreeMap<String, String>,
 }
 
 impl LimiterConfig {
@@ -202,6 +216,9 @@ impl LimiterConfig {
             expected_keys: None,
             when_full: WhenFull::default(),
             quotas: BTreeMap::new(),
+            default_plan: None,
+            plans: BTreeMap::new(),
+            plan_of: BTreeMap::new(),
         }
     }
 
@@ -215,6 +232,12 @@ impl LimiterConfig {
     where
         K: Key + Clone + FromStr,
     {
+        if !self.plans.is_empty() || !self.plan_of.is_empty() {
+            return Err(ConfigError::Unsupported(
+                "this configuration defines plans (`plans`, `plan_of`): build it with \
+                 LimiterConfig::build_plans",
+            ));
+        }
         let mut builder = RateLimiter::<K>::builder(self.quota)
             .algorithm(self.algorithm)
             .when_full(self.when_full)
@@ -242,6 +265,90 @@ impl LimiterConfig {
     }
 }
 
+impl LimiterConfig {
+    /// Builds a limiter of plans, keyed by `K`: the default plan (named by
+    /// `default_plan`, `"default"` unless given) holds `quota` and `also`, then each of
+    /// `plans`; the keys of `plan_of` are assigned to their plan. `quotas` (keys with a
+    /// quota of their own) do not apply to plans and are refused.
+    ///
+    /// ```
+    /// use tollgate::config::LimiterConfig;
+    ///
+    /// let config: LimiterConfig = toml::from_str(r#"
+    ///     name = "api"
+    ///     quota = "60/min"
+    ///     also = ["10000/month calendar"]
+    ///     algorithm = "fixed-window"
+    ///     default_plan = "free"
+    ///
+    ///     [plans]
+    ///     pro = ["600/min", "1000000/month calendar"]
+    ///     internal = "100000/s"
+    ///
+    ///     [plan_of]
+    ///     key-abc = "pro"
+    /// "#)?;
+    /// let plans = config.build_plans::<String>()?;
+    /// assert_eq!(plans.plan_of("key-abc").as_ref(), "pro");
+    /// assert_eq!(plans.plan_of("anyone").as_ref(), "free");
+    /// assert_eq!(plans.check("key-abc").limit(), 600);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Those of [`PlansBuilder::build`](crate::plans::PlansBuilder::build);
+    /// [`ConfigError::UnknownPlan`] for a plan of `plan_of` that is not defined;
+    /// [`ConfigError::InvalidPlan`] for a plan of `plans` with the default plan's name;
+    /// [`ConfigError::InvalidKey`] for a key that is not a `K`;
+    /// [`ConfigError::Unsupported`] for `quotas`.
+    pub fn build_plans<K>(&self) -> Result<Plans<K, MonotonicClock>, ConfigError>
+    where
+        K: Key + Clone + FromStr,
+    {
+        if !self.quotas.is_empty() {
+            return Err(ConfigError::Unsupported(
+                "`quotas` (a key's own quota) with plans: define a plan and assign the key \
+                 to it in `plan_of`",
+            ));
+        }
+        let default = self.default_plan.as_deref().unwrap_or("default");
+        if self.plans.contains_key(default) {
+            return Err(ConfigError::InvalidPlan {
+                plan: default.to_owned(),
+                why: "`quota` and `also` define the default plan: give the other plans \
+                      other names, or name the default plan with `default_plan`",
+            });
+        }
+        let mut own = vec![self.quota];
+        own.extend_from_slice(&self.also);
+        let mut builder = Plans::<K>::builder(default)
+            .name(&self.name)
+            .algorithm(self.algorithm)
+            .when_full(self.when_full)
+            .plan(default, own);
+        for (name, quotas) in &self.plans {
+            builder = builder.plan(name, quotas.iter().copied());
+        }
+        if let Some(shards) = self.shards {
+            builder = builder.shards(shards);
+        }
+        if let Some(max_keys) = self.max_keys {
+            builder = builder.max_keys(max_keys);
+        }
+        if let Some(keys) = self.expected_keys {
+            builder = builder.expected_keys(keys);
+        }
+        let plans = builder.build()?;
+        for (key, plan) in &self.plan_of {
+            let parsed = key
+                .parse::<K>()
+                .map_err(|_| ConfigError::InvalidKey(key.clone()))?;
+            plans.assign(&parsed, plan)?;
+        }
+        Ok(plans)
+    }
+}
+
 /// The file's form of a [`LimiterConfig`], each field checked as it is read, so that an
 /// error names its field and a TOML error points at the value's line and column.
 #[derive(Deserialize)]
@@ -265,6 +372,12 @@ struct RawConfig {
     when_full: WhenFull,
     #[serde(default, deserialize_with = "quotas_field")]
     quotas: BTreeMap<String, Quota>,
+    #[serde(default)]
+    default_plan: Option<String>,
+    #[serde(default, deserialize_with = "plans_field")]
+    plans: BTreeMap<String, Vec<Quota>>,
+    #[serde(default)]
+    plan_of: BTreeMap<String, String>,
 }
 
 fn quota_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Quota, D::Error> {
@@ -319,6 +432,79 @@ fn quotas_field<'de, D: Deserializer<'de>>(
         }
     }
     deserializer.deserialize_map(Quotas)
+}
+
+/// The `plans` table: each plan's quotas (a list, or one quota) read with the plan and
+/// the quota's index in the field's name (`plans.pro[1]`).
+fn plans_field<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, Vec<Quota>>, D::Error> {
+    struct PlanTable;
+    impl<'de> Visitor<'de> for PlanTable {
+        type Value = BTreeMap<String, Vec<Quota>>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a table of plans, each a list of quotas such as [\"600/min\"]")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut plans = BTreeMap::new();
+            while let Some(name) = map.next_key::<String>()? {
+                let quotas = map.next_value_seed(PlanSeed(&name))?;
+                plans.insert(name, quotas);
+            }
+            Ok(plans)
+        }
+    }
+    deserializer.deserialize_map(PlanTable)
+}
+
+/// One plan's quotas: a list, or a single quota.
+struct PlanSeed<'a>(&'a str);
+
+impl<'de> de::DeserializeSeed<'de> for PlanSeed<'_> {
+    type Value = Vec<Quota>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Vec<Quota>, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PlanSeed<'_> {
+    type Value = Vec<Quota>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "plan {:?}: a list of quotas, or one quota", self.0)
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<Quota>, E> {
+        let field = format!("plans.{}", self.0);
+        QuotaVisitor {
+            field: Some(&field),
+        }
+        .visit_str(text)
+        .map(|q| vec![q])
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Vec<Quota>, A::Error> {
+        let field = format!("plans.{}", self.0);
+        QuotaVisitor {
+            field: Some(&field),
+        }
+        .visit_map(map)
+        .map(|q| vec![q])
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Quota>, A::Error> {
+        let mut quotas = Vec::new();
+        loop {
+            let field = format!("plans.{}[{}]", self.0, quotas.len());
+            match seq.next_element_seed(QuotaSeed(&field))? {
+                Some(quota) => quotas.push(quota),
+                None => return Ok(quotas),
+            }
+        }
+    }
 }
 
 /// A quota read as the value of the field it names.
@@ -455,6 +641,9 @@ impl From<RawConfig> for LimiterConfig {
             expected_keys: raw.expected_keys,
             when_full: raw.when_full,
             quotas: raw.quotas,
+            default_plan: raw.default_plan,
+            plans: raw.plans,
+            plan_of: raw.plan_of,
         }
     }
 }

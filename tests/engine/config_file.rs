@@ -131,3 +131,105 @@ fn also_in_a_file_adds_quotas() {
     let again: tollgate::config::LimiterConfig = toml::from_str(&written).unwrap();
     assert_eq!(again, file.limiters["api"]);
 }
+
+/// Plans in a file, in TOML, YAML and JSON alike: `quota` and `also` are the default
+/// plan's, `plans` the others (a list or one quota each), `plan_of` the assigned keys.
+#[test]
+fn plans_read_from_toml_yaml_and_json_alike() {
+    let toml_text = r#"
+name = "api"
+quota = "60/min"
+also = ["10000/month calendar"]
+algorithm = "fixed-window"
+default_plan = "free"
+
+[plans]
+pro = ["600/min", "1000000/month calendar"]
+internal = "100000/s"
+
+[plan_of]
+key-abc = "pro"
+"#;
+    let yaml_text = r#"
+name: api
+quota: 60/min
+also: ["10000/month calendar"]
+algorithm: fixed-window
+default_plan: free
+plans:
+  pro: ["600/min", "1000000/month calendar"]
+  internal: 100000/s
+plan_of:
+  key-abc: pro
+"#;
+    let json_text = r#"{
+  "name": "api", "quota": "60/min", "also": ["10000/month calendar"],
+  "algorithm": "fixed-window", "default_plan": "free",
+  "plans": {"pro": ["600/min", "1000000/month calendar"], "internal": "100000/s"},
+  "plan_of": {"key-abc": "pro"}
+}"#;
+    let from_toml: LimiterConfig = toml::from_str(toml_text).unwrap();
+    let from_yaml: LimiterConfig = serde_yaml_ng::from_str(yaml_text).unwrap();
+    let from_json: LimiterConfig = serde_json::from_str(json_text).unwrap();
+    assert_eq!(from_toml, from_yaml);
+    assert_eq!(from_toml, from_json);
+    let plans = from_toml.build_plans::<String>().unwrap();
+    assert_eq!(plans.plan_names().len(), 3);
+    assert_eq!(plans.plan_of("key-abc").as_ref(), "pro");
+    assert_eq!(plans.plan_of("anyone").as_ref(), "free");
+    assert_eq!(
+        plans.quotas_of("free").unwrap(),
+        [q("60/min"), q("10000/month calendar")]
+    );
+    assert_eq!(plans.quotas_of("internal").unwrap(), [q("100000/s")]);
+    assert_eq!(plans.check("key-abc").limit(), 600);
+    // A plain limiter refuses a file of plans, rather than ignoring them.
+    assert!(matches!(
+        from_toml.build::<String>(),
+        Err(tollgate::ConfigError::Unsupported(_))
+    ));
+    // And it writes back out as it was read.
+    let written = toml::to_string(&from_toml).unwrap();
+    assert_eq!(
+        toml::from_str::<LimiterConfig>(&written).unwrap(),
+        from_toml
+    );
+}
+
+/// A bad plan in a file: its quota's error names the plan and the quota's index, at its
+/// line in TOML and YAML; an unknown plan in `plan_of` and a plan named as the default
+/// are typed errors at build.
+#[test]
+fn a_bad_plan_names_its_field_and_line() {
+    let text = "quota = \"10/s\"\n[plans]\nok = \"20/s\"\npro = [\"600/min\", \"5/fortnight\"]\n";
+    let e = toml::from_str::<LimiterConfig>(text)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 4, column 19"), "{e}");
+    assert!(
+        e.contains("field `plans.pro[1]`: invalid quota string \"5/fortnight\""),
+        "{e}"
+    );
+    let yaml = "quota: 10/s\nplans:\n  pro: 10/parsec\n";
+    let e = serde_yaml_ng::from_str::<LimiterConfig>(yaml)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("field `plans.pro`: invalid quota string"), "{e}");
+    assert!(e.contains("line 3"), "{e}");
+    let unknown: LimiterConfig =
+        toml::from_str("quota = \"10/s\"\n[plan_of]\nk = \"gold\"\n").unwrap();
+    assert!(matches!(
+        unknown.build_plans::<String>(),
+        Err(tollgate::ConfigError::UnknownPlan(p)) if p == "gold"
+    ));
+    let clash: LimiterConfig =
+        toml::from_str("quota = \"10/s\"\n[plans]\ndefault = \"20/s\"\n").unwrap();
+    assert!(matches!(
+        clash.build_plans::<String>(),
+        Err(tollgate::ConfigError::InvalidPlan { plan, .. }) if plan == "default"
+    ));
+}
+
+fn q(text: &str) -> Quota {
+    text.parse().unwrap()
+}
