@@ -144,7 +144,7 @@ impl PlanStyles {
         self.styles = self
             .table
             .iter()
-            .map(|(name, quotas)| Arc::new(base.for_plan(&super::layer::quoted(name), quotas)))
+            .map(|(name, quotas)| Arc::new(base.for_plan(name, quotas)))
             .collect();
     }
 }

@@ -16,7 +16,7 @@ use super::exempt::Exempt;
 use super::extra::{Extra, ExtraLimit};
 use super::extract::{ExtractKey, KeyLimits, OversizedKey, RequestHead};
 use super::key::{Cidr, KeyExtractor};
-use super::response::{ErrorBody, GrpcCode, HeaderStyle, Style};
+use super::response::{ErrorBody, GrpcCode, HeaderStyle, Style, quoted};
 use super::service::RateLimitService;
 use crate::decision::Decision;
 use crate::quota::Quota;
@@ -582,11 +582,6 @@ where
         let names: Vec<String> = names.into_iter().map(|n| quoted(n.as_ref())).collect();
         self.edit(|c| Arc::make_mut(&mut c.style).set_policies(names))
     }
-}
-
-/// `name` as a structured-field string: quoted, with quotes and backslashes escaped.
-pub(crate) fn quoted(name: &str) -> String {
-    format!("\"{}\"", name.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 impl<S, K, E: ExtractKey<K>> Layer<S> for RateLimitLayer<K, E> {

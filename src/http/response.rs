@@ -307,23 +307,22 @@ impl Style {
         self.extras_at = at;
     }
 
-    /// This style for the plan `quoted` (a structured-field string), whose quotas are
+    /// This style for the plan named `plan`, whose quotas are
     /// `quotas` (capacity and window in whole seconds each, its first quota's first):
     /// its name and quotas replace the limiter's own, the layer's further limits and
     /// every other setting stay.
-    pub(crate) fn for_plan(&self, quoted: &str, quotas: &[(u64, u64)]) -> Self {
+    pub(crate) fn for_plan(&self, plan: &str, quotas: &[(u64, u64)]) -> Self {
         let mut style = self.clone();
         let Some((&(limit, window_secs), also)) = quotas.split_first() else {
             return style;
         };
-        let plain = quoted.trim_matches('"');
-        style.policy = quoted.to_owned();
+        style.policy = quoted(plan);
         style.window_secs = window_secs;
         style.also = also
             .iter()
             .enumerate()
             .map(|(i, &(limit, window_secs))| AlsoPolicy {
-                name: format!("\"{plain}+{}\"", i + 1),
+                name: quoted(&format!("{plan}+{}", i + 1)),
                 limit,
                 window_secs,
             })
@@ -578,6 +577,11 @@ impl Style {
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         response
     }
+}
+
+/// `name` as a structured-field string: quoted, with quotes and backslashes escaped.
+pub(crate) fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 /// `s` as the inside of a JSON string.
