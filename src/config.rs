@@ -242,15 +242,7 @@ impl LimiterConfig {
             .algorithm(self.algorithm)
             .when_full(self.when_full)
             .name(&self.name);
-        if let Some(shards) = self.shards {
-            builder = builder.shards(shards);
-        }
-        if let Some(max_keys) = self.max_keys {
-            builder = builder.max_keys(max_keys);
-        }
-        if let Some(keys) = self.expected_keys {
-            builder = builder.expected_keys(keys);
-        }
+        builder = self.sized(builder);
         for &quota in &self.also {
             builder = builder.also(quota);
         }
@@ -329,15 +321,7 @@ impl LimiterConfig {
         for (name, quotas) in &self.plans {
             builder = builder.plan(name, quotas.iter().copied());
         }
-        if let Some(shards) = self.shards {
-            builder = builder.shards(shards);
-        }
-        if let Some(max_keys) = self.max_keys {
-            builder = builder.max_keys(max_keys);
-        }
-        if let Some(keys) = self.expected_keys {
-            builder = builder.expected_keys(keys);
-        }
+        builder = self.sized(builder);
         let plans = builder.build()?;
         for (key, plan) in &self.plan_of {
             let parsed = key
@@ -348,6 +332,49 @@ impl LimiterConfig {
         Ok(plans)
     }
 }
+
+impl LimiterConfig {
+    /// `builder` with the file's shard count, key cap and expected keys, where given.
+    fn sized<B: Sizes>(&self, mut builder: B) -> B {
+        if let Some(shards) = self.shards {
+            builder = builder.shards(shards);
+        }
+        if let Some(max_keys) = self.max_keys {
+            builder = builder.max_keys(max_keys);
+        }
+        if let Some(keys) = self.expected_keys {
+            builder = builder.expected_keys(keys);
+        }
+        builder
+    }
+}
+
+/// The builders a file's sizes apply to: a limiter's and a limiter of plans'.
+trait Sizes: Sized {
+    fn shards(self, shards: usize) -> Self;
+    fn max_keys(self, max_keys: usize) -> Self;
+    fn expected_keys(self, keys: usize) -> Self;
+}
+
+/// Implements [`Sizes`] for a builder type by its own methods of the same names.
+macro_rules! sizes {
+    ($builder:ty) => {
+        impl<K: Key> Sizes for $builder {
+            fn shards(self, shards: usize) -> Self {
+                <$builder>::shards(self, shards)
+            }
+            fn max_keys(self, max_keys: usize) -> Self {
+                <$builder>::max_keys(self, max_keys)
+            }
+            fn expected_keys(self, keys: usize) -> Self {
+                <$builder>::expected_keys(self, keys)
+            }
+        }
+    };
+}
+
+sizes!(crate::limiter::Builder<K>);
+sizes!(crate::plans::PlansBuilder<K>);
 
 /// The file's form of a [`LimiterConfig`], each field checked as it is read, so that an
 /// error names its field and a TOML error points at the value's line and column.

@@ -75,45 +75,19 @@ pub(crate) fn calendar_alternating(quick: bool) {
     }
     let (rounds, iters) = if quick { (3, 1_000) } else { (31, 400_000) };
     println!("\ncalendar_10k_u64 alternating: {rounds} rounds of {iters} checks per thread");
-    let quantile = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
     for threads in [1, 2] {
-        let time = |limiter: &dyn Check| {
+        let time = |which: usize| {
+            let limiter = &contenders[which].1;
             let op = |thread: usize, i: usize| limiter.check(keys[thread][i & (SEQUENCE - 1)]);
             run_threads(threads, iters, &op).as_secs_f64() * 1e9 / iters as f64
         };
-        let n = contenders.len();
-        let mut times = vec![Vec::new(); n];
-        let mut ratios = vec![Vec::new(); n / 2];
-        for round in 0..rounds {
-            let mut t = vec![0.0; n];
-            for i in 0..n {
-                let which = (round + i) % n;
-                t[which] = time(&contenders[which].1);
-            }
-            for (pair, r) in ratios.iter_mut().enumerate() {
-                r.push(t[2 * pair + 1] / t[2 * pair]);
-            }
-            for (all, one) in times.iter_mut().zip(t) {
-                all.push(one);
-            }
-        }
-        for v in times.iter_mut().chain(ratios.iter_mut()) {
-            v.sort_by(f64::total_cmp);
-        }
-        for (pair, r) in ratios.iter().enumerate() {
-            let (a, b) = (2 * pair, 2 * pair + 1);
-            println!(
-                "calendar_10k_u64/alternating/{threads}_thread: {} / {} {:.3} (quartiles {:.3}–{:.3}, range {:.3}–{:.3}); {:.1} ns vs {:.1} ns (medians)",
-                contenders[b].0,
-                contenders[a].0,
-                quantile(r, 0.5),
-                quantile(r, 0.25),
-                quantile(r, 0.75),
-                r[0],
-                r[r.len() - 1],
-                quantile(&times[b], 0.5),
-                quantile(&times[a], 0.5),
-            );
+        let times = alternate(contenders.len(), rounds, time);
+        let label = format!("calendar_10k_u64/alternating/{threads}_thread");
+        for pair in contenders.chunks(2).zip(times.chunks(2)) {
+            let ([(a_name, _), (b_name, _)], [a, b]) = pair else {
+                continue;
+            };
+            print_ratio(&label, (a_name, a), (b_name, b));
         }
     }
 }

@@ -215,3 +215,43 @@ pub(crate) fn bench_sequences(
         b.iter_custom(|iters| run_threads(threads, iters, &check))
     });
 }
+
+/// Times `n` contenders over `rounds` rounds, each round in a rotated order, so that the
+/// machine's drift cancels out of their ratios: each contender's time per round (`time`
+/// of its index), in round order.
+pub(crate) fn alternate(
+    n: usize,
+    rounds: usize,
+    mut time: impl FnMut(usize) -> f64,
+) -> Vec<Vec<f64>> {
+    let mut times = vec![Vec::with_capacity(rounds); n];
+    for round in 0..rounds {
+        for i in 0..n {
+            let which = (round + i) % n;
+            times[which].push(time(which));
+        }
+    }
+    times
+}
+
+/// Prints contender `b` against `a` from their times per round (as [`alternate`] gives
+/// them): the median ratio per round, its quartiles and range, and both median times.
+pub(crate) fn print_ratio(label: &str, (a_name, a): (&str, &[f64]), (b_name, b): (&str, &[f64])) {
+    let sorted = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let quantile = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    let ratios = sorted(a.iter().zip(b).map(|(a, b)| b / a).collect());
+    let (a, b) = (sorted(a.to_vec()), sorted(b.to_vec()));
+    println!(
+        "{label}: {b_name} / {a_name} {:.3} (quartiles {:.3}–{:.3}, range {:.3}–{:.3}); {:.1} ns vs {:.1} ns (medians)",
+        quantile(&ratios, 0.5),
+        quantile(&ratios, 0.25),
+        quantile(&ratios, 0.75),
+        ratios[0],
+        ratios[ratios.len() - 1],
+        quantile(&b, 0.5),
+        quantile(&a, 0.5),
+    );
+}

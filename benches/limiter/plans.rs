@@ -86,43 +86,16 @@ pub(crate) fn plans_alternating(quick: bool) {
     }
     let (rounds, iters) = if quick { (3, 1_000) } else { (21, 1_000_000) };
     println!("\nplans_1m_u64 alternating: {rounds} rounds of {iters} checks per thread");
-    let quantile = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
     for threads in [1, 2] {
-        let time = |limiter: &dyn Check| {
+        let time = |which: usize| {
+            let limiter = &*contenders[which].1;
             let op = |thread: usize, i: usize| limiter.check(keys[thread][i & (SEQUENCE - 1)]);
             run_threads(threads, iters, &op).as_secs_f64() * 1e9 / iters as f64
         };
-        let n = contenders.len();
-        let mut times = vec![Vec::new(); n];
-        let mut ratios = vec![Vec::new(); n - 1];
-        for round in 0..rounds {
-            let mut t = vec![0.0; n];
-            for i in 0..n {
-                let which = (round + i) % n;
-                t[which] = time(&*contenders[which].1);
-            }
-            for (r, &ti) in ratios.iter_mut().zip(&t[1..]) {
-                r.push(ti / t[0]);
-            }
-            for (all, one) in times.iter_mut().zip(t) {
-                all.push(one);
-            }
-        }
-        for v in times.iter_mut().chain(ratios.iter_mut()) {
-            v.sort_by(f64::total_cmp);
-        }
-        for (i, r) in ratios.iter().enumerate() {
-            println!(
-                "plans_1m_u64/alternating/{threads}_thread: {} / plain {:.3} (quartiles {:.3}–{:.3}, range {:.3}–{:.3}); {:.1} ns vs {:.1} ns (medians)",
-                contenders[i + 1].0,
-                quantile(r, 0.5),
-                quantile(r, 0.25),
-                quantile(r, 0.75),
-                r[0],
-                r[r.len() - 1],
-                quantile(&times[i + 1], 0.5),
-                quantile(&times[0], 0.5),
-            );
+        let times = alternate(contenders.len(), rounds, time);
+        let label = format!("plans_1m_u64/alternating/{threads}_thread");
+        for (i, (name, _)) in contenders.iter().enumerate().skip(1) {
+            print_ratio(&label, (contenders[0].0, &times[0]), (name, &times[i]));
         }
     }
 }
