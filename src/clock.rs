@@ -22,11 +22,17 @@ pub trait Clock: Send + Sync + 'static {
     }
 }
 
+/// `d` in whole nanoseconds, saturating at `u64::MAX` (about 584 years).
+#[inline]
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// The system's wall clock, in Unix nanoseconds (0 before 1970).
 fn unix_now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .map_or(0, nanos)
 }
 
 /// The default clock: quanta's TSC-backed monotonic clock, with its origin at creation.
@@ -122,13 +128,13 @@ impl ManualClock {
     pub fn at_unix(unix: Duration) -> Self {
         Self {
             now: Arc::default(),
-            unix_origin: u64::try_from(unix.as_nanos()).unwrap_or(u64::MAX),
+            unix_origin: nanos(unix),
         }
     }
 
     /// Moves the clock forward by `by`, saturating at `u64::MAX` nanoseconds.
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        let by = nanos(by);
         // `fetch_update` with a closure that always returns `Some` cannot fail.
         let _ = self
             .now
@@ -203,7 +209,7 @@ impl Default for TokioClock {
 #[cfg(feature = "tokio")]
 impl Clock for TokioClock {
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        nanos(self.origin.elapsed())
     }
 }
 

@@ -610,7 +610,7 @@ impl<K: Key, C: Clock> RateLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let now = self.inner.common.clock.now_ns();
-        let until = now.saturating_add(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX));
+        let until = now.saturating_add(crate::clock::nanos(duration));
         if until > now {
             self.inner.penalty.block(key, now, until);
         }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 use parking_lot::RwLock;
 
+use crate::clock::nanos;
 use crate::error::ConfigError;
 
 /// The box's shard count: blocks are few, and their lookups only read-lock.
@@ -68,10 +69,6 @@ impl Penalty {
             ..self
         })
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A key's entry: a block, or denies counted toward one.

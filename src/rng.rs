@@ -26,7 +26,7 @@ impl XorShift {
     /// Uniform in `[0.75·d, 1.25·d)` (`d·3/4` when `d` is under 2 ns).
     #[cfg(any(feature = "redis", test))]
     pub(crate) fn around(&mut self, d: Duration) -> Duration {
-        let half = u64::try_from((d / 2).as_nanos()).unwrap_or(u64::MAX).max(1);
+        let half = crate::clock::nanos(d / 2).max(1);
         d * 3 / 4 + Duration::from_nanos(self.next_u64() % half)
     }
 }

@@ -19,6 +19,7 @@ use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
 use crate::clock::Clock;
+use crate::clock::nanos;
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::RateLimiter;
@@ -134,10 +135,6 @@ impl From<InsufficientCapacity> for AcquireError {
     fn from(e: InsufficientCapacity) -> Self {
         Self::InsufficientCapacity(e)
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl<K: crate::Key, C: Clock> RateLimiter<K, C> {

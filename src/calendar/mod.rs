@@ -168,7 +168,7 @@ impl CalendarPeriod {
     /// The start and end (exclusive) of the period holding the Unix instant `unix`, as
     /// Unix instants.
     pub fn bounds_at(&self, unix: Duration) -> (Duration, Duration) {
-        let wall = u64::try_from(unix.as_nanos()).unwrap_or(u64::MAX);
+        let wall = crate::clock::nanos(unix);
         let span = self.0.span_at(wall);
         (
             Duration::from_nanos(span.start),

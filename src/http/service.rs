@@ -3,7 +3,6 @@
 use std::borrow::Borrow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::{Request, Response};
 use tower::Service;
@@ -16,6 +15,7 @@ use super::extract::{ExtractKey, KeyRejection, RequestHead, is_grpc};
 use super::future::{Pending, ResponseFuture};
 use super::key::KeyExtractor;
 use super::response::Style;
+use crate::clock::nanos;
 use crate::decision::Decision;
 
 /// A service rate-limited by a [`RateLimitLayer`](super::RateLimitLayer).
@@ -49,11 +49,6 @@ enum Step {
     Decided(Decision, Option<u32>),
     /// The remote tier will decide.
     Remote(RemoteDecision),
-}
-
-/// `d` in whole nanoseconds, saturating.
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl<S, K, E: ExtractKey<K>> RateLimitService<S, K, E> {

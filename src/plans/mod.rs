@@ -707,7 +707,7 @@ impl<K: Key, C: Clock> PlansBuilder<K, C> {
     /// [`Plans::forget_answer`] makes a key ask again). Answers beyond
     /// [`max_keys`](Self::max_keys) per plan are dropped, the stale first.
     pub fn keep_answers_for(mut self, keep: Duration) -> Self {
-        self.keep_ns = u64::try_from(keep.as_nanos()).unwrap_or(u64::MAX);
+        self.keep_ns = crate::clock::nanos(keep);
         self
     }
 

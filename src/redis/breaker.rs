@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::clock::nanos;
 use crate::error::ConfigError;
 
 /// When [`RedisLimiter`](super::RedisLimiter) stops calling a failing Redis, and for how
@@ -178,10 +179,6 @@ pub(crate) struct Breaker {
     rejected: AtomicU64,
 }
 
-fn ns(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 impl Breaker {
     pub(crate) fn new(config: CircuitBreaker) -> Self {
         Self {
@@ -265,13 +262,13 @@ impl Breaker {
                 run.period = run
                     .period
                     .saturating_mul(2)
-                    .min(ns(self.config.max_open_for));
+                    .min(nanos(self.config.max_open_for));
                 run.open_until = now.saturating_add(run.period);
             }
             // A call begun before the breaker opened says nothing new.
             return false;
         }
-        if run.failures == 0 || now.saturating_sub(run.first_at) > ns(self.config.within) {
+        if run.failures == 0 || now.saturating_sub(run.first_at) > nanos(self.config.within) {
             run.failures = 1;
             run.first_at = now;
         } else {
@@ -282,7 +279,7 @@ impl Breaker {
         }
         run.open = true;
         run.probing = false;
-        run.period = ns(self.config.open_for);
+        run.period = nanos(self.config.open_for);
         run.open_until = now.saturating_add(run.period);
         self.opened.fetch_add(1, Ordering::Relaxed);
         true

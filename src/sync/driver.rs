@@ -31,10 +31,7 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// `d` in whole ns, saturating.
-pub(crate) fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
+pub(crate) use crate::clock::nanos;
 
 /// What the driver's schedule runs by, in ns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

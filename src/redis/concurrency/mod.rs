@@ -28,6 +28,7 @@ pub use builder::RedisConcurrencyBuilder;
 pub use permit::{PermitError, RedisPermit};
 
 use super::RedisError;
+use crate::clock::nanos;
 use crate::clock::{Clock, MonotonicClock};
 use crate::concurrency::{ConcurrencyError, ConcurrencyLimiter};
 use crate::decision::Decision;
@@ -673,10 +674,6 @@ fn permit_member(node: u64, id: u64) -> String {
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Renews every lease the limiter behind `weak` holds, every third of the lease, until

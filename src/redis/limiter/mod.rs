@@ -606,8 +606,7 @@ impl RedisLimiter {
         let inner = &*self.inner;
         inner.fail_mode_decisions.fetch_add(1, Ordering::Relaxed);
         let current = *inner.current.read();
-        let interval =
-            u64::try_from(current.quota.emission_interval().as_nanos()).unwrap_or(u64::MAX);
+        let interval = crate::clock::nanos(current.quota.emission_interval());
         inner.fallbacks.decide(
             mode,
             key,
