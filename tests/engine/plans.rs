@@ -277,8 +277,6 @@ fn concurrent_checks_and_moves_never_exceed_a_plan() {
         let n = n.load(Ordering::Relaxed);
         assert!(n <= 100_001, "key {key}: {n} admitted");
     }
-    let slow_only = plans.limiter("slow").unwrap();
-    assert!(slow_only.len() <= 64);
 }
 
 /// A million keys over three plans: each decided by its plan, the resolver called
