@@ -54,8 +54,15 @@ impl<K: Hash + Eq> Shard<K> {
             .map(|&(_, e)| e)
     }
 
-    /// Inserts `entry` for `key`, keeping the count of answers.
-    fn insert(&mut self, hash: u64, key: K, entry: Entry, rehash: impl Fn(&K) -> u64) {
+    /// Inserts `entry` for `key`, keeping the count of answers; returns the entry it
+    /// replaced, if any.
+    fn insert(
+        &mut self,
+        hash: u64,
+        key: K,
+        entry: Entry,
+        rehash: impl Fn(&K) -> u64,
+    ) -> Option<Entry> {
         let before = match self.table.find_mut(hash, |(k, _)| *k == key) {
             Some((_, held)) => Some(std::mem::replace(held, entry)),
             None => {
@@ -66,6 +73,7 @@ impl<K: Hash + Eq> Shard<K> {
         };
         self.answers += usize::from(!entry.assigned());
         self.answers -= usize::from(before.is_some_and(|e| !e.assigned()));
+        before
     }
 
     /// Removes `key`'s entry if `which` says so, keeping the count of answers.
@@ -168,9 +176,7 @@ impl<K: Hash + Eq> Book<K> {
     pub(crate) fn assign(&self, key: K, plan: u32) -> Option<u32> {
         let entry = Entry { plan, at: ASSIGNED };
         let (hash, shard) = self.locate(&key);
-        let mut shard = shard.write();
-        let before = shard.get(hash, &key);
-        shard.insert(hash, key, entry, self.rehash());
+        let before = shard.write().insert(hash, key, entry, self.rehash());
         before.filter(Entry::assigned).map(|e| e.plan)
     }
 
@@ -209,7 +215,7 @@ impl<K: Hash + Eq> Book<K> {
                 .next();
             shard.answers -= usize::from(dropped.is_some());
         }
-        shard.insert(hash, key, Entry { plan, at: now }, self.rehash());
+        let _ = shard.insert(hash, key, Entry { plan, at: now }, self.rehash());
     }
 
     /// Forgets every answer the resolver gave (assignments stay): the next check of
