@@ -92,49 +92,15 @@ pub(crate) fn in_flight_alternating(quick: bool) {
     println!(
         "\nin_flight_10k_u64 alternating: {rounds} rounds of {iters} operations per thread (ns an operation)"
     );
-    let quantile = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
     for threads in [1, 2] {
-        let time = |limiter: &dyn Check| {
+        let time = |which: usize| {
+            let limiter = contenders[which];
             let op = |thread: usize, i: usize| limiter.check(keys[thread][i & (SEQUENCE - 1)]);
             run_threads(threads, iters, &op).as_secs_f64() * 1e9 / iters as f64
         };
-        let mut times = [Vec::new(), Vec::new(), Vec::new()];
-        let (mut permit_check, mut semaphore_permit) = (Vec::new(), Vec::new());
-        for round in 0..rounds {
-            let mut t = [0.0; 3];
-            for i in 0..3 {
-                let which = (round + i) % 3;
-                t[which] = time(contenders[which]);
-            }
-            permit_check.push(t[1] / t[0]);
-            semaphore_permit.push(t[2] / t[1]);
-            for (all, one) in times.iter_mut().zip(t) {
-                all.push(one);
-            }
-        }
-        for v in times
-            .iter_mut()
-            .chain([&mut permit_check, &mut semaphore_permit])
-        {
-            v.sort_by(f64::total_cmp);
-        }
-        let summary = |v: &[f64]| {
-            format!(
-                "{:.2} (quartiles {:.2}–{:.2}, range {:.2}–{:.2})",
-                quantile(v, 0.5),
-                quantile(v, 0.25),
-                quantile(v, 0.75),
-                v[0],
-                v[v.len() - 1]
-            )
-        };
-        println!(
-            "in_flight_10k_u64/alternating/{threads}_thread: permit / check {}; semaphore map / permit {}; check {:.1} ns, permit {:.1} ns, semaphore map {:.1} ns (medians)",
-            summary(&permit_check),
-            summary(&semaphore_permit),
-            quantile(&times[0], 0.5),
-            quantile(&times[1], 0.5),
-            quantile(&times[2], 0.5),
-        );
+        let times = alternate(3, rounds, time);
+        let label = format!("in_flight_10k_u64/alternating/{threads}_thread");
+        print_ratio(&label, ("check", &times[0]), ("permit", &times[1]));
+        print_ratio(&label, ("permit", &times[1]), ("semaphore map", &times[2]));
     }
 }

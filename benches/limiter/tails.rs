@@ -234,38 +234,16 @@ pub(crate) fn two_quotas_alternating(quick: bool) {
     println!(
         "\nalso_10k_u64 alternating: {rounds} rounds of {iters} checks per thread (ns a check)"
     );
-    let quantile = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    let contenders: [&dyn Check; 2] = [&one, &two];
     for threads in [1, 2] {
-        let time = |limiter: &dyn Check| {
+        let time = |which: usize| {
+            let limiter = contenders[which];
             let check = |thread: usize, i: usize| limiter.check(keys[thread][i & (SEQUENCE - 1)]);
             run_threads(threads, iters, &check).as_secs_f64() * 1e9 / iters as f64
         };
-        let (mut ratios, mut ones, mut twos) = (Vec::new(), Vec::new(), Vec::new());
-        for round in 0..rounds {
-            let (t1, t2) = if round % 2 == 0 {
-                let t1 = time(&one);
-                (t1, time(&two))
-            } else {
-                let t2 = time(&two);
-                (time(&one), t2)
-            };
-            ratios.push(t2 / t1);
-            ones.push(t1);
-            twos.push(t2);
-        }
-        for v in [&mut ratios, &mut ones, &mut twos] {
-            v.sort_by(f64::total_cmp);
-        }
-        println!(
-            "also_10k_u64/alternating/{threads}_thread: two / one quota {:.3} (median of {rounds} rounds; quartiles {:.3}–{:.3}, range {:.3}–{:.3}); one quota {:.1} ns, two quotas {:.1} ns (medians)",
-            quantile(&ratios, 0.5),
-            quantile(&ratios, 0.25),
-            quantile(&ratios, 0.75),
-            ratios[0],
-            ratios[ratios.len() - 1],
-            quantile(&ones, 0.5),
-            quantile(&twos, 0.5),
-        );
+        let times = alternate(2, rounds, time);
+        let label = format!("also_10k_u64/alternating/{threads}_thread");
+        print_ratio(&label, ("one quota", &times[0]), ("two quotas", &times[1]));
     }
 }
 
