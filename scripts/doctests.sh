@@ -48,7 +48,8 @@ for item in \
     'calendar::CalendarPeriod ' 'guide::plans ' 'limiter::Builder<K,C>::block_for ' \
     'limiter::RateLimiter<K,C>::block ' 'clock::ManualClock::at_unix ' 'plans ' \
     'limiter::RateLimiter<K,C>::set_quotas ' 'config::LimiterConfig::build_plans ' \
-    'http::layer::RateLimitLayer<K,E>::plan_from ' \
+    'http::layer::RateLimitLayer<K,E>::plan_from ' 'redis::limiter::builder::RedisBuilder::block_for ' \
+    'redis::limiter::boxed::RedisLimiter::block ' \
     'guide::algorithms ' 'guide::configuration ' 'guide::waiting ' 'guide::http ' \
     'guide::grpc ' 'guide::redis ' 'guide::sync ' 'guide::observability ' 'guide::testing '; do
     # Not `printf | grep -q` under pipefail: grep quits at its first match, bash's printf

@@ -1088,19 +1088,7 @@ impl<K: Key, C: Clock> Builder<K, C> {
 
     /// The penalty asked for, checked.
     fn penalty(&self) -> Result<Option<Penalty>, ConfigError> {
-        match (self.block_for, self.block_after) {
-            (None, None) => Ok(None),
-            (None, Some(_)) => Err(ConfigError::InvalidPenalty(
-                "block_after without block_for: say how long a block lasts",
-            )),
-            (Some(block), after) => {
-                let penalty = Penalty::new(block)?;
-                match after {
-                    Some((denies, within)) => penalty.after(denies, within).map(Some),
-                    None => Ok(Some(penalty)),
-                }
-            }
-        }
+        Penalty::from_settings(self.block_for, self.block_after)
     }
 
     /// Whether to count decisions ([`StoreStats::allowed`] and
@@ -1309,8 +1297,8 @@ impl<K: Key, C: Clock> Builder<K, C> {
         let limits = self.checked_limits()?;
         if self.penalty()?.is_some() {
             return Err(ConfigError::Unsupported(
-                "block_for in the Redis tier and the sync: block keys in the process \
-                 (RateLimiter) for now",
+                "block_for in the sync: block keys in the process (RateLimiter) or in \
+                 Redis (RedisBuilder::block_for)",
             ));
         }
         let mut quotas = vec![self.quota];

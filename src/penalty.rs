@@ -53,6 +53,50 @@ impl Penalty {
         })
     }
 
+    /// The penalty a builder's `block_for` and `block_after` settings ask for, checked:
+    /// none without `block_for`.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidPenalty`] for `block_after` without `block_for`, and as
+    /// [`new`](Self::new) and [`after`](Self::after).
+    pub(crate) fn from_settings(
+        block_for: Option<Duration>,
+        block_after: Option<(u32, Duration)>,
+    ) -> Result<Option<Self>, ConfigError> {
+        match (block_for, block_after) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(ConfigError::InvalidPenalty(
+                "block_after without block_for: say how long a block lasts",
+            )),
+            (Some(block), after) => {
+                let penalty = Self::new(block)?;
+                match after {
+                    Some((denies, within)) => penalty.after(denies, within).map(Some),
+                    None => Ok(Some(penalty)),
+                }
+            }
+        }
+    }
+
+    /// How long a block lasts, in nanoseconds.
+    #[cfg(feature = "redis")]
+    pub(crate) fn block_ns(&self) -> u64 {
+        self.block_ns
+    }
+
+    /// How many denies within [`within_ns`](Self::within_ns) start a block.
+    #[cfg(feature = "redis")]
+    pub(crate) fn denies(&self) -> u32 {
+        self.after
+    }
+
+    /// The window the denies that start a block fall within, in nanoseconds
+    /// (`u64::MAX` when one deny blocks).
+    #[cfg(feature = "redis")]
+    pub(crate) fn within_ns(&self) -> u64 {
+        self.within_ns
+    }
+
     /// The same block, after `denies` denies within `within` of the first.
     ///
     /// # Errors

@@ -94,13 +94,15 @@ impl Policy for CachePolicy {
 
 /// A cached deny: a unit request is denied while `now < retry_at`; both instants in µs
 /// of the local clock. `limit` is the quota's, as the reply gave it, and `policy` which
-/// of the limiter's quotas denied ([`Decision::policy`]).
+/// of the limiter's quotas denied ([`Decision::policy`]). A `block` (the penalty box)
+/// denies requests of every cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Until {
     pub(crate) retry_at: u64,
     pub(crate) reset_at: u64,
     pub(crate) limit: u64,
     pub(crate) policy: usize,
+    pub(crate) block: bool,
 }
 
 /// One key's entry: its deny and whether a call for it is under way. A mutex, not
@@ -263,6 +265,7 @@ pub(crate) fn lesson(
             reset_at: at(reset_us),
             limit,
             policy,
+            block: false,
         });
     }
     if decision.remaining() >= 1 {
@@ -276,6 +279,7 @@ pub(crate) fn lesson(
             reset_at: at(reset_us),
             limit,
             policy,
+            block: false,
         }),
         // The window is full: the next unit request waits for its end.
         Algorithm::FixedWindow if cost >= 1 && reset_us > 0 => Lesson::Denied(Until {
@@ -283,6 +287,7 @@ pub(crate) fn lesson(
             reset_at: at(reset_us),
             limit,
             policy,
+            block: false,
         }),
         _ => Lesson::Nothing,
     }
@@ -369,6 +374,30 @@ impl DenyCache {
         found
     }
 
+    /// The deny of `key`'s block at `now_us`, for a request of any cost; `None` when
+    /// the cache holds no live block of it.
+    ///
+    /// Takes the key's shard read lock and its entry's mutex, briefly.
+    pub(crate) fn blocked(&self, key: &str, now_us: u64) -> Option<Decision> {
+        if self.store.len() == 0 {
+            return None;
+        }
+        let hit = self
+            .store
+            .with_state(key, |cell| {
+                let until = cell.until();
+                until
+                    .block
+                    .then(|| cached_decision(until, now_us))
+                    .flatten()
+            })
+            .flatten();
+        if hit.is_some() {
+            self.hits.count(false);
+        }
+        hit
+    }
+
     /// The generation to pass to [`learn`](Self::learn), read before the call is sent.
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
@@ -407,6 +436,11 @@ impl DenyCache {
                         if current() {
                             let mut entry = cell.0.entry.lock();
                             if until.retry_at > entry.until.retry_at {
+                                if until.block && entry.until.retry_at > now_us {
+                                    // A block outlasting a live deny: the threads'
+                                    // copies of that deny go.
+                                    self.front.invalidate();
+                                }
                                 entry.until = until;
                             }
                         }
@@ -467,6 +501,7 @@ mod tests {
             reset_at: at,
             limit: 1,
             policy: 0,
+            block: false,
         })
     }
 
@@ -501,6 +536,7 @@ mod tests {
                 reset_at: 450_010,
                 limit: 5,
                 policy: 0,
+                block: false,
             })
         );
         assert_eq!(
@@ -521,6 +557,7 @@ mod tests {
                 reset_at: 300_000,
                 limit: 10,
                 policy: 0,
+                block: false,
             })
         );
         assert_eq!(
@@ -544,6 +581,7 @@ mod tests {
             reset_at: 1_000,
             limit: 10,
             policy: 0,
+            block: false,
         });
         cache.learn("k", cache.generation(), 0, denied);
         assert!(cached(&cache, "k", 10).is_some());

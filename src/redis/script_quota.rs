@@ -131,6 +131,15 @@ impl ScriptQuota {
         };
     }
 
+    /// The most a key may hold: the burst, or the window's limit (a decision's
+    /// `limit`).
+    pub(crate) fn limit(&self) -> u64 {
+        match *self {
+            Self::TokenBucket { burst, .. } => burst,
+            Self::Window { limit, .. } | Self::Calendar { limit, .. } => limit,
+        }
+    }
+
     /// τ = (burst − 1)·T in µs for the token bucket; 0 for the windows.
     pub(crate) fn tau(&self) -> u64 {
         match *self {

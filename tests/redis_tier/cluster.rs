@@ -337,6 +337,61 @@ async fn a_reset_reaches_every_nodes_deny_cache_on_a_cluster() {
     }
 }
 
+/// The penalty box on a cluster: each key's box lives in its state's slot (the script
+/// call that reads both would be refused otherwise), a deny blocks the key on every
+/// node whichever master holds it, and an operator's unblock ends it on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_hold_on_every_master() {
+    let cluster = cluster();
+    let urls = cluster.urls();
+    let node = || async {
+        RedisLimiter::cluster_builder(&refs(&urls), "1/min".parse().unwrap())
+            .prefix("boxed")
+            .timeout(Duration::from_secs(1))
+            .block_for(Duration::from_secs(600))
+            .build()
+            .await
+            .unwrap()
+    };
+    let (a, b) = (node().await, node().await);
+    common::until_reset_listeners(&urls, 2).await;
+    let mut con = connection(&urls[0]).await;
+    let keys: Vec<String> = (0..12).map(|k| format!("user-{k}")).collect();
+    let mut slots = std::collections::HashSet::new();
+    for key in &keys {
+        let state = key_slot(&mut con, a.redis_key(key)).await;
+        assert_eq!(
+            key_slot(&mut con, a.penalty_box_key(key).unwrap()).await,
+            state
+        );
+        slots.insert(state / 5_462);
+        assert!(a.check(key).await.unwrap().is_allowed());
+        let denied = a.check(key).await.unwrap();
+        assert!(
+            denied.retry_after().unwrap() > Duration::from_secs(599),
+            "{key}"
+        );
+        let seen = b.check(key).await.unwrap();
+        assert!(
+            seen.retry_after().unwrap() > Duration::from_secs(598),
+            "{key}"
+        );
+    }
+    assert_eq!(slots.len(), 3, "the keys cover every master");
+    // Unblocked and reset (a deny of the used 1/min would block it again): b's
+    // cached block goes when the messages arrive, and Redis admits.
+    for key in &keys {
+        assert!(a.unblock(key).await.unwrap());
+        a.reset(key).await.unwrap();
+        assert_eq!(b.blocked_for(key).await.unwrap(), None);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !b.check(key).await.unwrap().is_allowed() {
+            assert!(Instant::now() < deadline, "{key}: node b kept its block");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 async fn key_on(cluster: &LocalCluster, limiter: &RedisLimiter, port: u16) -> String {
     for i in 0..1_000 {
         let key = format!("fo-{i}");

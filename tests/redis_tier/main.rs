@@ -17,6 +17,7 @@ mod cluster;
 mod compound;
 mod concurrency;
 mod partition;
+mod penalty;
 mod redis;
 mod redis_first_tier;
 mod sentinel;

@@ -98,7 +98,7 @@ impl Keeper {
     /// without deleting it, and a key is expired (and its event sent) only when it is
     /// read. Redis queues a subscriber's messages in order, so every expiry before the
     /// mark arrives before it.
-    async fn persist(&mut self, watched: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    pub(crate) async fn persist(&mut self, watched: &[Vec<u8>]) -> Vec<Vec<u8>> {
         let _: () = redis::Script::new(
             "for _, k in ipairs(KEYS) do redis.call('EXISTS', k) end \
              for _, k in ipairs(redis.call('KEYS', '*')) do redis.call('PERSIST', k) end",

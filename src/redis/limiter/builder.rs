@@ -2,6 +2,7 @@
 //! limiter's background tasks.
 
 use super::*;
+use crate::penalty::Penalty;
 use crate::redis::connection::{Client, Nodes};
 
 /// Configures a [`RedisLimiter`]. Made by [`RedisLimiter::builder`] (one server),
@@ -18,6 +19,9 @@ pub struct RedisBuilder {
     pub(super) deny_cache_keys: usize,
     pub(super) breaker: CircuitBreaker,
     pub(super) also: Vec<Quota>,
+    pub(super) block_for: Option<Duration>,
+    pub(super) block_after: Option<(u32, Duration)>,
+    pub(super) penalty_box: bool,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -32,6 +36,9 @@ impl fmt::Debug for RedisBuilder {
             .field("local_deny_cache", &self.deny_cache)
             .field("deny_cache_keys", &self.deny_cache_keys)
             .field("circuit_breaker", &self.breaker)
+            .field("block_for", &self.block_for)
+            .field("block_after", &self.block_after)
+            .field("penalty_box", &self.penalty_box)
             .finish()
     }
 }
@@ -143,6 +150,57 @@ impl RedisBuilder {
         self
     }
 
+    /// A penalty box in Redis, as [`Builder::block_for`](crate::Builder::block_for) in
+    /// process: a key that a check's quota denies is then blocked for `duration`, on
+    /// every node (each check denied, retry at the block's end, nothing consumed). With
+    /// [`block_after`](Self::block_after), only after several denies.
+    ///
+    /// The block is one Redis key with a TTL beside the key's state
+    /// (`<prefix>:<algorithm>:box:{<key>}`, same hash tag, so same slot), read and
+    /// written by the check's own script call: no second round trip. A node's deny
+    /// cache holds a block it learned until the block ends, for requests of every cost,
+    /// so a blocked key costs that node no Redis call. While denies only count toward a
+    /// block, the cache keeps none of them: each must reach Redis to be counted.
+    ///
+    /// Implies [`penalty_box(true)`](Self::penalty_box). The fail modes' local
+    /// decisions do not see blocks.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::redis::RedisLimiter;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let logins = RedisLimiter::builder("redis://127.0.0.1/", "5/min".parse()?)
+    ///     .block_for(Duration::from_secs(600))
+    ///     .block_after(3, Duration::from_secs(60))
+    ///     .build()
+    ///     .await?;
+    /// let denied = logins.check("mallory").await?;
+    /// println!("retry in {:?}", denied.retry_after());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn block_for(mut self, duration: Duration) -> Self {
+        self.block_for = Some(duration);
+        self
+    }
+
+    /// With [`block_for`](Self::block_for): block a key only once it is denied `denies`
+    /// times within `within` of the first of them, counted in Redis across every node.
+    pub fn block_after(mut self, denies: u32, within: Duration) -> Self {
+        self.block_after = Some((denies, within));
+        self
+    }
+
+    /// Whether checks read the penalty box (off by default; on with
+    /// [`block_for`](Self::block_for)): needed for an operator's
+    /// [`RedisLimiter::block`] to deny anything. Every node sharing the prefix must read
+    /// it. It costs each check one more key read in its script call.
+    pub fn penalty_box(mut self, on: bool) -> Self {
+        self.penalty_box = on;
+        self
+    }
+
     /// Validates the configuration, connects (with automatic reconnection; on a cluster,
     /// to the seed nodes, learning the slot map) and, on one server, loads the script.
     ///
@@ -153,10 +211,15 @@ impl RedisBuilder {
     pub async fn build(self) -> Result<RedisLimiter, RedisError> {
         let (rule, also) = self.script_quotas()?;
         let (client, timeout) = self.validate()?;
-        let source = match self.algorithm {
-            Algorithm::TokenBucket => scripts::TOKEN_BUCKET,
-            Algorithm::SlidingWindow => scripts::SLIDING_WINDOW,
-            _ => scripts::FIXED_WINDOW,
+        let penalty = Penalty::from_settings(self.block_for, self.block_after)?;
+        let boxed = penalty.is_some() || self.penalty_box;
+        let source = match (self.algorithm, boxed) {
+            (Algorithm::TokenBucket, false) => scripts::TOKEN_BUCKET,
+            (Algorithm::TokenBucket, true) => scripts::TOKEN_BUCKET_PENALIZED,
+            (Algorithm::SlidingWindow, false) => scripts::SLIDING_WINDOW,
+            (Algorithm::SlidingWindow, true) => scripts::SLIDING_WINDOW_PENALIZED,
+            (_, false) => scripts::FIXED_WINDOW,
+            (_, true) => scripts::FIXED_WINDOW_PENALIZED,
         };
         let script = redis::Script::new(source);
         let connection = self.connect(&client, &script, timeout).await?;
@@ -184,6 +247,7 @@ impl RedisBuilder {
             None => None,
         };
         let fallbacks = Fallbacks::new(self.algorithm, local_clock.clone(), Arc::clone(&self.name));
+        let box_settings = boxed.then(|| BoxSettings::new(&prefix, penalty));
         let limiter = RedisLimiter {
             inner: Arc::new(Inner {
                 connection,
@@ -205,6 +269,7 @@ impl RedisBuilder {
                 algorithm: self.algorithm,
                 name: self.name,
                 cache,
+                penalty: box_settings,
                 breaker: Breaker::new(self.breaker),
                 fallbacks,
                 failing: AtomicBool::new(false),

@@ -69,7 +69,9 @@ impl RedisLimiter {
 
     /// One script call for a request of cost `n` under `rule` and the `also` quotas,
     /// with the script's time (µs) or none (the server's `TIME`), failing with
-    /// [`RedisError::Timeout`] at `deadline`.
+    /// [`RedisError::Timeout`] at `deadline`. With the penalty box, the key's box goes
+    /// last among the keys and the penalty last among the arguments, and the answer
+    /// says when the key is blocked.
     pub(super) async fn call(
         &self,
         key: &str,
@@ -78,14 +80,17 @@ impl RedisLimiter {
         also: &[Also],
         now_us: Option<u64>,
         deadline: tokio::time::Instant,
-    ) -> Result<Decision, RedisError> {
+    ) -> Result<Answer, RedisError> {
         let inner = &*self.inner;
         let redis_key = self.redis_key(key);
-        // Empty, with no allocation, for one quota.
-        let also_keys: Vec<Vec<u8>> = also
+        // Empty, with no allocation, for one quota and no box.
+        let mut also_keys: Vec<Vec<u8>> = also
             .iter()
             .map(|a| self.state_key(&a.prefix, key))
             .collect();
+        if let Some(penalty) = &inner.penalty {
+            also_keys.push(self.state_key(&penalty.prefix, key));
+        }
         let call = |eval: bool| {
             let mut cmd = script_call(eval, inner.source, &inner.script, &redis_key, &also_keys);
             rule.push_args(&mut cmd, || inner.script_time());
@@ -96,23 +101,48 @@ impl RedisLimiter {
             // The token bucket takes an absent `now`, which is cheapest.
             let absent = matches!(rule, ScriptQuota::TokenBucket { .. });
             now_and_also(&mut cmd, now_us, absent, also, || inner.script_time());
+            if let Some(penalty) = &inner.penalty {
+                cmd.arg(&penalty.arg);
+            }
             cmd
         };
         let mut connection = inner.connection.get();
         let rules = || std::iter::once(rule).chain(also.iter().map(|a| a.rule));
+        let decided = |decision: Result<Decision, RedisError>| {
+            decision.map(|decision| Answer {
+                decision,
+                block_us: None,
+            })
+        };
+        let blocked = |us| {
+            Ok(Answer {
+                decision: blocked_decision(rule, us),
+                block_us: Some(us),
+            })
+        };
         let run = async {
             match (rule, op) {
                 (ScriptQuota::TokenBucket { t, tau, burst }, Op::Check(n)) if also.is_empty() => {
-                    eval::<i64>(&mut connection, call)
+                    eval::<Boxed<i64>>(&mut connection, call)
                         .await
-                        .map(|reply| gcra_decision(reply, t, tau, burst, n))
+                        .map(|reply| match reply {
+                            Boxed::Decided(reply) => {
+                                decided(gcra_decision(reply, t, tau, burst, n))
+                            }
+                            Boxed::Blocked(us) => blocked(us),
+                        })
                 }
-                (_, Op::Check(n)) => eval::<Vec<i64>>(&mut connection, call)
-                    .await
-                    .map(|replies| all_of(&replies, rules(), n)),
+                (_, Op::Check(n)) => {
+                    eval::<Boxed<Vec<i64>>>(&mut connection, call)
+                        .await
+                        .map(|reply| match reply {
+                            Boxed::Decided(replies) => decided(all_of(&replies, rules(), n)),
+                            Boxed::Blocked(us) => blocked(us),
+                        })
+                }
                 (_, Op::Refund(_)) => eval::<Vec<i64>>(&mut connection, call)
                     .await
-                    .map(|replies| settled(&replies, rules())),
+                    .map(|replies| decided(settled(&replies, rules()))),
             }
         };
         self.bounded(deadline, &redis_key, run).await?

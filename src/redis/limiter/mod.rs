@@ -17,16 +17,18 @@ use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Quota;
 use crate::redis::breaker::{Breaker, BreakerState, CircuitBreaker, Gate, Probe};
 use crate::redis::connection::{Link, Target, eval};
-use crate::redis::deny_cache::{CachePolicy, DenyCache, Lookup, lesson};
+use crate::redis::deny_cache::{CachePolicy, DenyCache, Lesson, Lookup, Until, lesson};
 use crate::redis::fallback::{FailMode, Fallbacks, LocalClock};
 use crate::redis::keys::{KeyHasher, write_key};
 use crate::redis::options::RedisOptions;
 use crate::redis::script_quota::{ScriptQuota, ScriptTime, capacity_of, short_name};
 
+mod boxed;
 mod builder;
 mod call;
 pub(crate) mod reply;
 
+use boxed::BoxSettings;
 pub use builder::RedisBuilder;
 use reply::*;
 
@@ -188,6 +190,9 @@ struct Inner {
     algorithm: Algorithm,
     name: Arc<str>,
     cache: Option<DenyCache>,
+    /// The penalty box, when checks read it ([`RedisBuilder::block_for`],
+    /// [`RedisBuilder::penalty_box`]).
+    penalty: Option<BoxSettings>,
     breaker: Breaker,
     fallbacks: Fallbacks,
     /// Whether the last check failed (for logging the start and end of an outage once).
@@ -233,6 +238,14 @@ struct Current {
 enum Op {
     Check(u64),
     Refund(u64),
+}
+
+/// What a check script answered: the decision, and the µs to the end of the key's
+/// block when the penalty box denied it.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    decision: Decision,
+    block_us: Option<u64>,
 }
 
 /// A further quota ([`RedisBuilder::also`]): its script arguments, and its keys' start,
@@ -344,6 +357,9 @@ impl RedisLimiter {
             deny_cache_keys: DEFAULT_DENY_CACHE_KEYS,
             breaker: CircuitBreaker::default(),
             also: Vec::new(),
+            block_for: None,
+            block_after: None,
+            penalty_box: false,
         }
     }
 
@@ -460,6 +476,14 @@ impl RedisLimiter {
             .collect()
     }
 
+    /// The Redis key of `key`'s penalty box, `<prefix>:<algorithm>:box:{<key>}` (same
+    /// hash tag as its state), when checks read the box ([`RedisBuilder::block_for`],
+    /// [`RedisBuilder::penalty_box`]).
+    pub fn penalty_box_key(&self, key: &str) -> Option<Vec<u8>> {
+        let settings = self.inner.penalty.as_ref()?;
+        Some(self.state_key(&settings.prefix, key))
+    }
+
     /// `<prefix>{<key>}`, the key written as [`redis_key`](Self::redis_key) says.
     fn state_key(&self, prefix: &str, key: &str) -> Vec<u8> {
         let mut k = Vec::with_capacity(prefix.len() + key.len().max(34) + 2);
@@ -544,6 +568,12 @@ impl RedisLimiter {
             }
             .into());
         }
+        // A block denies every cost: the cache answers the others' too, with no call.
+        if let (true, Some(cache)) = (n > 1 && inner.penalty.is_some(), &inner.cache) {
+            if let Some(hit) = cache.blocked(key, now_us) {
+                return Ok(hit);
+            }
+        }
         if let Gate::Reject(ns) = inner.breaker.gate(|| inner.monotonic.now_ns()) {
             return Err(RedisError::CircuitOpen {
                 retry_in: Duration::from_nanos(ns),
@@ -563,21 +593,46 @@ impl RedisLimiter {
             )
             .await;
         match &decided {
-            Ok(decision) => {
+            Ok(answer) => {
                 self.answered();
                 if let (Some(cache), Some(generation)) = (&inner.cache, generation) {
-                    // The tau of the quota the decision describes.
-                    let tau = match decision.policy() {
-                        0 => current.rule.tau(),
-                        i => inner.also.get(i - 1).map_or(0, |a| a.rule.tau()),
-                    };
-                    let lesson = lesson(inner.algorithm, tau, n, now_us, decision);
+                    let lesson = self.lesson(current.rule, n, now_us, answer);
                     cache.learn(key, generation, now_us, lesson);
                 }
             }
             Err(e) => self.failed(e, false),
         }
-        decided
+        decided.map(|answer| answer.decision)
+    }
+
+    /// What the deny cache learns from `answer`, a reply to a request of cost `n` sent
+    /// at `now_us` under `rule`: a block, for every cost until its end; otherwise the
+    /// unit request's lesson, but for a deny while denies count toward a block (each must
+    /// reach Redis to be counted: a block, once it starts, is cached).
+    fn lesson(&self, rule: ScriptQuota, n: u64, now_us: u64, answer: &Answer) -> Lesson {
+        let inner = &*self.inner;
+        let decision = &answer.decision;
+        if let Some(us) = answer.block_us {
+            let end = now_us.saturating_add(us);
+            return Lesson::Denied(Until {
+                retry_at: end,
+                reset_at: end,
+                limit: decision.limit(),
+                policy: decision.policy(),
+                block: true,
+            });
+        }
+        // The tau of the quota the decision describes.
+        let tau = match decision.policy() {
+            0 => rule.tau(),
+            i => inner.also.get(i - 1).map_or(0, |a| a.rule.tau()),
+        };
+        match lesson(inner.algorithm, tau, n, now_us, decision) {
+            Lesson::Denied(_) if inner.penalty.as_ref().is_some_and(|p| p.counts_denies) => {
+                Lesson::Nothing
+            }
+            lesson => lesson,
+        }
     }
 
     /// [`check`](Self::check) with a failure policy: when Redis fails or the circuit
@@ -714,8 +769,8 @@ impl RedisLimiter {
             (
                 ScriptQuota::Window { .. } | ScriptQuota::Calendar { .. },
                 Settle::Refund(n) | Settle::Charge(n),
-            ) => {
-                self.call(
+            ) => self
+                .call(
                     key,
                     Op::Refund(n),
                     current.rule,
@@ -724,7 +779,7 @@ impl RedisLimiter {
                     deadline,
                 )
                 .await
-            }
+                .map(|answer| answer.decision),
         };
         // A cached deny of the key may be wrong now when the settlement may outdate one
         // (as in process, `Settle::may_outdate`), or when it failed and may or may not

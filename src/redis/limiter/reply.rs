@@ -54,6 +54,35 @@ pub(super) fn now_and_also(
     }
 }
 
+/// A check script's reply with the penalty box: the key's block (the µs to its end),
+/// or the algorithm's reply `T`.
+#[derive(Debug)]
+pub(super) enum Boxed<T> {
+    Blocked(u64),
+    Decided(T),
+}
+
+impl<T: redis::FromRedisValue> redis::FromRedisValue for Boxed<T> {
+    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        let block = match &v {
+            redis::Value::SimpleString(s) => s.strip_prefix("BLOCKED "),
+            _ => None,
+        };
+        match block.map(str::parse::<u64>) {
+            None => T::from_redis_value(v).map(Self::Decided),
+            Some(Ok(us)) if us > 0 => Ok(Self::Blocked(us)),
+            Some(_) => Err(format!("a block of {v:?}").into()),
+        }
+    }
+}
+
+/// The decision of a key blocked for `us` more µs under `rule`: denied, nothing left,
+/// retry and reset at the block's end.
+pub(super) fn blocked_decision(rule: ScriptQuota, us: u64) -> Decision {
+    let ns = us.saturating_mul(1_000);
+    Decision::deny(rule.limit(), 0, ns, ns)
+}
+
 /// Reads the token bucket's one-integer reply to a request of `cost` under the rule
 /// `t`, `tau`, `burst` it was called with: the µs until the bucket is full again, negated
 /// for a deny. The rest follows from the rule: remaining `⌊(τ + T − reset) / T⌋`, and a

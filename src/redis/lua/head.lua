@@ -1,7 +1,3 @@
-#!lua
--- (The shebang, Redis 7+, declares a script that writes: a replica refuses it before it
--- runs, with MOVED in a cluster, even on a READONLY connection, so a client whose slot
--- map is stale after a failover is redirected instead of failing on the first write.)
 -- The head of every Redis tier script (the token bucket's and the window counters'
 -- preludes follow it): the clock, ARGV[4] in integer µs, or the server's TIME when it is
 -- absent or empty (a limiter without its own clock).
