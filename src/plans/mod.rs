@@ -25,7 +25,7 @@
 //! a check is the plan book's lookup (one read-locked shard of 64) then the plan's own
 //! check, and a key's state lives in its plan's limiter.
 
-mod book;
+pub(crate) mod book;
 
 use std::borrow::Borrow;
 use std::collections::HashMap;

@@ -18,6 +18,7 @@ mod compound;
 mod concurrency;
 mod partition;
 mod penalty;
+mod plans;
 mod redis;
 mod redis_first_tier;
 mod sentinel;

@@ -22,6 +22,10 @@ pub struct RedisBuilder {
     pub(super) block_for: Option<Duration>,
     pub(super) block_after: Option<(u32, Duration)>,
     pub(super) penalty_box: bool,
+    pub(super) default_plan: Option<String>,
+    pub(super) plans: Vec<(String, Vec<Quota>)>,
+    pub(super) plan_resolver: Option<plans::PlanResolver>,
+    pub(super) keep_plan_answers: Option<Duration>,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -39,6 +43,10 @@ impl fmt::Debug for RedisBuilder {
             .field("block_for", &self.block_for)
             .field("block_after", &self.block_after)
             .field("penalty_box", &self.penalty_box)
+            .field("default_plan", &self.default_plan)
+            .field("plans", &self.plans)
+            .field("plan_resolver", &self.plan_resolver.is_some())
+            .field("keep_plan_answers", &self.keep_plan_answers)
             .finish()
     }
 }
@@ -201,6 +209,66 @@ impl RedisBuilder {
         self
     }
 
+    /// Names the plan of the limiter's own quotas (the builder's and its
+    /// [`also`](Self::also) quotas): the plan of every key no assignment or resolver
+    /// puts on another. `"default"` unless set.
+    pub fn default_plan(mut self, name: &str) -> Self {
+        self.default_plan = Some(name.to_owned());
+        self
+    }
+
+    /// Defines the plan `name`: its quotas, all or nothing, as a key on it is held to
+    /// them (the first, then the others as [`also`](Self::also) quotas), with the
+    /// limiter's algorithm. Each check sends its key's plan's quotas as the script's
+    /// arguments, so one script and one connection serve every plan, and every node
+    /// holds a key to the same plan's quotas in Redis. Quota `i` of every plan keeps its
+    /// counts in the key's `i`-th Redis key ([`redis_keys`](RedisLimiter::redis_keys)):
+    /// a key moved to a plan whose quota `i` has the same period keeps what it used.
+    /// A key's plan is, in order: this node's [`assign`](RedisLimiter::assign)ment; the
+    /// [`plan_resolver`](Self::plan_resolver)'s answer, kept; the
+    /// [`default_plan`](Self::default_plan).
+    ///
+    /// ```no_run
+    /// use tollgate::redis::RedisLimiter;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let api = RedisLimiter::builder("redis://127.0.0.1/", "60/min".parse()?)
+    ///     .also("10000/month calendar".parse()?)
+    ///     .algorithm(tollgate::Algorithm::SlidingWindow)
+    ///     .default_plan("free")
+    ///     .plan("pro", ["600/min".parse()?, "1000000/month calendar".parse()?])
+    ///     .plan_resolver(|key| key.starts_with("pro_").then(|| "pro".to_owned()))
+    ///     .build()
+    ///     .await?;
+    /// assert_eq!(api.check("pro_7f3a").await?.limit(), 600);
+    /// assert_eq!(api.check("anon").await?.limit(), 60);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn plan(mut self, name: &str, quotas: impl IntoIterator<Item = Quota>) -> Self {
+        self.plans
+            .push((name.to_owned(), quotas.into_iter().collect()));
+        self
+    }
+
+    /// Finds a key's plan the first time this node checks it: a name (a plan not
+    /// defined is logged and counted as the default), or `None` for the default. The
+    /// answer is kept for [`keep_plan_answers_for`](Self::keep_plan_answers_for) (for
+    /// ever unless set), so the resolver runs once per key, called with no lock held.
+    pub fn plan_resolver<F>(mut self, resolver: F) -> Self
+    where
+        F: Fn(&str) -> Option<String> + Send + Sync + 'static,
+    {
+        self.plan_resolver = Some(Box::new(resolver));
+        self
+    }
+
+    /// How long a resolver's answer is kept before it is asked again.
+    pub fn keep_plan_answers_for(mut self, keep: Duration) -> Self {
+        self.keep_plan_answers = Some(keep);
+        self
+    }
+
     /// Validates the configuration, connects (with automatic reconnection; on a cluster,
     /// to the seed nodes, learning the slot map) and, on one server, loads the script.
     ///
@@ -208,9 +276,17 @@ impl RedisBuilder {
     /// [`RedisError::Config`] or [`RedisError::UnsupportedAlgorithm`] for a
     /// configuration the scripts cannot run; [`RedisError::Timeout`] or
     /// [`RedisError::Unavailable`] when Redis cannot be reached within the timeout.
-    pub async fn build(self) -> Result<RedisLimiter, RedisError> {
+    pub async fn build(mut self) -> Result<RedisLimiter, RedisError> {
         let (rule, also) = self.script_quotas()?;
         let (client, timeout) = self.validate()?;
+        let plans = plans::PlanSettings {
+            default_name: self.default_plan.take(),
+            plans: std::mem::take(&mut self.plans),
+            resolver: self.plan_resolver.take(),
+            keep_answers: self.keep_plan_answers,
+            max_keys: self.deny_cache_keys,
+        }
+        .table(self.algorithm, &self.options.prefix)?;
         let penalty = Penalty::from_settings(self.block_for, self.block_after)?;
         let boxed = penalty.is_some() || self.penalty_box;
         let source = match (self.algorithm, boxed) {
@@ -269,6 +345,7 @@ impl RedisBuilder {
                 algorithm: self.algorithm,
                 name: self.name,
                 cache,
+                plans,
                 penalty: box_settings,
                 breaker: Breaker::new(self.breaker),
                 fallbacks,

@@ -26,6 +26,7 @@ use crate::redis::script_quota::{ScriptQuota, ScriptTime, capacity_of, short_nam
 mod boxed;
 mod builder;
 mod call;
+mod plans;
 pub(crate) mod reply;
 
 use boxed::BoxSettings;
@@ -190,6 +191,8 @@ struct Inner {
     algorithm: Algorithm,
     name: Arc<str>,
     cache: Option<DenyCache>,
+    /// The plans and each key's plan ([`RedisBuilder::plan`]), if any.
+    plans: Option<plans::PlanTable>,
     /// The penalty box, when checks read it ([`RedisBuilder::block_for`],
     /// [`RedisBuilder::penalty_box`]).
     penalty: Option<BoxSettings>,
@@ -360,6 +363,10 @@ impl RedisLimiter {
             block_for: None,
             block_after: None,
             penalty_box: false,
+            default_plan: None,
+            plans: Vec::new(),
+            plan_resolver: None,
+            keep_plan_answers: None,
         }
     }
 
@@ -517,6 +524,12 @@ impl RedisLimiter {
     /// [`RedisError::CircuitOpen`] at once while the breaker is open; otherwise as
     /// [`check`](Self::check).
     pub async fn check_n(&self, key: &str, n: u64) -> Result<Decision, RedisError> {
+        let plan = self.plan_index(key);
+        self.check_planned(key, n, plan).await
+    }
+
+    /// [`check_n`](Self::check_n) under the quotas of plan `plan`.
+    async fn check_planned(&self, key: &str, n: u64, plan: u32) -> Result<Decision, RedisError> {
         let inner = &*self.inner;
         // One deadline for the whole check: waiting for another request's call, the
         // call, its reconnection and retries all come out of it.
@@ -555,10 +568,10 @@ impl RedisLimiter {
                 }
             }
         }
-        let current = *inner.current.read();
+        let (current, also) = self.rules(plan);
         // The first quota, in order, that can never admit the cost (as in process).
         let too_small = std::iter::once(current.quota)
-            .chain(inner.also.iter().map(|a| a.quota))
+            .chain(also.iter().map(|a| a.quota))
             .map(|quota| capacity_of(inner.algorithm, quota))
             .find(|&capacity| n > capacity);
         if let Some(capacity) = too_small {
@@ -583,20 +596,13 @@ impl RedisLimiter {
         inner.calls.fetch_add(1, Ordering::Relaxed);
         let script_now = inner.clock.as_ref().map(|_| now_us);
         let decided = self
-            .call(
-                key,
-                Op::Check(n),
-                current.rule,
-                &inner.also,
-                script_now,
-                deadline,
-            )
+            .call(key, Op::Check(n), current.rule, also, script_now, deadline)
             .await;
         match &decided {
             Ok(answer) => {
                 self.answered();
                 if let (Some(cache), Some(generation)) = (&inner.cache, generation) {
-                    let lesson = self.lesson(current.rule, n, now_us, answer);
+                    let lesson = self.lesson((current.rule, also), n, now_us, answer);
                     cache.learn(key, generation, now_us, lesson);
                 }
             }
@@ -606,10 +612,16 @@ impl RedisLimiter {
     }
 
     /// What the deny cache learns from `answer`, a reply to a request of cost `n` sent
-    /// at `now_us` under `rule`: a block, for every cost until its end; otherwise the
+    /// at `now_us` under `rule` and `also`: a block, for every cost until its end; otherwise the
     /// unit request's lesson, but for a deny while denies count toward a block (each must
     /// reach Redis to be counted: a block, once it starts, is cached).
-    fn lesson(&self, rule: ScriptQuota, n: u64, now_us: u64, answer: &Answer) -> Lesson {
+    fn lesson(
+        &self,
+        (rule, also): (ScriptQuota, &[Also]),
+        n: u64,
+        now_us: u64,
+        answer: &Answer,
+    ) -> Lesson {
         let inner = &*self.inner;
         let decision = &answer.decision;
         if let Some(us) = answer.block_us {
@@ -625,7 +637,7 @@ impl RedisLimiter {
         // The tau of the quota the decision describes.
         let tau = match decision.policy() {
             0 => rule.tau(),
-            i => inner.also.get(i - 1).map_or(0, |a| a.rule.tau()),
+            i => also.get(i - 1).map_or(0, |a| a.rule.tau()),
         };
         match lesson(inner.algorithm, tau, n, now_us, decision) {
             Lesson::Denied(_) if inner.penalty.as_ref().is_some_and(|p| p.counts_denies) => {
@@ -660,14 +672,22 @@ impl RedisLimiter {
     pub(crate) fn fail_mode_decision(&self, mode: FailMode, key: &str, n: u64) -> Decision {
         let inner = &*self.inner;
         inner.fail_mode_decisions.fetch_add(1, Ordering::Relaxed);
-        let current = *inner.current.read();
+        // The key's plan's quotas.
+        let (current, also) = self.rules(self.plan_index(key));
+        let quotas: Vec<Quota> = std::iter::once(current.quota)
+            .chain(also.iter().map(|a| a.quota))
+            .collect();
+        let capacity = quotas
+            .iter()
+            .map(|&q| capacity_of(inner.algorithm, q))
+            .fold(u64::MAX, u64::min);
         let interval = crate::clock::nanos(current.quota.emission_interval());
         inner.fallbacks.decide(
             mode,
             key,
             n,
-            &self.quotas(),
-            self.capacity(),
+            &quotas,
+            capacity,
             interval,
             inner.nodes.load(Ordering::Relaxed),
         )
@@ -747,7 +767,7 @@ impl RedisLimiter {
     /// counter's check script in its refund mode.
     async fn settle(&self, key: &str, settle: Settle) -> Result<Decision, RedisError> {
         let inner = &*self.inner;
-        let current = *inner.current.read();
+        let (current, also) = self.rules(self.plan_index(key));
         if let (ScriptQuota::Window { .. } | ScriptQuota::Calendar { .. }, Settle::Charge(_)) =
             (current.rule, settle)
         {
@@ -763,21 +783,15 @@ impl RedisLimiter {
         inner.calls.fetch_add(1, Ordering::Relaxed);
         let decided = match (current.rule, settle) {
             (ScriptQuota::TokenBucket { t, tau, .. }, settle) => {
-                self.settle_bucket(key, settle, current.rule, (t, tau), script_now, deadline)
+                let rules = (current.rule, also);
+                self.settle_bucket(key, settle, rules, (t, tau), script_now, deadline)
                     .await
             }
             (
                 ScriptQuota::Window { .. } | ScriptQuota::Calendar { .. },
                 Settle::Refund(n) | Settle::Charge(n),
             ) => self
-                .call(
-                    key,
-                    Op::Refund(n),
-                    current.rule,
-                    &inner.also,
-                    script_now,
-                    deadline,
-                )
+                .call(key, Op::Refund(n), current.rule, also, script_now, deadline)
                 .await
                 .map(|answer| answer.decision),
         };
@@ -808,7 +822,7 @@ impl RedisLimiter {
         &self,
         key: &str,
         settle: Settle,
-        rule: ScriptQuota,
+        (rule, also): (ScriptQuota, &[Also]),
         (t, tau): (u64, u64),
         script_now: Option<u64>,
         deadline: tokio::time::Instant,
@@ -820,7 +834,6 @@ impl RedisLimiter {
             Settle::Refund(n) => format!("r{n}"),
         };
         let redis_key = self.redis_key(key);
-        let also = &inner.also;
         let also_keys: Vec<Vec<u8>> = also
             .iter()
             .map(|a| self.state_key(&a.prefix, key))
@@ -865,7 +878,7 @@ impl RedisLimiter {
         }
     }
 
-    /// Forgets `key`'s state (under every quota), in Redis (for every node) and in this limiter's deny
+    /// Forgets `key`'s state (under every quota of every plan), in Redis (for every node) and in this limiter's deny
     /// cache, then tells every limiter with the same prefix and algorithm to empty its
     /// deny cache (by `PUBLISH`; the message names no key): the key's next request
     /// starts fresh everywhere, once the message has arrived (within a round trip).
@@ -877,8 +890,8 @@ impl RedisLimiter {
         if let Some(cache) = &inner.cache {
             cache.forget(key);
         }
-        // Every quota's state: one `DEL`, as the keys share a hash tag.
-        let redis_keys = self.redis_keys(key);
+        // Every quota's state, under every plan: one `DEL`, as the keys share a hash tag.
+        let redis_keys = self.every_state_key(key);
         let redis_key = &redis_keys[0];
         let mut connection = inner.connection.get();
         let channel = crate::redis::invalidate::channel(&inner.prefix);
