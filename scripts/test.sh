@@ -3,7 +3,7 @@
 # Usage: ./scripts/test.sh                  the whole suite
 #        ./scripts/test.sh --layer L        one layer: engine, sim, http or redis
 #        ./scripts/test.sh <nextest args>   `cargo nextest run` over the workspace, as given
-# TOLLGATE_SIM_CASES sets the scenarios per simulated property (100 here; .ci/run runs 1,000).
+# TOLLGATE_SIM_CASES sets the scenarios per simulated property (100 here; .ci/run runs 600).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
