@@ -176,12 +176,18 @@ mod redis {
                 limiter.quota_capacity(),
                 limiter.also_policies(),
             );
-            let remote: RemoteLimiter<Q> = Arc::new(move |key: &Q| {
+            let plans = limiter.plan_table();
+            let planned = !plans.is_empty();
+            let remote: RemoteLimiter<Q> = Arc::new(move |plan: Option<&str>, key: &Q| {
                 let limiter = limiter.clone();
                 let key: String = key.to_owned();
+                let plan = plan.map(str::to_owned);
                 Box::pin(async move {
-                    let (decision, error) = limiter.check_reporting(&key, on_failure).await;
-                    (decision, error.map(|e| Box::new(e) as BackendError))
+                    let (decision, error, index) = limiter
+                        .check_reporting_in(plan.as_deref(), &key, on_failure)
+                        .await;
+                    let error = error.map(|e| Box::new(e) as BackendError);
+                    (decision, error, planned.then_some(index))
                 })
             });
             Backing {
@@ -190,7 +196,7 @@ mod redis {
                 quota,
                 capacity,
                 also,
-                plans: Vec::new(),
+                plans,
             }
         }
     }
@@ -201,12 +207,13 @@ mod redis {
 pub type BackendError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A decision that must be awaited (the Redis tier), with the error its failure policy
-/// answered for, if any.
+/// answered for, if any, and the index of the plan that decided (a limiter of plans).
 pub(crate) type RemoteDecision =
-    Pin<Box<dyn Future<Output = (Decision, Option<BackendError>)> + Send>>;
+    Pin<Box<dyn Future<Output = (Decision, Option<BackendError>, Option<u32>)> + Send>>;
 
-/// A remote limiter, as the layer uses it: starts the decision for a key.
-pub(crate) type RemoteLimiter<Q> = Arc<dyn Fn(&Q) -> RemoteDecision + Send + Sync>;
+/// A remote limiter, as the layer uses it: starts the decision for a key, under the
+/// plan named (the request's, from `plan_from`) or the key's own.
+pub(crate) type RemoteLimiter<Q> = Arc<dyn Fn(Option<&str>, &Q) -> RemoteDecision + Send + Sync>;
 
 /// Where decisions come from.
 pub(crate) enum Backend<Q: ?Sized> {

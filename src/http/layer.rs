@@ -180,7 +180,8 @@ where
         self
     }
 
-    /// For a layer of [`Plans`](crate::plans::Plans): takes each request's plan from
+    /// For a layer of [`Plans`](crate::plans::Plans), or of a Redis limiter with plans
+    /// (`RedisBuilder::plan`): takes each request's plan from
     /// the request (the plan an authentication layer put in its extensions, say)
     /// rather than from the key's plan book. `plan` returns the plan's name, or `None`
     /// for the key's own plan; a name the limiter lacks decides by its default plan.

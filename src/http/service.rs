@@ -90,7 +90,16 @@ fn start<K, E: ExtractKey<K>, B>(
             };
             Step::Decided(decision, Some(plan))
         }
-        Backend::Remote(remote) => Step::Remote(remote(key)),
+        Backend::Remote(remote) => {
+            let from = config.plans.as_ref().and_then(|p| p.from.as_ref());
+            let mut named = None;
+            if let Some(from) = from {
+                from(&RequestHead::of(req), &mut |name| {
+                    named = Some(name.to_owned());
+                });
+            }
+            Step::Remote(remote(named.as_deref(), key))
+        }
     }
 }
 
@@ -164,10 +173,10 @@ where
                     config: Arc::clone(&self.config),
                 };
                 ResponseFuture::deferred(Box::pin(async move {
-                    let (decision, error) = decision.await;
+                    let (decision, error, plan) = decision.await;
                     let (decision, req) = service.with_held(held, decision, req);
                     service.report(&decision, &req, error.as_deref());
-                    service.respond(decision, req, None).await
+                    service.respond(decision, req, plan).await
                 }))
             }
         }
@@ -256,8 +265,7 @@ where
                         .await;
                 }
             };
-            let mut plan = None;
-            let (decision, error) = match service.step(&req, max_delay) {
+            let (decision, error, plan) = match service.step(&req, max_delay) {
                 Step::Pass => {
                     return ResponseFuture::admitted(service.inner.call(req), Pending::None).await;
                 }
@@ -271,10 +279,7 @@ where
                         .rejected::<ReqBody, S::Future, ResBody>(why, &looked_for, &req)
                         .await;
                 }
-                Step::Decided(decision, decided_by) => {
-                    plan = decided_by;
-                    (decision, None)
-                }
+                Step::Decided(decision, plan) => (decision, None, plan),
                 Step::Remote(decision) => decision.await,
             };
             if !decision.is_allowed() {

@@ -363,6 +363,90 @@ async fn the_redis_tier_behind_the_layer() {
     assert_eq!(denied.header("retry-after"), "30");
 }
 
+/// A Redis limiter with plans behind the layer: one layer serves every plan, each
+/// response's fields are its plan's (the key's plan from the resolver, or the request's
+/// from `plan_from`), and the decisions are Redis's, shared by two servers.
+#[tokio::test]
+async fn one_redis_layer_serves_every_plan() {
+    use tollgate::redis::{FailMode, RedisLimiter};
+    use tollgate_testing::LocalRedis;
+
+    #[derive(Clone)]
+    struct Account {
+        plan: Arc<str>,
+    }
+    let server = LocalRedis::start().expect("redis-server (./scripts/test.sh installs it)");
+    // One clock that stands still: the windows' ends are whole minutes and hours away.
+    let clock = ManualClock::new();
+    let limiter = || {
+        RedisLimiter::builder(&server.url(), "1/min".parse().unwrap())
+            .caller_clock(clock.clone())
+            .also("5/h".parse().unwrap())
+            .algorithm(tollgate::Algorithm::FixedWindow)
+            .default_plan("free")
+            .plan("pro", ["3/min".parse().unwrap()])
+            .plan_resolver(|key| key.starts_with("pro_").then(|| "pro".to_owned()))
+            .build()
+    };
+    let key = || KeyExtractor::header("x-api-key").unwrap();
+    let by_key = RateLimitLayer::redis(limiter().await.unwrap(), FailMode::Closed).key(key());
+    let (a, b) = (
+        serve(app(by_key.clone(), Arc::default())).await,
+        serve(app(by_key, Arc::default())).await,
+    );
+    let pro = get_with(a, "/", &[("x-api-key", "pro_1")]).await;
+    assert_eq!(pro.status, 200);
+    assert_eq!(pro.header("ratelimit-policy"), "\"pro\";q=3;w=60");
+    assert_eq!(pro.header("ratelimit"), "\"pro\";r=2;t=60");
+    let free = get_with(b, "/", &[("x-api-key", "anon")]).await;
+    assert_eq!(free.status, 200);
+    assert_eq!(
+        free.header("ratelimit-policy"),
+        "\"free\";q=1;w=60, \"free+1\";q=5;w=3600"
+    );
+    // The other server shares the count in Redis.
+    let denied = get_with(a, "/", &[("x-api-key", "anon")]).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("ratelimit"), "\"free\";r=0;t=60");
+
+    // The plan from the request, on another limiter of the same Redis.
+    let by_request = RateLimitLayer::redis(limiter().await.unwrap(), FailMode::Closed)
+        .key(key())
+        .plan_from(|head: &RequestHead<'_>| {
+            head.extensions.get::<Account>().map(|a| a.plan.clone())
+        });
+    let app = app(by_request, Arc::default()).layer(axum::middleware::map_request(
+        |mut req: axum::extract::Request| async move {
+            if req
+                .headers()
+                .get("authorization")
+                .is_some_and(|v| v == "Bearer pro-token")
+            {
+                req.extensions_mut().insert(Account {
+                    plan: Arc::from("pro"),
+                });
+            }
+            req
+        },
+    ));
+    let addr = serve(app).await;
+    let headers = [("x-api-key", "k2"), ("authorization", "Bearer pro-token")];
+    for remaining in [2, 1, 0] {
+        let reply = get_with(addr, "/", &headers).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.header("ratelimit"),
+            format!("\"pro\";r={remaining};t=60")
+        );
+    }
+    assert_eq!(get_with(addr, "/", &headers).await.status, 429);
+    let own = get_with(addr, "/", &[("x-api-key", "k3")]).await;
+    assert_eq!(
+        own.header("ratelimit-policy"),
+        "\"free\";q=1;w=60, \"free+1\";q=5;w=3600"
+    );
+}
+
 /// The layer runs on a synced limiter too (one trait takes all three limiters): two
 /// servers, each with its own node of one lease-mode limit, answer requests over real
 /// sockets, and together stay within the lease bound of `sync` (`B + r·H + 2·N + r·t`),

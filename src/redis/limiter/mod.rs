@@ -670,10 +670,14 @@ impl RedisLimiter {
 
     /// What `mode` decides for a request of cost `n` for `key` when Redis cannot.
     pub(crate) fn fail_mode_decision(&self, mode: FailMode, key: &str, n: u64) -> Decision {
+        self.fail_mode_in(mode, key, n, self.plan_index(key))
+    }
+
+    /// [`fail_mode_decision`](Self::fail_mode_decision) under the quotas of plan `plan`.
+    fn fail_mode_in(&self, mode: FailMode, key: &str, n: u64, plan: u32) -> Decision {
         let inner = &*self.inner;
         inner.fail_mode_decisions.fetch_add(1, Ordering::Relaxed);
-        // The key's plan's quotas.
-        let (current, also) = self.rules(self.plan_index(key));
+        let (current, also) = self.rules(plan);
         let quotas: Vec<Quota> = std::iter::once(current.quota)
             .chain(also.iter().map(|a| a.quota))
             .collect();

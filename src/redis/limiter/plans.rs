@@ -258,6 +258,47 @@ impl RedisLimiter {
             .collect())
     }
 
+    /// [`check_or`](Self::check_or) of one request for `key` under the plan named
+    /// `plan` (a name not defined: the default plan), or the key's own plan if `None`,
+    /// for the HTTP layer: the decision, the error the fail mode answered for, and the
+    /// deciding plan's index.
+    #[cfg(feature = "tower")]
+    pub(crate) async fn check_reporting_in(
+        &self,
+        plan: Option<&str>,
+        key: &str,
+        mode: FailMode,
+    ) -> (Decision, Option<RedisError>, u32) {
+        let index = match plan {
+            Some(name) => self.named(name).unwrap_or(DEFAULT_PLAN),
+            None => self.plan_index(key),
+        };
+        match self.check_planned(key, 1, index).await {
+            Ok(decision) => (decision, None, index),
+            Err(e) => (self.fail_mode_in(mode, key, 1, index), Some(e), index),
+        }
+    }
+
+    /// Each plan's name and quotas with their capacities, by index (the default
+    /// first); empty for a limiter without plans.
+    #[cfg(feature = "tower")]
+    pub(crate) fn plan_table(&self) -> Vec<crate::plans::PlanQuotas> {
+        let Some(table) = &self.inner.plans else {
+            return Vec::new();
+        };
+        let algorithm = self.inner.algorithm;
+        (0..=table.others.len() as u32)
+            .map(|plan| {
+                let (current, also) = self.rules(plan);
+                let quotas = std::iter::once(current.quota)
+                    .chain(also.iter().map(|a| a.quota))
+                    .map(|q| (q, capacity_of(algorithm, q)))
+                    .collect();
+                (self.plan_name(plan), quotas)
+            })
+            .collect()
+    }
+
     /// Every Redis key that may hold `key`'s state, under any plan's quotas: the
     /// limiter's own ([`redis_keys`](Self::redis_keys)), then those of further quotas
     /// of longer plans.
