@@ -50,6 +50,7 @@ for item in \
     'limiter::RateLimiter<K,C>::set_quotas ' 'config::LimiterConfig::build_plans ' \
     'http::layer::RateLimitLayer<K,E>::plan_from ' 'redis::limiter::builder::RedisBuilder::block_for ' \
     'redis::limiter::boxed::RedisLimiter::block ' 'redis::limiter::builder::RedisBuilder::plan ' \
+    'sync::plans::SyncedPlans ' \
     'guide::algorithms ' 'guide::configuration ' 'guide::waiting ' 'guide::http ' \
     'guide::grpc ' 'guide::redis ' 'guide::sync ' 'guide::observability ' 'guide::testing '; do
     # Not `printf | grep -q` under pipefail: grep quits at its first match, bash's printf

@@ -402,6 +402,15 @@ impl<K: Key, C: Clock> SyncedLimiter<K, C> {
         Ok(())
     }
 
+    /// Whether `quota` can be a key's own quota here, as [`set_quota`](Self::set_quota)
+    /// checks it.
+    pub(super) fn key_quota_fits(&self, quota: Quota) -> Result<(), ConfigError> {
+        let default = self.inner.store.default_policy();
+        default
+            .for_key(self.inner.common.algorithm, quota, 0)
+            .map(drop)
+    }
+
     /// Returns `key` to the default quota on every node, as
     /// [`set_quota`](Self::set_quota) sets one (the change travels with the key's
     /// rounds, and hands out no fresh burst). Nothing happens for a key without a quota

@@ -25,6 +25,7 @@ mod limiter;
 mod model;
 mod node;
 mod observe;
+mod plans;
 mod protocol;
 
 #[cfg(test)]
@@ -40,6 +41,7 @@ use parking_lot::Mutex;
 
 pub use config::{FailMode, RedisSync, SyncMode};
 pub use limiter::SyncedLimiter;
+pub use plans::{SyncedPlans, SyncedPlansBuilder};
 
 /// A snapshot of a sync task's health.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -800,6 +800,88 @@ async fn a_key_quota_set_on_one_node_holds_on_every_node() {
     stop(nodes).await;
 }
 
+/// Plans on synced nodes: the node that resolves a key's plan sets its quota, which
+/// travels with the key's rounds to a node with no resolver of its own; an operator's
+/// assignment on one node holds on every node, and its removal too. Two nodes
+/// saturating a pro key together stay within the pro quota's lease bound, far above the
+/// free quota's; a free key within the free one's. Bad plans are typed errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_travel_with_the_keys_rounds() {
+    let _serial = SERIAL.lock().await;
+    let server = server();
+    let free = Quota::per_second(10).unwrap();
+    let pro = Quota::per_second(200).unwrap();
+    let nodes = nodes(
+        &server,
+        Algorithm::TokenBucket,
+        free,
+        SyncMode::Lease,
+        "sync-plans",
+        2,
+    );
+    let plans = nodes[0]
+        .0
+        .clone()
+        .plans("free")
+        .plan("pro", pro)
+        .resolver(|key: &String| key.starts_with("pro_").then_some("pro"))
+        .build()
+        .unwrap();
+    until_every_node_synced(&nodes).await;
+    // (A lease-mode node admits a key once Redis leased it some: the first check may
+    // deny, but under the plan's quota.)
+    assert_eq!(plans.check("pro_1").limit(), 200);
+    assert_eq!(plans.check("free_1").limit(), 10);
+    assert_eq!(plans.plan_of("pro_1").as_ref(), "pro");
+    // The other node has no resolver: it learns the plan's quota from the rounds.
+    until_every_node_has(&nodes, "pro_1", pro).await;
+    assert_eq!(nodes[1].0.quota_for("free_1"), free);
+
+    let admitted = saturate(&nodes, "pro_1", Duration::from_secs(2)).await;
+    // The lease bound at 200/s over 2 s, B + r·t + r·H + 2·N; far above 10/s's.
+    let bound = 200 + 400 + 10 + 4;
+    assert!(
+        (300..=bound).contains(&admitted),
+        "{admitted} admitted at 200/s over 2 s"
+    );
+    let admitted = saturate(&nodes, "free_1", Duration::from_secs(2)).await;
+    assert!(
+        admitted <= 10 + 20 + 1 + 4,
+        "{admitted} admitted at 10/s over 2 s"
+    );
+
+    // An upgrade on one node holds on both; taken away, both return to the default.
+    plans.assign("free_2", "pro").unwrap();
+    until_every_node_has(&nodes, "free_2", pro).await;
+    assert_eq!(plans.unassign("free_2").as_deref(), Some("pro"));
+    until_every_node_has(&nodes, "free_2", free).await;
+
+    assert!(matches!(
+        plans.assign("k", "gold"),
+        Err(ConfigError::UnknownPlan(p)) if p == "gold"
+    ));
+    let limiter = || nodes[1].0.clone().plans("free");
+    assert!(matches!(
+        limiter().plan("pro", pro).plan("pro", pro).build(),
+        Err(ConfigError::InvalidPlan { .. })
+    ));
+    assert!(matches!(
+        limiter().plan("free", pro).build(),
+        Err(ConfigError::InvalidPlan { .. })
+    ));
+    assert!(matches!(
+        limiter()
+            .plan(
+                "huge",
+                Quota::new(1, Duration::from_secs(10_000_000_000)).unwrap()
+            )
+            .build(),
+        Err(ConfigError::ExceedsRedisPrecision(_))
+    ));
+    drop(plans);
+    stop(nodes).await;
+}
+
 /// Changing a key's quota hands out no fresh burst: with the default burst of 100 spent,
 /// Redis's state after the change (to twice the rate and twice the burst) has the 100
 /// more of the new burst: not 200 (a fresh burst), nor 0 (the old state read in the new
