@@ -91,5 +91,8 @@ fn main() {
     if wanted("plans") {
         plans_alternating(quick);
     }
+    if wanted("redis_box") {
+        redis_box_and_plans_alternating();
+    }
     Criterion::default().configure_from_args().final_summary();
 }

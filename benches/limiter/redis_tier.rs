@@ -282,6 +282,73 @@ pub(crate) fn redis_tier(c: &mut Criterion) {
     group.finish();
 }
 
+/// What the penalty box and plans cost a Redis check, in alternating rounds against the
+/// plain check (see [`alternating_rounds`]): a limiter whose checks read the box
+/// (`block_for`, no key ever denied) and a limiter of plans whose keys are on a plan of
+/// the same quota (found by a resolver, kept in the plan book), each against the plain
+/// limiter on the same calls. Needs `redis-server`.
+#[cfg(feature = "redis")]
+pub(crate) fn redis_box_and_plans_alternating() {
+    use std::sync::Arc;
+    use tollgate::redis::RedisLimiter;
+
+    let Some((server, runtime)) = redis_and_runtime("redis_box", 2) else {
+        return;
+    };
+    let quota = redis_quota();
+    let build = |builder: tollgate::redis::RedisBuilder| {
+        runtime
+            .block_on(builder.timeout(Duration::from_secs(5)).build())
+            .expect("connect")
+    };
+    let plain = build(RedisLimiter::builder(&server.url(), quota).prefix("plain"));
+    let boxed = build(
+        RedisLimiter::builder(&server.url(), quota)
+            .prefix("boxed")
+            .block_for(Duration::from_secs(3_600)),
+    );
+    let planned = build(
+        RedisLimiter::builder(&server.url(), "1/s".parse().expect("valid quota"))
+            .prefix("planned")
+            .plan("pro", [quota])
+            .plan_resolver(|_| Some("pro".to_owned())),
+    );
+    let names: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("user-{i}")).collect());
+    let order = Arc::new(key_sequence(0xb0c5, KEYS));
+    let caller = |limiter: RedisLimiter| {
+        let (names, order) = (names.clone(), order.clone());
+        move |i: usize| {
+            let (limiter, names, order) = (limiter.clone(), names.clone(), order.clone());
+            async move {
+                let key = &names[order[i & (SEQUENCE - 1)] as usize];
+                limiter.check(key).await.expect("redis check").is_allowed()
+            }
+        }
+    };
+    let (call_plain, call_boxed, call_planned) = (caller(plain), caller(boxed), caller(planned));
+    let mut admin = runtime
+        .block_on(async {
+            let client = redis::Client::open(server.url())?;
+            redis::aio::ConnectionManager::new(client).await
+        })
+        .expect("connect");
+    alternating_rounds(
+        &runtime,
+        &mut admin,
+        ("penalty_box", &call_boxed),
+        ("plain", &call_plain),
+    );
+    alternating_rounds(
+        &runtime,
+        &mut admin,
+        ("plan", &call_planned),
+        ("plain", &call_plain),
+    );
+}
+
+#[cfg(not(feature = "redis"))]
+pub(crate) fn redis_box_and_plans_alternating() {}
+
 /// µs of server time per `EVALSHA` since the previous call (Redis's own accounting, `INFO
 /// commandstats`), which it then resets (`CONFIG RESETSTAT`); NaN if Redis counted none.
 #[cfg(feature = "redis")]

@@ -312,3 +312,62 @@ async fn operators_block_and_bad_penalties_are_typed_errors() {
         "{name:?}"
     );
 }
+
+/// Denies are counted in Redis across sixteen nodes: with `block_after(16, 1 min)`, a
+/// used 1/min key is blocked at its sixteenth deny whichever nodes denied it, and every
+/// node then denies it to the block's end; at 100,000/s, sixteen nodes checking a key
+/// below its quota never block it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_nodes_count_denies_toward_one_block() {
+    let server = server();
+    let clock = ManualClock::new();
+    let mut nodes = Vec::new();
+    for _ in 0..16 {
+        let node = RedisLimiter::builder(&server.url(), "1/min".parse().unwrap())
+            .prefix("box16")
+            .caller_clock(clock.clone())
+            .timeout(Duration::from_secs(2))
+            .block_for(Duration::from_secs(600))
+            .block_after(16, Duration::from_secs(60))
+            .build()
+            .await
+            .unwrap();
+        nodes.push(node);
+    }
+    assert!(nodes[0].check("k").await.unwrap().is_allowed());
+    for (i, node) in nodes.iter().enumerate().take(15) {
+        let denied = node.check("k").await.unwrap();
+        let retry = denied.retry_after().unwrap();
+        assert!(retry <= Duration::from_secs(60), "deny {i}: {retry:?}");
+    }
+    assert_eq!(nodes[9].blocked_for("k").await.unwrap(), None);
+    let sixteenth = nodes[15].check("k").await.unwrap();
+    assert_eq!(sixteenth.retry_after(), Some(Duration::from_secs(600)));
+    for node in &nodes {
+        assert_eq!(
+            node.check("k").await.unwrap().retry_after(),
+            Some(Duration::from_secs(600))
+        );
+    }
+    clock.advance(Duration::from_secs(601));
+    assert!(nodes[3].check("k").await.unwrap().is_allowed());
+
+    let mut fast = Vec::new();
+    for _ in 0..16 {
+        let node = RedisLimiter::builder(&server.url(), "100000/s".parse().unwrap())
+            .prefix("box16-fast")
+            .caller_clock(clock.clone())
+            .timeout(Duration::from_secs(2))
+            .block_for(Duration::from_secs(600))
+            .build()
+            .await
+            .unwrap();
+        fast.push(node);
+    }
+    for _ in 0..200 {
+        for node in &fast {
+            assert!(node.check("hot").await.unwrap().is_allowed());
+        }
+    }
+    assert_eq!(fast[0].blocked_for("hot").await.unwrap(), None);
+}
