@@ -27,7 +27,8 @@ end
 if not denied then
   return reply
 end
-local denies, since = tonumber(held[2]) or 0, tonumber(held[3]) or 0
+local held = redis.call('HMGET', box, 'd', 's')
+local denies, since = tonumber(held[1]) or 0, tonumber(held[2]) or 0
 if denies == 0 or now - since >= within then
   denies, since = 0, now
 end
