@@ -371,10 +371,6 @@ async fn one_redis_layer_serves_every_plan() {
     use tollgate::redis::{FailMode, RedisLimiter};
     use tollgate_testing::LocalRedis;
 
-    #[derive(Clone)]
-    struct Account {
-        plan: Arc<str>,
-    }
     let server = LocalRedis::start().expect("redis-server (./scripts/test.sh installs it)");
     // One clock that stands still: the windows' ends are whole minutes and hours away.
     let clock = ManualClock::new();
@@ -410,41 +406,8 @@ async fn one_redis_layer_serves_every_plan() {
     assert_eq!(denied.header("ratelimit"), "\"free\";r=0;t=60");
 
     // The plan from the request, on another limiter of the same Redis.
-    let by_request = RateLimitLayer::redis(limiter().await.unwrap(), FailMode::Closed)
-        .key(key())
-        .plan_from(|head: &RequestHead<'_>| {
-            head.extensions.get::<Account>().map(|a| a.plan.clone())
-        });
-    let app = app(by_request, Arc::default()).layer(axum::middleware::map_request(
-        |mut req: axum::extract::Request| async move {
-            if req
-                .headers()
-                .get("authorization")
-                .is_some_and(|v| v == "Bearer pro-token")
-            {
-                req.extensions_mut().insert(Account {
-                    plan: Arc::from("pro"),
-                });
-            }
-            req
-        },
-    ));
-    let addr = serve(app).await;
-    let headers = [("x-api-key", "k2"), ("authorization", "Bearer pro-token")];
-    for remaining in [2, 1, 0] {
-        let reply = get_with(addr, "/", &headers).await;
-        assert_eq!(reply.status, 200);
-        assert_eq!(
-            reply.header("ratelimit"),
-            format!("\"pro\";r={remaining};t=60")
-        );
-    }
-    assert_eq!(get_with(addr, "/", &headers).await.status, 429);
-    let own = get_with(addr, "/", &[("x-api-key", "k3")]).await;
-    assert_eq!(
-        own.header("ratelimit-policy"),
-        "\"free\";q=1;w=60, \"free+1\";q=5;w=3600"
-    );
+    let by_request = RateLimitLayer::redis(limiter().await.unwrap(), FailMode::Closed).key(key());
+    plans_from_the_request(by_request).await;
 }
 
 /// The layer runs on a synced limiter too (one trait takes all three limiters): two
@@ -737,10 +700,6 @@ async fn calendar_quotas_and_blocks_count_to_their_real_end() {
 async fn one_layer_serves_every_plan_with_its_own_fields() {
     use tollgate::plans::Plans;
 
-    #[derive(Clone)]
-    struct Account {
-        plan: Arc<str>,
-    }
     let plans: Plans<String, ManualClock> = Plans::builder("free")
         .plan("free", ["1/min".parse().unwrap(), "5/h".parse().unwrap()])
         .plan("pro", ["3/min".parse().unwrap()])
@@ -774,10 +733,24 @@ async fn one_layer_serves_every_plan_with_its_own_fields() {
 
     // The plan from the request: an authentication layer's extension, outside the
     // rate-limit layer; without it, the key's own plan.
-    let by_request =
-        RateLimitLayer::keyed(plans.clone(), key()).plan_from(|head: &RequestHead<'_>| {
-            head.extensions.get::<Account>().map(|a| a.plan.clone())
-        });
+    plans_from_the_request(RateLimitLayer::keyed(plans.clone(), key())).await;
+}
+
+/// What an authentication layer puts in each request's extensions.
+#[derive(Clone)]
+struct Account {
+    plan: Arc<str>,
+}
+
+/// Serves `layer` (plans "free": 1/min and 5/h, and "pro": 3/min, keyed by
+/// `x-api-key`) behind an authentication layer that puts the pro plan in the extensions
+/// of requests with the pro token, takes each request's plan from there
+/// (`plan_from`), and checks that a request with the token is held to pro whatever its
+/// key's plan, and one without it to its key's own.
+async fn plans_from_the_request(layer: RateLimitLayer<String, KeyExtractor>) {
+    let by_request = layer.plan_from(|head: &RequestHead<'_>| {
+        head.extensions.get::<Account>().map(|a| a.plan.clone())
+    });
     let app = app(by_request, Arc::default()).layer(axum::middleware::map_request(
         |mut req: axum::extract::Request| async move {
             if req
