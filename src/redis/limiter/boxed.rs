@@ -65,8 +65,9 @@ impl RedisLimiter {
     /// A block that ends later stays; [`unblock`](Self::unblock) ends it early. This
     /// node's deny cache holds the block at once; every other node's cache is emptied
     /// (one `PUBLISH`, as [`reset`](Self::reset) does), so that a deny or an earlier
-    /// block it held gives way to this block from its next call for the key. As [`RateLimiter::block`](crate::RateLimiter::block) in
-    /// process. One script call, on the script's clock (the caller's, or the server's).
+    /// block it held gives way to this block from its next call for the key. As
+    /// [`RateLimiter::block`](crate::RateLimiter::block) in process. One script call, on
+    /// the script's clock (the caller's, or the server's).
     ///
     /// ```no_run
     /// use std::time::Duration;

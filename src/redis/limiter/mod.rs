@@ -612,9 +612,9 @@ impl RedisLimiter {
     }
 
     /// What the deny cache learns from `answer`, a reply to a request of cost `n` sent
-    /// at `now_us` under `rule` and `also`: a block, for every cost until its end; otherwise the
-    /// unit request's lesson, but for a deny while denies count toward a block (each must
-    /// reach Redis to be counted: a block, once it starts, is cached).
+    /// at `now_us` under `rule` and `also`: a block, for every cost until its end;
+    /// otherwise the unit request's lesson, but for a deny while denies count toward a
+    /// block (each must reach Redis to be counted: a block, once it starts, is cached).
     fn lesson(
         &self,
         (rule, also): (ScriptQuota, &[Also]),
@@ -882,10 +882,12 @@ impl RedisLimiter {
         }
     }
 
-    /// Forgets `key`'s state (under every quota of every plan), in Redis (for every node) and in this limiter's deny
-    /// cache, then tells every limiter with the same prefix and algorithm to empty its
-    /// deny cache (by `PUBLISH`; the message names no key): the key's next request
-    /// starts fresh everywhere, once the message has arrived (within a round trip).
+    /// Forgets `key`'s state (under every quota of every plan), in Redis (for every
+    /// node) and in this limiter's deny cache, then tells every limiter with the same
+    /// prefix and algorithm to empty its deny cache (by `PUBLISH`; the message names no
+    /// key): the key's next request starts fresh everywhere, once the message has
+    /// arrived (within a round trip). A block in the penalty box stays
+    /// ([`unblock`](Self::unblock) ends it), as in process.
     ///
     /// # Errors
     /// As [`check`](Self::check); the local cache forgets the key even then.

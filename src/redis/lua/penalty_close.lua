@@ -1,6 +1,6 @@
--- The penalty box's end, after the body of `decide` (`stride`, set just before, is 0 for the token bucket, whose
--- replies are negative when denied, and the window counters' reply stride, whose first
--- element is 0 when denied): a deny of a positive cost is counted, and the count
+-- The penalty box's end, after the body of `decide` (`stride`, set just before, is 0
+-- for the token bucket, whose replies are negative when denied, and the window
+-- counters' reply stride, whose first element is 0 when denied): a deny of a positive cost is counted, and the count
 -- reaching `after` within `within` µs of its first starts a block, whose reply is then
 -- the block's. An error reply passes through.
 local reply = decide()
