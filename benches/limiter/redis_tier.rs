@@ -282,6 +282,30 @@ pub(crate) fn redis_tier(c: &mut Criterion) {
     group.finish();
 }
 
+/// The keys `user-0` to `user-<KEYS − 1>`, and a sequence of them drawn from `seed`.
+#[cfg(feature = "redis")]
+type KeyOrder = (std::sync::Arc<Vec<String>>, std::sync::Arc<Vec<u64>>);
+
+#[cfg(feature = "redis")]
+fn key_order(seed: u64) -> KeyOrder {
+    let names = (0..KEYS).map(|i| format!("user-{i}")).collect();
+    (
+        std::sync::Arc::new(names),
+        std::sync::Arc::new(key_sequence(seed, KEYS)),
+    )
+}
+
+/// Checks the `i`-th key of `keys`' sequence on `limiter`; whether it was admitted.
+#[cfg(feature = "redis")]
+async fn check_nth(
+    limiter: tollgate::redis::RedisLimiter,
+    (names, order): KeyOrder,
+    i: usize,
+) -> bool {
+    let key = &names[order[i & (SEQUENCE - 1)] as usize];
+    limiter.check(key).await.expect("redis check").is_allowed()
+}
+
 /// What the penalty box and plans cost a Redis check, in alternating rounds against the
 /// plain check (see [`alternating_rounds`]): a limiter whose checks read the box
 /// (`block_for`, no key ever denied) and a limiter of plans whose keys are on a plan of
@@ -289,7 +313,6 @@ pub(crate) fn redis_tier(c: &mut Criterion) {
 /// limiter on the same calls. Needs `redis-server`.
 #[cfg(feature = "redis")]
 pub(crate) fn redis_box_and_plans_alternating() {
-    use std::sync::Arc;
     use tollgate::redis::RedisLimiter;
 
     let Some((server, runtime)) = redis_and_runtime("redis_box", 2) else {
@@ -313,17 +336,10 @@ pub(crate) fn redis_box_and_plans_alternating() {
             .plan("pro", [quota])
             .plan_resolver(|_| Some("pro".to_owned())),
     );
-    let names: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("user-{i}")).collect());
-    let order = Arc::new(key_sequence(0xb0c5, KEYS));
+    let keys = key_order(0xb0c5);
     let caller = |limiter: RedisLimiter| {
-        let (names, order) = (names.clone(), order.clone());
-        move |i: usize| {
-            let (limiter, names, order) = (limiter.clone(), names.clone(), order.clone());
-            async move {
-                let key = &names[order[i & (SEQUENCE - 1)] as usize];
-                limiter.check(key).await.expect("redis check").is_allowed()
-            }
-        }
+        let keys = keys.clone();
+        move |i| check_nth(limiter.clone(), keys.clone(), i)
     };
     let (call_plain, call_boxed, call_planned) = (caller(plain), caller(boxed), caller(planned));
     let mut admin = runtime
@@ -432,7 +448,6 @@ pub(crate) fn alternating_rounds<O, OF, B, BF>(
 /// `redis-server` and `redis-cli`.
 #[cfg(feature = "redis")]
 pub(crate) fn redis_cluster(c: &mut Criterion) {
-    use std::sync::Arc;
     use tollgate::redis::RedisLimiter;
     use tollgate_testing::LocalCluster;
 
@@ -460,17 +475,10 @@ pub(crate) fn redis_cluster(c: &mut Criterion) {
                 .build(),
         )
         .expect("connect to the cluster");
-    let names: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("user-{i}")).collect());
-    let order = Arc::new(key_sequence(0xc1, KEYS));
+    let keys = key_order(0xc1);
     let call = |limiter: RedisLimiter| {
-        let (names, order) = (names.clone(), order.clone());
-        move |i: usize| {
-            let (limiter, names, order) = (limiter.clone(), names.clone(), order.clone());
-            async move {
-                let key = &names[order[i & (SEQUENCE - 1)] as usize];
-                limiter.check(key).await.expect("redis check").is_allowed()
-            }
-        }
+        let keys = keys.clone();
+        move |i| check_nth(limiter.clone(), keys.clone(), i)
     };
     let mut group = c.benchmark_group("redis_cluster");
     group.sample_size(20);

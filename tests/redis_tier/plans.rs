@@ -72,6 +72,7 @@ async fn plans_decide_as_in_process() {
             .iter()
             .map(|k| format!("{k}-{}", algorithm.name()))
             .collect();
+        let watched: Vec<Vec<u8>> = keys.iter().flat_map(|k| nodes[0].redis_keys(k)).collect();
         let mut keeper = Keeper::new(&server).await;
         for step in 0..300 {
             crate::common::xorshift(&mut x);
@@ -112,7 +113,6 @@ async fn plans_decide_as_in_process() {
             };
             assert_same(&r, &l, &format!("n={n} {context}: redis {r:?} local {l:?}"));
             steps += 1;
-            let watched: Vec<Vec<u8>> = keys.iter().flat_map(|k| remote.redis_keys(k)).collect();
             let gone = keeper.persist(&watched).await;
             if !gone.is_empty() {
                 // A TTL of a millisecond (100,000/s) ended in real time before the keeper

@@ -164,11 +164,7 @@ impl RedisLimiter {
             BoxOp::Unblock => "u".to_owned(),
             BoxOp::Read => "r".to_owned(),
         };
-        if let Gate::Reject(ns) = inner.breaker.gate(|| inner.monotonic.now_ns()) {
-            return Err(RedisError::CircuitOpen {
-                retry_in: Duration::from_nanos(ns),
-            });
-        }
+        self.through_breaker()?;
         let deadline = tokio::time::Instant::now() + inner.timeout;
         let script_now = inner.clock.as_ref().map(|_| inner.now_us());
         let box_key = self.state_key(&settings.prefix, key);

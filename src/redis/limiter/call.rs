@@ -4,6 +4,18 @@
 use super::*;
 
 impl RedisLimiter {
+    /// [`RedisError::CircuitOpen`] while the breaker rejects calls (checked before one
+    /// is sent).
+    pub(super) fn through_breaker(&self) -> Result<(), RedisError> {
+        let inner = &*self.inner;
+        match inner.breaker.gate(|| inner.monotonic.now_ns()) {
+            Gate::Reject(ns) => Err(RedisError::CircuitOpen {
+                retry_in: Duration::from_nanos(ns),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Redis answered a call: the breaker closes, and the end of an outage is logged once.
     pub(super) fn answered(&self) {
         let inner = &*self.inner;

@@ -587,11 +587,7 @@ impl RedisLimiter {
                 return Ok(hit);
             }
         }
-        if let Gate::Reject(ns) = inner.breaker.gate(|| inner.monotonic.now_ns()) {
-            return Err(RedisError::CircuitOpen {
-                retry_in: Duration::from_nanos(ns),
-            });
-        }
+        self.through_breaker()?;
         let generation = inner.cache.as_ref().map(DenyCache::generation);
         inner.calls.fetch_add(1, Ordering::Relaxed);
         let script_now = inner.clock.as_ref().map(|_| now_us);
@@ -777,11 +773,7 @@ impl RedisLimiter {
         {
             return Err(RedisError::UnsupportedAlgorithm(inner.algorithm));
         }
-        if let Gate::Reject(ns) = inner.breaker.gate(|| inner.monotonic.now_ns()) {
-            return Err(RedisError::CircuitOpen {
-                retry_in: Duration::from_nanos(ns),
-            });
-        }
+        self.through_breaker()?;
         let deadline = tokio::time::Instant::now() + inner.timeout;
         let script_now = inner.clock.as_ref().map(|_| inner.now_us());
         inner.calls.fetch_add(1, Ordering::Relaxed);
